@@ -1,0 +1,1 @@
+"""pipecat-rl: record, simulate, train and gate Pipecat voice agents."""

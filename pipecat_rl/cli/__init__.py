@@ -1,0 +1,27 @@
+"""The `pipecat-rl` command: one Typer app, each verb group registered from its own module.
+
+Exit codes: 0 success; 1 a decision or check said no (e.g. a gate REJECT); 2 usage or input
+errors and INCONCLUSIVE gates; 3 a harness or service failure.
+"""
+
+import typer
+
+from pipecat_rl.cli import ledger as ledger_cli
+from pipecat_rl.cli import llm as llm_cli
+from pipecat_rl.cli import models as models_cli
+
+app = typer.Typer(
+    name="pipecat-rl",
+    help="Record, simulate, train and gate Pipecat voice agents.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+)
+
+for module in (models_cli, llm_cli, ledger_cli):
+    module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

