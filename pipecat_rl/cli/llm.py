@@ -15,7 +15,9 @@ from pipecat_rl.serving import VLLMAdmin, VLLMServer
 DEFAULT_PORT = 8000
 LLM_URL_ENV = "PIPECAT_RL_LLM_URL"
 
-llm_app = typer.Typer(help="Serve the LLM (vLLM with LoRA) and manage adapters.", no_args_is_help=True)
+llm_app = typer.Typer(
+    help="Serve the LLM (vLLM with LoRA) and manage adapters.", no_args_is_help=True
+)
 
 UrlOption = Annotated[
     str | None,
@@ -35,7 +37,9 @@ def resolve_llm_url(explicit: str | None) -> str:
 @llm_app.command("serve")
 def serve(
     model: Annotated[str, typer.Option(help="Packaged model, HF folder or .gguf.")] = "smollm2",
-    host: Annotated[str, typer.Option(help="Interface to bind (loopback by default).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Interface to bind (loopback by default).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
     max_model_len: Annotated[int, typer.Option(help="Context length.")] = 2048,
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank to accept.")] = 16,
@@ -62,7 +66,9 @@ async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
         if json_out:
             print_json(info)
         else:
-            console.print(f"[green]serving[/green] {info['url']}  models: {', '.join(info['models'])}")
+            console.print(
+                f"[green]serving[/green] {info['url']}  models: {', '.join(info['models'])}"
+            )
             console.print("Ctrl-C stops it.")
         while not stop.is_set() and server.running:
             try:

