@@ -474,14 +474,18 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
         )
 
     eligible = ledger.training_turns()
+    # a redacted turn of a consented session keeps its ids and trains
     assert [(t.session_id, t.index) for t in eligible] == [
         ("pool", 0),
+        ("pool", 3),
         ("live", 0),
+        ("live", 3),
         ("other-policy", 0),
+        ("other-policy", 3),
     ]
     assert all(t.trainable for t in eligible)
-    assert [t.session_id for t in ledger.training_turns(policy="v1")] == ["pool", "live"]
-    assert [t.session_id for t in ledger.training_turns(source="live")] == ["live"]
+    assert [t.session_id for t in ledger.training_turns(policy="v1")] == ["pool"] * 2 + ["live"] * 2
+    assert {t.session_id for t in ledger.training_turns(source="live")} == {"live"}
 
     loose = ledger.training_turns(require_token_exact=False)
     assert {t.session_id for t in loose} == {"pool", "live", "other-policy"}
@@ -489,6 +493,7 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
         ("pool", 0),
         ("pool", 1),
         ("pool", 2),
+        ("pool", 3),
     }
 
     # flipping consent off later removes a session at once

@@ -6,6 +6,7 @@ errors and INCONCLUSIVE gates; 3 a harness or service failure.
 
 import typer
 
+from pipecat_rl.cli import gate as gate_cli
 from pipecat_rl.cli import ledger as ledger_cli
 from pipecat_rl.cli import llm as llm_cli
 from pipecat_rl.cli import models as models_cli
@@ -18,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (models_cli, llm_cli, ledger_cli):
+for module in (models_cli, llm_cli, ledger_cli, gate_cli):
     module.register(app)
 
 

@@ -2,7 +2,7 @@
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,9 +37,3 @@ def cli_errors() -> Iterator[None]:
     except PipecatRLError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(EXIT_FAILURE) from e
-
-
-def run_cli(fn: Callable[[], Any]) -> Any:
-    """Call `fn` inside `cli_errors`."""
-    with cli_errors():
-        return fn()

@@ -44,7 +44,7 @@ _SPLITS = ("pool", "heldout")
 
 
 @contextmanager
-def _open(path: Path | None) -> Iterator[Ledger]:
+def open_ledger(path: Path | None) -> Iterator[Ledger]:
     """Open an existing ledger; a missing file is a usage error, never silently created here."""
     resolved = resolve_ledger_path(path)
     if not resolved.exists():
@@ -89,7 +89,7 @@ def _ms(value: float | None) -> str:
 @ledger_app.command("stats")
 def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
     """Counts per table, sessions by source and split, and how many turns can train."""
-    with cli_errors(), _open(ledger) as store:
+    with cli_errors(), open_ledger(ledger) as store:
         data = store.stats()
     if json_out:
         print_json(data)
@@ -122,7 +122,7 @@ def sessions(
     json_out: JsonOpt = False,
 ) -> None:
     """List sessions, newest first, with their scenario, policy, outcome and reward."""
-    with cli_errors(), _open(ledger) as store:
+    with cli_errors(), open_ledger(ledger) as store:
         rows = store.sessions(
             source=_choice("--source", source, _SOURCES),
             split=_choice("--split", split, _SPLITS),
@@ -293,7 +293,7 @@ def show(
     json_out: JsonOpt = False,
 ) -> None:
     """Print one session as a transcript: turns, tool calls, token counts and latencies."""
-    with cli_errors(), _open(ledger) as store:
+    with cli_errors(), open_ledger(ledger) as store:
         if json_out:
             print_json(store.session_bundle(session_id))
         else:
@@ -320,7 +320,7 @@ def export(
 
     With --json and --out, prints {"count", "out"} on stdout once the file is written.
     """
-    with cli_errors(), _open(ledger) as store:
+    with cli_errors(), open_ledger(ledger) as store:
         if fmt != "jsonl":
             raise ConfigError(f"--format must be jsonl, not {fmt!r}")
         if out is None:

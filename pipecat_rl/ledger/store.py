@@ -526,7 +526,7 @@ class Ledger:
 
         Enforced in the query itself: never a held-out session (split 'heldout', any split other
         than 'pool' or none, or any heldout_set_id), never a gate session, never a session excluded
-        from training or without consent, never a redacted turn; and with `require_token_exact`,
+        from training or without consent; and with `require_token_exact`,
         only turns whose token ids and logprobs came from the server.
         """
         where = [ELIGIBLE_SESSION]

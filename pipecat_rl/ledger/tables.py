@@ -175,11 +175,11 @@ SELECT_LIVE_HISTORY = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id"
 
 # The one definition of "may become a training row", used by training_turns and stats alike.
 # Split is whitelisted (NULL or 'pool'), so a misspelt held-out split is excluded, not trained on;
-# gate sessions are evaluation runs and never train; redacted turns no longer hold what was sampled.
+# gate sessions are evaluation runs and never train. A redacted turn trains only if its session
+# consented: the recorder keeps raw ids for consented sessions and drops them otherwise.
 ELIGIBLE_SESSION = (
     "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
     " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
-    " AND t.redacted = 0"
 )
 TOKEN_EXACT_TURN = (
     "t.token_exact = 1 AND t.prompt_token_ids IS NOT NULL AND t.completion_token_ids IS NOT NULL"

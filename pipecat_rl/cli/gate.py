@@ -1,0 +1,263 @@
+"""`pipecat-rl gate`, `promote` and `rollback`: decide on a candidate adapter, then serve it.
+
+`gate` exits 0 for PROMOTE, 1 for REJECT and 2 for INCONCLUSIVE, so a script can branch on it.
+"""
+
+import dataclasses
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from pipecat_rl.cli.common import cli_errors, console, print_json
+from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
+from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.gate import (
+    GateData,
+    GateReceipt,
+    Lineage,
+    LiveMove,
+    evaluate,
+    hash_scenario_files,
+    ledger_lineage,
+    load_gate_config,
+    load_ledger_runs,
+    load_scores,
+    promote,
+    resolve_policy,
+    rollback,
+    run_paired_simulations,
+    unknown_lineage,
+    write_receipt,
+)
+from pipecat_rl.serving import VLLMAdmin
+
+_VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
+_SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--llm-url",
+        help=f"Running vLLM server to load the adapter into (default: ${LLM_URL_ENV}; with "
+        "neither, only the live pointer moves).",
+        show_default=False,
+    ),
+]
+
+
+def _default_out(candidate: str, incumbent: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{stamp}-{candidate}-vs-{incumbent}")
+    return Path("receipts") / name
+
+
+def _load(
+    candidate: str,
+    incumbent: str,
+    *,
+    scenarios: Path | None,
+    repeats: int,
+    mode: Literal["text", "audio"],
+    from_ledger: bool,
+    scores: Path | None,
+    ledger: Path | None,
+    heldout_set: str | None,
+    source: Literal["gate", "simulate"] | None,
+) -> tuple[GateData, Lineage, Lineage]:
+    """The runs to decide from, and both policies' lineage, from whichever input was chosen."""
+    if from_ledger and scores is not None:
+        raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
+    if scores is not None:
+        return (
+            load_scores(scores, candidate, incumbent),
+            unknown_lineage(candidate, candidate, _SCORES_GUARD),
+            unknown_lineage(incumbent, incumbent, _SCORES_GUARD),
+        )
+    if from_ledger:
+        with open_ledger(ledger) as store:
+            names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
+            return (
+                load_ledger_runs(store, *names, heldout_set=heldout_set, source=source),
+                ledger_lineage(store, candidate, names[0]),
+                ledger_lineage(store, incumbent, names[1]),
+            )
+    if scenarios is None:
+        raise ConfigError(
+            "name the held-out scenarios to run with --scenarios PATH, or decide from recorded "
+            "runs with --from-ledger or --scores FILE.jsonl."
+        )
+    data = run_paired_simulations(scenarios, candidate, incumbent, repeats, mode)
+    with open_ledger(ledger) as store:
+        return (
+            data,
+            ledger_lineage(store, candidate, data.candidate),
+            ledger_lineage(store, incumbent, data.incumbent),
+        )
+
+
+def gate(
+    candidate: Annotated[str, typer.Option(help="Adapter to gate (or `base`).")],
+    incumbent: Annotated[
+        str, typer.Option(help="Adapter to beat: a name, `base`, or `live` (the live pointer).")
+    ] = "live",
+    scenarios: Annotated[
+        Path | None,
+        typer.Option(help="Held-out scenario file or folder (run it, or hash it into receipts)."),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="Runs per scenario and policy.")] = 8,
+    mode: Annotated[Literal["text", "audio"], typer.Option(help="Simulation channel.")] = "text",
+    from_ledger: Annotated[
+        bool, typer.Option("--from-ledger", help="Decide from held-out runs in the ledger.")
+    ] = False,
+    scores: Annotated[
+        Path | None, typer.Option(help="Decide from a scores JSONL file (one line per run).")
+    ] = None,
+    ledger: LedgerOpt = None,
+    heldout_set: Annotated[
+        str | None, typer.Option(help="Held-out set id to read from the ledger.")
+    ] = None,
+    source: Annotated[
+        Literal["gate", "simulate"] | None,
+        typer.Option(help="Only ledger sessions of this source."),
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML/JSON file of thresholds and prices (see docs).")
+    ] = None,
+    min_delta: Annotated[
+        float | None, typer.Option(help="CI lower bound must exceed this. (default 0.02)")
+    ] = None,
+    tie_band: Annotated[
+        float | None, typer.Option(help="|delta| within this is a tie. (default 0.05)")
+    ] = None,
+    max_regressions: Annotated[
+        int | None, typer.Option(help="Most scenarios the candidate may lose. (default 1)")
+    ] = None,
+    p95_budget_ms: Annotated[
+        float | None, typer.Option(help="Absolute v2v P95 budget. (default 1500)")
+    ] = None,
+    p95_margin_ms: Annotated[
+        float | None, typer.Option(help="Allowed P95 slowdown vs incumbent. (default 100)")
+    ] = None,
+    pass_threshold: Annotated[
+        float | None, typer.Option(help="A run passes at reward >= this. (default 0.5)")
+    ] = None,
+    resamples: Annotated[
+        int | None, typer.Option(help="Bootstrap resamples, >= 10000. (default 10000)")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Bootstrap seed. (default 0)")] = None,
+    require_guard: Annotated[
+        bool | None,
+        typer.Option(
+            "--require-guard/--no-require-guard",
+            help="Fail when no training guard can be read. (default: no)",
+            show_default=False,
+        ),
+    ] = None,
+    require_latency: Annotated[
+        bool | None,
+        typer.Option(
+            "--require-latency/--no-require-latency",
+            help="Without v2v samples, latency checks cannot pass. (default: yes)",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for receipt.json/.md/.html (default ./receipts/…)")
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Decide PROMOTE / REJECT / INCONCLUSIVE for a candidate on held-out scenarios."""
+    with cli_errors():
+        settings = load_gate_config(
+            config,
+            min_delta=min_delta,
+            tie_band=tie_band,
+            max_regressions=max_regressions,
+            p95_budget_ms=p95_budget_ms,
+            p95_margin_ms=p95_margin_ms,
+            pass_threshold=pass_threshold,
+            resamples=resamples,
+            seed=seed,
+            require_guard=require_guard,
+            require_latency=require_latency,
+        )
+        data, cand, inc = _load(
+            candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
+            from_ledger=from_ledger, scores=scores, ledger=ledger, heldout_set=heldout_set,
+            source=source,
+        )  # fmt: skip
+        if scenarios is not None:
+            files = hash_scenario_files(scenarios)
+            data = dataclasses.replace(
+                data, source=data.source.model_copy(update={"scenario_files": files})
+            )
+        receipt = evaluate(data, settings, cand, inc)
+        paths = write_receipt(receipt, out or _default_out(cand.name, inc.name))
+    _report(receipt, paths["json"].parent, json_out)
+    raise typer.Exit(receipt.exit_code)
+
+
+def _report(receipt: GateReceipt, folder: Path, json_out: bool) -> None:
+    style = _VERDICT_STYLE[receipt.verdict]
+    p = receipt.paired
+    console.print(
+        f"[bold {style}]{receipt.verdict}[/bold {style}] {receipt.candidate.name} vs "
+        f"{receipt.incumbent.name}: mean delta {p.mean_delta:+.4f}, 95% CI "
+        f"[{p.ci95[0]:+.4f}, {p.ci95[1]:+.4f}] over {p.n_scenarios} scenarios"
+    )
+    console.print(f"reason: {receipt.reason}", markup=False)
+    console.print(f"receipt: {folder}/receipt.json, receipt.md, receipt.html", markup=False)
+    if json_out:
+        print_json(receipt.model_dump(mode="json"))
+
+
+def _admin(llm_url: str | None) -> VLLMAdmin | None:
+    url = llm_url or os.environ.get(LLM_URL_ENV)
+    return VLLMAdmin(url) if url else None
+
+
+def _report_move(verb: str, move: LiveMove, json_out: bool) -> None:
+    console.print(
+        f"[green]{verb}[/green] live: {move.previous or 'nothing'} -> {move.adapter}"
+        + (
+            f" (LLM server not touched: pass --llm-url or set {LLM_URL_ENV} to load it there)"
+            if move.server == "not_touched"
+            else f" (server: {move.server.replace('_', ' ')})"
+        )
+    )
+    if json_out:
+        print_json(move.model_dump(mode="json"))
+
+
+def promote_command(
+    receipt: Annotated[Path, typer.Argument(help="A receipt.json (or its folder) saying PROMOTE.")],
+    ledger: LedgerOpt = None,
+    llm_url: UrlOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Load a gated candidate into the running server and make it live."""
+    with cli_errors(), open_ledger(ledger) as store:
+        move = promote(receipt, store, _admin(llm_url))
+    _report_move("promoted", move, json_out)
+
+
+def rollback_command(
+    ledger: LedgerOpt = None, llm_url: UrlOpt = None, json_out: JsonOpt = False
+) -> None:
+    """Make the previously live adapter live again (loading it into the server if needed)."""
+    with cli_errors(), open_ledger(ledger) as store:
+        move = rollback(store, _admin(llm_url))
+    _report_move("rolled back", move, json_out)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `gate`, `promote` and `rollback` to the top-level app."""
+    app.command("gate")(gate)
+    app.command("promote")(promote_command)
+    app.command("rollback")(rollback_command)

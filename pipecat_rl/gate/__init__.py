@@ -1,0 +1,60 @@
+"""The gate: decide whether a candidate adapter may replace the live one, and promote it.
+
+Modules, in the order data flows:
+
+- `inputs`: runs from a scores file, the ledger or the simulator, as one `GateData`;
+- `lineage`: who the candidate and incumbent are, and the training guard's state;
+- `stats`, `latency`, `cost`: pure statistics (paired bootstrap, session-resampled P95, cost);
+- `verdict`: one check per rule, then PROMOTE / REJECT / INCONCLUSIVE;
+- `evaluate`: all of the above on one `GateData`, producing the `GateReceipt`;
+- `receipt`, `report_html`: the receipt as JSON, Markdown and a self-contained HTML page;
+- `promote`: load the adapter into the server and move the live pointer (and back).
+"""
+
+from pipecat_rl.gate.config import GateConfig, PriceTable, load_gate_config
+from pipecat_rl.gate.evaluate import evaluate
+from pipecat_rl.gate.inputs import (
+    GateData,
+    InputSource,
+    RunResult,
+    hash_scenario_files,
+    load_ledger_runs,
+    load_scores,
+    run_paired_simulations,
+)
+from pipecat_rl.gate.lineage import (
+    Lineage,
+    ledger_lineage,
+    resolve_policy,
+    unknown_lineage,
+)
+from pipecat_rl.gate.promote import LiveMove, promote, rollback
+from pipecat_rl.gate.receipt import GateReceipt, load_receipt, render_markdown, write_receipt
+from pipecat_rl.gate.verdict import EXIT_CODES, Verdict
+
+__all__ = [
+    "EXIT_CODES",
+    "GateConfig",
+    "GateData",
+    "GateReceipt",
+    "InputSource",
+    "Lineage",
+    "LiveMove",
+    "PriceTable",
+    "RunResult",
+    "Verdict",
+    "evaluate",
+    "hash_scenario_files",
+    "ledger_lineage",
+    "load_gate_config",
+    "load_ledger_runs",
+    "load_receipt",
+    "load_scores",
+    "promote",
+    "render_markdown",
+    "resolve_policy",
+    "rollback",
+    "run_paired_simulations",
+    "unknown_lineage",
+    "write_receipt",
+]

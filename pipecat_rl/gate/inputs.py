@@ -1,0 +1,296 @@
+"""What the gate decides from: runs of two policies, loaded from any source into one `GateData`.
+
+Sources, one shape:
+
+- a scores file (`--scores FILE.jsonl`), so results from other eval tools can be gated too;
+- the ledger (`--from-ledger`): held-out sessions recorded under the two policies;
+- the simulator (`run_paired_simulations`, the seam `pipecat-rl simulate` will fill).
+
+A scores file has one JSON object per run::
+
+    {"scenario": "reschedule-01", "policy": "clinic-v3", "run": 0, "reward": 1.0,
+     "v2v_ms": [812.0, 1034.5], "unauthorized_writes": 0}
+
+`run` pairs runs: candidate run r and incumbent run r of a scenario used the same seed. Optional
+keys: `seed`, `scenario_hash`, `stages_ms` (per-stage samples keyed `endpointing_ms`, `stt_ms`,
+`llm_ttft_ms`, `tts_ttfb_ms`) and `usage` (`prompt_tokens`, `completion_tokens`, `stt_seconds`,
+`tts_seconds`). Other keys are ignored; lines of other policies are skipped and counted.
+"""
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pipecat_rl.errors import ConfigError, GateError
+from pipecat_rl.gate.cost import Usage
+from pipecat_rl.gate.latency import STAGES
+from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord
+
+UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
+"""Failure labels that count as one unauthorised write each."""
+
+UNAUTHORIZED_SCORE = "unauthorized_writes"
+"""A session score that, when present, is the count of unauthorised writes."""
+
+
+class RunResult(BaseModel):
+    """One run of one policy on one scenario: a scores-file line, or a ledger session."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    scenario: str
+    policy: str
+    run: int = Field(ge=0)
+    reward: float
+    v2v_ms: tuple[float, ...] = ()
+    stages_ms: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+    unauthorized_writes: int = Field(0, ge=0)
+    usage: Usage | None = None
+    seed: int | None = None
+    scenario_hash: str | None = None
+    session_id: str | None = None
+
+    @field_validator("stages_ms")
+    @classmethod
+    def _known_stages(cls, value: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
+        unknown = sorted(set(value) - set(STAGES))
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; known: {list(STAGES)}")
+        return value
+
+
+class InputSource(BaseModel):
+    """Where the runs came from, as the receipt records it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["scores", "ledger", "simulate"]
+    path: str
+    sha256: str | None = None
+    """Of the scores file."""
+    heldout_set_id: str | None = None
+    scenario_hashes: dict[str, str] = Field(default_factory=dict)
+    """Scenario id -> content hash, as the runs recorded it."""
+    scenario_files: dict[str, str] = Field(default_factory=dict)
+    """File -> sha256 of the held-out scenario files named by --scenarios."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GateData:
+    """Everything the gate decides from: the two policies' runs and where they came from."""
+
+    candidate: str
+    incumbent: str
+    runs: tuple[RunResult, ...]
+    source: InputSource
+
+
+def _distinct(candidate: str, incumbent: str) -> None:
+    if candidate == incumbent:
+        raise GateError(
+            f"candidate and incumbent are both {candidate!r}; gate a new adapter against the live "
+            "one (--incumbent live) or the base model (--incumbent base)."
+        )
+
+
+def _require_both(runs: Sequence[RunResult], candidate: str, incumbent: str, where: str) -> None:
+    found = {r.policy for r in runs}
+    missing = [p for p in (candidate, incumbent) if p not in found]
+    if missing:
+        raise GateError(
+            f"no runs of {', '.join(map(repr, missing))} in {where}; check the policy names "
+            "(--candidate / --incumbent) against the ones recorded there."
+        )
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def hash_scenario_files(path: Path) -> dict[str, str]:
+    """sha256 of a scenario file, or of every non-hidden file under a folder (relative paths)."""
+    if path.is_file():
+        return {path.name: sha256_file(path)}
+    if not path.is_dir():
+        raise ConfigError(f"--scenarios {path} is neither a file nor a folder; check the path.")
+    return {
+        f.relative_to(path).as_posix(): sha256_file(f)
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and not any(p.startswith(".") for p in f.relative_to(path).parts)
+    }
+
+
+def load_scores(path: Path, candidate: str, incumbent: str) -> GateData:
+    """Read a scores JSONL file; every bad line is reported with its number and field.
+
+    Raises:
+        GateError: the file is unreadable, a line is invalid or duplicated, or a policy is absent.
+    """
+    _distinct(candidate, incumbent)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise GateError(f"cannot read the scores file {path}: {e.strerror}; check the path.") from e
+    runs: list[RunResult] = []
+    seen: dict[tuple[str, str, int], int] = {}
+    others: dict[str, int] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            run = RunResult.model_validate(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise GateError(f"{path}:{lineno}: not a JSON object ({e.msg}).") from e
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = ".".join(str(p) for p in err["loc"]) or "line"
+            raise GateError(f"{path}:{lineno}: {field}: {err['msg']}.") from e
+        if run.policy not in (candidate, incumbent):
+            others[run.policy] = others.get(run.policy, 0) + 1
+            continue
+        key = (run.scenario, run.policy, run.run)
+        if key in seen:
+            raise GateError(
+                f"{path}:{lineno}: run {run.run} of {run.policy!r} on {run.scenario!r} repeats "
+                f"line {seen[key]}; give each run of a scenario its own `run` index."
+            )
+        seen[key] = lineno
+        runs.append(run)
+    _require_both(runs, candidate, incumbent, str(path))
+    notes = tuple(
+        f"skipped {n} line(s) of policy {name!r} (neither candidate nor incumbent)"
+        for name, n in sorted(others.items())
+    )
+    return GateData(
+        candidate=candidate,
+        incumbent=incumbent,
+        runs=tuple(runs),
+        source=InputSource(
+            kind="scores",
+            path=str(path),
+            sha256=hashlib.sha256(text.encode()).hexdigest(),
+            scenario_hashes={r.scenario: r.scenario_hash for r in runs if r.scenario_hash},
+            notes=notes,
+        ),
+    )
+
+
+def load_ledger_runs(
+    ledger: Ledger,
+    candidate: str,
+    incumbent: str,
+    *,
+    heldout_set: str | None = None,
+    source: Literal["gate", "simulate"] | None = None,
+) -> GateData:
+    """Held-out sessions of the two (already resolved) policies, as runs.
+
+    When a policy ran a (scenario, repeat) more than once, the newest session counts and the
+    older ones are noted. Sessions without a reward, scenario or repeat index cannot be paired
+    and are skipped with a note.
+
+    Raises:
+        GateError: several held-out sets are present and none was chosen, or a policy has none.
+    """
+    _distinct(candidate, incumbent)
+    sessions = [
+        s
+        for policy in (candidate, incumbent)
+        for s in ledger.sessions(split="heldout", policy=policy, source=source)
+    ]
+    if heldout_set is not None:
+        sessions = [s for s in sessions if s.heldout_set_id == heldout_set]
+    set_ids = {s.heldout_set_id for s in sessions}
+    if len(set_ids) > 1:
+        raise GateError(
+            "the ledger holds held-out runs of these policies from several held-out sets "
+            f"({', '.join(sorted(repr(i) for i in set_ids))}); choose one with --heldout-set ID."
+        )
+    chosen: dict[tuple[str, str | None, str, int], SessionRecord] = {}
+    unusable = superseded = 0
+    for s in sessions:  # newest first
+        if s.reward is None or s.scenario_id is None or s.repeat is None or s.policy is None:
+            unusable += 1
+            continue
+        key = (s.scenario_id, s.scenario_hash, s.policy, s.repeat)
+        if key in chosen:
+            superseded += 1
+        else:
+            chosen[key] = s
+    latencies = ledger.latencies_for([s.id for s in chosen.values()])
+    runs = [_session_run(ledger, s, latencies[s.id]) for s in chosen.values()]
+    _require_both(runs, candidate, incumbent, f"the held-out sessions of {ledger.path}")
+    notes = []
+    if unusable:
+        notes.append(f"skipped {unusable} session(s) without a reward, scenario or repeat index")
+    if superseded:
+        notes.append(f"ignored {superseded} older session(s) of a (scenario, repeat) run again")
+    return GateData(
+        candidate=candidate,
+        incumbent=incumbent,
+        runs=tuple(runs),
+        source=InputSource(
+            kind="ledger",
+            path=str(ledger.path),
+            heldout_set_id=next(iter(set_ids), heldout_set),
+            scenario_hashes={r.scenario: r.scenario_hash for r in runs if r.scenario_hash},
+            notes=tuple(notes),
+        ),
+    )
+
+
+def _session_run(ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord]) -> RunResult:
+    """One held-out session (with reward, scenario, policy and repeat) as a run."""
+    scores = {score.name: score.value for score in ledger.scores(s.id)}
+    writes = scores.get(UNAUTHORIZED_SCORE)
+    if writes is None:
+        writes = sum(1 for label in s.failure_labels if label in UNAUTHORIZED_LABELS)
+    turns = ledger.turns(s.id)
+    usage = Usage(
+        prompt_tokens=sum(t.usage.get("prompt_tokens", 0) for t in turns),
+        completion_tokens=sum(t.usage.get("completion_tokens", 0) for t in turns),
+        stt_seconds=(s.ended_at - s.started_at) if s.ended_at is not None else 0.0,
+        tts_seconds=sum(
+            lat.bot_stopped_at - lat.bot_started_at
+            for lat in lats
+            if lat.bot_started_at is not None and lat.bot_stopped_at is not None
+        ),
+    )
+    return RunResult(
+        scenario=s.scenario_id,
+        policy=s.policy,
+        run=s.repeat,
+        reward=s.reward,
+        v2v_ms=tuple(lat.v2v_ms for lat in lats if lat.v2v_ms is not None),
+        stages_ms={
+            stage: tuple(v for lat in lats if (v := getattr(lat, stage)) is not None)
+            for stage in STAGES
+        },
+        unauthorized_writes=int(writes),
+        usage=usage,
+        seed=s.seed,
+        scenario_hash=s.scenario_hash,
+        session_id=s.id,
+    )
+
+
+def run_paired_simulations(
+    scenarios: Path, candidate: str, incumbent: str, repeats: int, mode: Literal["text", "audio"]
+) -> GateData:
+    """Run every scenario `repeats` times under both policies with shared seeds (the seam).
+
+    Raises:
+        ConfigError: always, until `pipecat-rl simulate` lands and plugs in here.
+    """
+    raise ConfigError(
+        f"running {repeats} paired {mode} simulation(s) of {scenarios} needs `pipecat-rl "
+        "simulate`, which is not available yet; gate runs already in the ledger with "
+        "--from-ledger, or results from elsewhere with --scores FILE.jsonl."
+    )

@@ -1,0 +1,299 @@
+"""Every verdict path of `pipecat-rl gate`, decided from scores files."""
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pipecat_rl.cli import app
+from pipecat_rl.gate import load_receipt
+
+SCENARIOS, REPEATS, TURNS = 12, 4, 3
+
+
+def _lines(
+    policy: str,
+    reward: Callable[[int, int], float],
+    *,
+    latency_ms: float | None = 700.0,
+    writes: Callable[[int, int], int] = lambda s, r: 0,
+    seed: int = 0,
+) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(SCENARIOS):
+        for r in range(REPEATS):
+            line = {
+                "scenario": f"scn-{s:02d}",
+                "policy": policy,
+                "run": r,
+                "seed": 1000 * s + r,
+                "reward": reward(s, r),
+                "unauthorized_writes": writes(s, r),
+            }
+            if latency_ms is not None:
+                line["v2v_ms"] = rng.normal(latency_ms, 30, size=TURNS).round(1).tolist()
+            out.append(line)
+    return out
+
+
+def _write(path: Path, *groups: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for g in groups for x in g))
+    return path
+
+
+def _gate(tmp_path: Path, scores: Path, *args: str):
+    out = tmp_path / "receipt"
+    result = CliRunner().invoke(
+        app,
+        ["gate", "--candidate", "cand", "--incumbent", "inc", "--scores", str(scores),
+         "--out", str(out), "--json", *args],
+    )  # fmt: skip
+    receipt = json.loads(result.stdout) if result.stdout.strip() else None
+    return result, receipt
+
+
+def _check(receipt: dict, name: str) -> dict:
+    return next(c for c in receipt["checks"] if c["name"] == name)
+
+
+def better(s: int, r: int) -> float:
+    return 1.0
+
+
+def coin(s: int, r: int) -> float:
+    return float(r % 2)
+
+
+def test_promote(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin, seed=1))
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 0, result.output
+    assert receipt["verdict"] == "PROMOTE"
+    assert receipt["paired"]["mean_delta"] == pytest.approx(0.5)
+    assert receipt["paired"]["ci95"] == pytest.approx([0.5, 0.5])
+    assert _check(receipt, "training_guard")["status"] == "unavailable"
+    assert "scores file" in _check(receipt, "training_guard")["detail"]
+    assert "not checked: training_guard" in receipt["reason"]
+    for name in ("receipt.json", "receipt.md", "receipt.html"):
+        assert (tmp_path / "receipt" / name).is_file()
+    assert "PROMOTE" in result.stderr
+
+
+def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin, seed=1))
+    _, receipt = _gate(tmp_path, scores, "--min-delta", "0.1", "--seed", "5")
+    assert receipt["schema_version"] == 1
+    assert receipt["input"]["kind"] == "scores"
+    assert receipt["input"]["sha256"] == hashlib.sha256(scores.read_bytes()).hexdigest()
+    assert receipt["thresholds"]["min_delta"] == 0.1
+    assert receipt["thresholds"]["seed"] == receipt["paired"]["seed"] == 5
+    assert receipt["thresholds"]["resamples"] >= 10_000
+    assert receipt["repeats"] == REPEATS
+    assert len(receipt["scenarios"]) == SCENARIOS
+    assert receipt["scenarios"][0]["seeds"] == [0, 1, 2, 3]
+    assert receipt["paired"]["pass_k"]["candidate"]["4"] == 1.0
+    assert receipt["paired"]["pass_k"]["incumbent"]["1"] == pytest.approx(0.5)
+    assert receipt["paired"]["pass_k"]["incumbent"]["3"] == 0.0
+    assert receipt["latency"]["v2v_p95"]["candidate_sessions"] == SCENARIOS * REPEATS
+    loaded = load_receipt(tmp_path / "receipt")
+    assert loaded.model_dump(mode="json") == receipt
+    assert (tmp_path / "receipt" / "receipt.md").read_text().startswith("# Gate: PROMOTE")
+
+
+def test_identical_arms_are_rejected(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", coin), _lines("inc", coin, seed=1))
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 1
+    assert receipt["verdict"] == "REJECT"
+    assert receipt["paired"]["ci95"] == [0.0, 0.0]
+    assert _check(receipt, "paired_reward")["status"] == "fail"
+
+
+def test_regressions_beyond_the_cap_reject(tmp_path):
+    def mostly_better(s, r):
+        return 0.0 if s < 2 else 1.0  # loses scenarios 0 and 1
+
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", mostly_better), _lines("inc", coin))
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 1
+    assert receipt["paired"]["losses"] == 2
+    assert _check(receipt, "paired_reward")["status"] == "pass"
+    assert _check(receipt, "regressions")["status"] == "fail"
+    assert receipt["reason"].startswith("regressions:")
+    # The same data passes with the cap raised.
+    result, receipt = _gate(tmp_path, scores, "--max-regressions", "2")
+    assert receipt["verdict"] == "PROMOTE"
+
+
+def test_p95_over_the_absolute_budget_rejects(tmp_path):
+    scores = _write(
+        tmp_path / "s.jsonl",
+        _lines("cand", better, latency_ms=1800),
+        _lines("inc", coin, latency_ms=1800, seed=1),
+    )
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 1
+    assert _check(receipt, "p95_budget")["status"] == "fail"
+    assert _check(receipt, "p95_vs_incumbent")["status"] == "pass"
+
+
+def test_p95_slower_than_the_incumbent_beyond_the_margin_rejects(tmp_path):
+    scores = _write(
+        tmp_path / "s.jsonl",
+        _lines("cand", better, latency_ms=1000),
+        _lines("inc", coin, latency_ms=700, seed=1),
+    )
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 1
+    assert _check(receipt, "p95_budget")["status"] == "pass"
+    assert _check(receipt, "p95_vs_incumbent")["status"] == "fail"
+    diff = receipt["latency"]["v2v_p95"]["difference"]
+    assert diff["low"] > 100
+
+
+def test_any_unauthorized_write_rejects(tmp_path):
+    def one_write(s, r):
+        return int(s == 3 and r == 2)
+
+    scores = _write(
+        tmp_path / "s.jsonl", _lines("cand", better, writes=one_write), _lines("inc", coin)
+    )
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 1
+    assert _check(receipt, "unauthorized_writes")["status"] == "fail"
+    assert receipt["scenarios"][3]["candidate_unauthorized_writes"] == 1
+
+
+def test_require_guard_rejects_when_no_guard_can_be_read(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin))
+    result, receipt = _gate(tmp_path, scores, "--require-guard")
+    assert result.exit_code == 1
+    assert _check(receipt, "training_guard")["status"] == "fail"
+    assert "--require-guard" in receipt["reason"]
+
+
+def test_a_small_noisy_effect_is_inconclusive_with_the_sample_that_would_decide(tmp_path):
+    rng = np.random.default_rng(3)
+    cand_rewards = rng.random((SCENARIOS, REPEATS)) < 0.6
+    inc_rewards = rng.random((SCENARIOS, REPEATS)) < 0.5
+    scores = _write(
+        tmp_path / "s.jsonl",
+        _lines("cand", lambda s, r: float(cand_rewards[s, r])),
+        _lines("inc", lambda s, r: float(inc_rewards[s, r]), seed=1),
+    )
+    result, receipt = _gate(tmp_path, scores, "--max-regressions", "12")
+    assert result.exit_code == 2, result.output
+    assert receipt["verdict"] == "INCONCLUSIVE"
+    low, high = receipt["paired"]["ci95"]
+    assert low <= 0.02 <= high
+    sample = receipt["paired"]["sample_size"]
+    assert sample["required_scenarios"] > SCENARIOS
+    assert f"about {sample['required_scenarios']} scenarios" in receipt["reason"]
+
+
+def test_missing_latency_is_inconclusive_unless_not_required(tmp_path):
+    scores = _write(
+        tmp_path / "s.jsonl",
+        _lines("cand", better, latency_ms=None),
+        _lines("inc", coin, latency_ms=None),
+    )
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 2
+    assert _check(receipt, "p95_budget")["status"] == "uncertain"
+    assert receipt["latency"]["v2v_p95"] is None
+    result, receipt = _gate(tmp_path, scores, "--no-require-latency")
+    assert result.exit_code == 0
+    assert _check(receipt, "p95_budget")["status"] == "unavailable"
+
+
+def test_thresholds_from_a_config_file_and_flags_override_it(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin))
+    config = tmp_path / "gate.yaml"
+    config.write_text("gate:\n  p95_budget_ms: 500\n  prices:\n    tts_usd_per_min: 0.2\n")
+    result, receipt = _gate(tmp_path, scores, "--config", str(config))
+    assert result.exit_code == 1
+    assert receipt["thresholds"]["p95_budget_ms"] == 500
+    assert receipt["thresholds"]["prices"]["tts_usd_per_min"] == 0.2
+    result, receipt = _gate(tmp_path, scores, "--config", str(config), "--p95-budget-ms", "1500")
+    assert result.exit_code == 0
+
+
+def test_a_bad_config_field_is_a_usage_error(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin))
+    config = tmp_path / "gate.json"
+    config.write_text('{"resamples": 100}')
+    result, _ = _gate(tmp_path, scores, "--config", str(config))
+    assert result.exit_code == 2
+    assert "resamples" in result.stderr
+
+
+def test_cost_per_success_comes_from_usage(tmp_path):
+    cand = _lines("cand", better)
+    inc = _lines("inc", coin)
+    for line in cand + inc:
+        talk = 300 if line["policy"] == "cand" else 100
+        line["usage"] = {"prompt_tokens": 1000, "completion_tokens": talk, "tts_seconds": 20}
+    scores = _write(tmp_path / "s.jsonl", cand, inc)
+    _, receipt = _gate(tmp_path, scores)
+    cost = receipt["cost"]
+    assert cost["candidate"]["mean_completion_tokens"] == 300
+    assert cost["candidate"]["per_call_usd"] > cost["incumbent"]["per_call_usd"]
+    assert cost["incumbent"]["successes"] == SCENARIOS * REPEATS // 2
+    assert cost["incumbent"]["per_success_usd"] == pytest.approx(
+        cost["incumbent"]["total_usd"] / cost["incumbent"]["successes"]
+    )
+
+
+def test_unpaired_runs_are_left_out_and_noted(tmp_path):
+    inc = [x for x in _lines("inc", coin) if not (x["scenario"] == "scn-00" and x["run"] == 3)]
+    extra = {**_lines("cand", better)[0], "scenario": "only-cand"}
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), inc, [extra])
+    _, receipt = _gate(tmp_path, scores)
+    assert receipt["scenarios"][0]["pairs"] == 3
+    assert receipt["paired"]["n_scenarios"] == SCENARIOS
+    assert any("only-cand" in n for n in receipt["notes"])
+    assert any("scn-00" in n and "without a partner" in n for n in receipt["notes"])
+
+
+def test_a_bad_scores_line_names_the_file_line_and_field(tmp_path):
+    lines = _lines("cand", better) + _lines("inc", coin)
+    lines[5]["reward"] = "high"
+    scores = _write(tmp_path / "s.jsonl", lines)
+    result, _ = _gate(tmp_path, scores)
+    assert result.exit_code != 0
+    assert f"{scores}:6: reward" in " ".join(result.stderr.split())
+
+
+def test_unknown_policy_names_are_reported(tmp_path):
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("other", coin))
+    result, _ = _gate(tmp_path, scores)
+    assert result.exit_code != 0
+    assert "'inc'" in result.stderr
+
+
+def test_running_simulations_is_not_available_yet(tmp_path):
+    (tmp_path / "heldout").mkdir()
+    result = CliRunner().invoke(
+        app, ["gate", "--candidate", "cand", "--scenarios", str(tmp_path / "heldout")]
+    )
+    assert result.exit_code == 2
+    assert "pipecat-rl simulate" in result.stderr
+    assert "--from-ledger" in result.stderr
+    result = CliRunner().invoke(app, ["gate", "--candidate", "cand"])
+    assert result.exit_code == 2
+    assert "--scenarios" in result.stderr
+
+
+def test_scenario_files_named_with_scores_are_hashed_into_the_receipt(tmp_path):
+    folder = tmp_path / "heldout"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("persona: x\n")
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin))
+    _, receipt = _gate(tmp_path, scores, "--scenarios", str(folder))
+    expected = hashlib.sha256(b"persona: x\n").hexdigest()
+    assert receipt["input"]["scenario_files"] == {"a.yaml": expected}
