@@ -10,6 +10,7 @@ from pipecat_rl.cli import gate as gate_cli
 from pipecat_rl.cli import ledger as ledger_cli
 from pipecat_rl.cli import llm as llm_cli
 from pipecat_rl.cli import models as models_cli
+from pipecat_rl.cli import record as record_cli
 
 app = typer.Typer(
     name="pipecat-rl",
@@ -19,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (models_cli, llm_cli, ledger_cli, gate_cli):
+for module in (models_cli, llm_cli, record_cli, ledger_cli, gate_cli):
     module.register(app)
 
 

@@ -1,0 +1,462 @@
+"""The recorder: every LLM turn token-exactly and every user turn's stage latencies, per call.
+
+`RecorderObserver` watches the worker's frames (each frame once: `observe_every_push=False`) for
+what happened around the LLM: transcripts, first audio, bot speech, interruptions, tool calls.
+The LLM calls themselves come from the tee on the bot's OpenAI-compatible service (`llm_tee`).
+It never does I/O itself: records go to a `LedgerWriter` thread, and any error is logged and
+counted, never raised into the call.
+
+Turn k is the k-th LLM call of the session. Its text spoken is what TTS said between that call's
+`LLMFullResponseStartFrame` and the next one; an `InterruptionFrame` while it is still speaking
+marks it interrupted. A user turn (a latency row) opens with the user's speech ending or a final
+transcript and closes when the next one opens or the call ends.
+"""
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    CancelFrame,
+    FunctionCallCancelFrame,
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSTextFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+from pipecat.metrics.metrics import TTFBMetricsData
+from pipecat.observers.base_observer import BaseObserver, FramePushed
+from pipecat.observers.user_bot_latency_observer import UserBotLatencyObserver
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.openai.base_llm import BaseOpenAILLMService
+from pipecat.services.stt_service import STTService
+
+from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord
+from pipecat_rl.processors.llm_tee import LLMCall, serves_token_ids, tee_llm_service
+from pipecat_rl.processors.redaction import Redactor
+from pipecat_rl.processors.session import SessionInfo, current_recording, new_call_id
+from pipecat_rl.processors.writer import LedgerWriter, writer_for
+
+
+@dataclass
+class _Turn:
+    """One LLM call while the call is in progress."""
+
+    call: LLMCall | None = None
+    spoken: list[str] = field(default_factory=list)
+    heard_tts: bool = False
+    speaking: bool = True
+    interrupted: bool = False
+
+
+@dataclass
+class _UserTurn:
+    """Timestamps of one user turn, filled as its frames pass."""
+
+    index: int
+    stamps: dict[str, float] = field(default_factory=dict)
+    stt_ms: float | None = None
+    v2v_ms: float | None = None
+    interrupted: bool = False
+
+    def mark(self, key: str, at: float, *, once: bool = True) -> None:
+        if not once or key not in self.stamps:
+            self.stamps[key] = at
+
+
+class RecorderObserver(BaseObserver):
+    """Records one call (one PipelineWorker) into the ledger.
+
+    Event handlers:
+        on_turn_recorded(recorder, turn): after each LLM turn is handed to the ledger writer.
+    """
+
+    def __init__(
+        self,
+        *,
+        ledger: Ledger,
+        session: SessionInfo,
+        session_id: str,
+        redactor: Redactor | None = None,
+        token_ids: bool | None = None,
+    ):
+        super().__init__(observe_every_push=False)
+        self.session = session
+        self.session_id = session_id
+        self.redactor = redactor
+        self.token_ids = token_ids
+        self.errors = 0
+        """Frames or calls the recorder failed to handle (the call itself went on)."""
+        self._writer: LedgerWriter = writer_for(ledger)
+        self._llms: list[BaseOpenAILLMService] = []
+        self._turns: list[_Turn] = []
+        self._calls_seen = 0
+        self._user_turn: _UserTurn | None = None
+        self._user_turns = 0
+        self._tools: dict[str, tuple[str, Any, float, int | None]] = {}
+        self._clock_offset: float | None = None
+        self._policy = session.policy
+        self._ended = False
+        self._latency = UserBotLatencyObserver()
+        self._latency.add_event_handler("on_latency_measured", self._on_latency_measured)
+        self._register_event_handler("on_turn_recorded")
+
+    # -- wiring ------------------------------------------------------------------------------
+
+    async def attach(self, worker: Any) -> None:
+        """Tee the worker's OpenAI-compatible LLM services and open the session row."""
+        for llm in _processors(worker.pipeline, BaseOpenAILLMService):
+            token_ids = (
+                self.token_ids if self.token_ids is not None else await serves_token_ids(llm)
+            )
+            tee_llm_service(llm, self._on_llm_call, token_ids=token_ids)
+            self._llms.append(llm)
+        if not self._llms:
+            logger.warning(
+                "pipecat-rl: no OpenAI-compatible LLM service in this pipeline; recording "
+                "latency and tool calls only"
+            )
+        worker.add_observer(self._latency)
+        # The end of the call is when the pipeline finishes, not when an EndFrame is first pushed
+        # (which is before the processors have worked through what was queued ahead of it).
+        worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
+        record = self.session.record(self.session_id)
+        self._writer.submit(lambda ledger: ledger.add_session(record), f"session {self.session_id}")
+
+    async def flush(self) -> None:
+        """Wait until everything this recorder has seen is in the ledger."""
+        await self._writer.flush()
+
+    # -- frames ------------------------------------------------------------------------------
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        """Route one frame to the state it updates; never raises."""
+        try:
+            self._on_frame(data)
+        except Exception as e:
+            self.errors += 1
+            logger.error(f"pipecat-rl: recorder failed on {data.frame}: {e}")
+
+    def _now(self, data: FramePushed) -> float:
+        # The pipeline clock stamps every push; one offset turns it into wall time, so queueing
+        # delay between the push and this observer does not leak into the durations.
+        if self._clock_offset is None:
+            self._clock_offset = time.time() - data.timestamp / 1e9
+        return self._clock_offset + data.timestamp / 1e9
+
+    def _on_frame(self, data: FramePushed) -> None:
+        frame = data.frame
+        if data.direction != FrameDirection.DOWNSTREAM:
+            return
+        at = self._now(data)
+        if isinstance(frame, VADUserStoppedSpeakingFrame):
+            self._open_user_turn().mark("user_stopped_at", at - frame.stop_secs, once=False)
+        elif isinstance(frame, UserStoppedSpeakingFrame):
+            self._open_user_turn()
+        elif isinstance(frame, TranscriptionFrame):
+            self._open_user_turn().mark("stt_final_at", at, once=False)
+        elif isinstance(frame, LLMFullResponseStartFrame) and data.source in self._llms:
+            self._start_turn(at)
+        elif isinstance(frame, LLMTextFrame) and data.source in self._llms:
+            if self._user_turn:
+                self._user_turn.mark("llm_first_token_at", at)
+        elif isinstance(frame, LLMFullResponseEndFrame) and data.source in self._llms:
+            if self._turns and not self._turns[-1].heard_tts:
+                self._turns[-1].speaking = False
+        elif isinstance(frame, TTSAudioRawFrame):
+            if self._user_turn and "llm_request_at" in self._user_turn.stamps:
+                self._user_turn.mark("tts_first_audio_at", at)
+        elif isinstance(frame, TTSTextFrame):
+            if self._turns:
+                self._turns[-1].spoken.append(frame.text)
+                self._turns[-1].heard_tts = True
+        elif isinstance(frame, BotStartedSpeakingFrame):
+            if self._user_turn and "llm_request_at" in self._user_turn.stamps:
+                self._user_turn.mark("bot_started_at", at)
+        elif isinstance(frame, BotStoppedSpeakingFrame):
+            if self._user_turn and "bot_started_at" in self._user_turn.stamps:
+                self._user_turn.mark("bot_stopped_at", at)
+            if self._turns:
+                self._turns[-1].speaking = False
+        elif isinstance(frame, InterruptionFrame):
+            self._interrupt()
+        elif isinstance(frame, MetricsFrame):
+            self._metrics(frame, data.source)
+        elif isinstance(frame, FunctionCallInProgressFrame):
+            turn_index = len(self._turns) - 1 if self._turns else None
+            self._tools[frame.tool_call_id] = (frame.function_name, frame.arguments, at, turn_index)
+        elif isinstance(frame, FunctionCallResultFrame):
+            self._tool_done(frame.tool_call_id, frame.result, frame.error, at)
+        elif isinstance(frame, FunctionCallCancelFrame):
+            self._tool_done(frame.tool_call_id, None, "cancelled", at)
+
+    def _metrics(self, frame: MetricsFrame, source: Any) -> None:
+        if not self._user_turn or not isinstance(source, STTService):
+            return
+        for item in frame.data:
+            if isinstance(item, TTFBMetricsData) and item.value > 0:
+                self._user_turn.stt_ms = item.value * 1000
+
+    async def _on_latency_measured(self, _observer: Any, latency: float) -> None:
+        # Pipecat's own voice-to-voice figure (VAD stop minus stop_secs to bot speech).
+        if self._user_turn is not None:
+            self._user_turn.v2v_ms = latency * 1000
+
+    # -- user turns ----------------------------------------------------------------------------
+
+    def _open_user_turn(self) -> _UserTurn:
+        current = self._user_turn
+        if current is not None and "llm_request_at" not in current.stamps:
+            return current  # still the same user turn: the LLM has not been asked yet
+        if current is not None:
+            self._write_latency(current)
+        self._user_turn = _UserTurn(self._user_turns)
+        self._user_turns += 1
+        return self._user_turn
+
+    def _write_latency(self, turn: _UserTurn) -> None:
+        record = LatencyRecord.from_timestamps(
+            self.session_id,
+            turn.index,
+            **turn.stamps,
+            stt_ms=turn.stt_ms,
+            v2v_ms=turn.v2v_ms,
+            interrupted=turn.interrupted,
+        )
+        self._writer.submit(lambda ledger: ledger.put_latency(record), f"latency {turn.index}")
+
+    def _interrupt(self) -> None:
+        if self._turns and self._turns[-1].speaking:
+            self._turns[-1].interrupted = True
+            self._turns[-1].speaking = False
+            self._write_turn(len(self._turns) - 1)
+            if self._user_turn is not None:
+                self._user_turn.interrupted = True
+
+    # -- LLM turns -----------------------------------------------------------------------------
+
+    def _start_turn(self, at: float) -> None:
+        if self._turns:
+            self._turns[-1].speaking = False
+            self._write_turn(len(self._turns) - 1)
+        self._turns.append(_Turn())
+        if self._user_turn is not None:
+            self._user_turn.mark("llm_request_at", at)
+
+    def _on_llm_call(self, call: LLMCall) -> None:
+        """Called by the tee when a stream ends (on the LLM service's task)."""
+        try:
+            index = self._calls_seen
+            self._calls_seen += 1
+            while len(self._turns) <= index:
+                self._turns.append(_Turn())
+            self._turns[index].call = call
+            if self._policy is None and call.request.get("model"):
+                self._policy = str(call.request["model"])
+            self._write_turn(index)
+        except Exception as e:
+            self.errors += 1
+            logger.error(f"pipecat-rl: recorder failed on an LLM call: {e}")
+
+    def _write_turn(self, index: int) -> None:
+        turn = self._turns[index]
+        if turn.call is None:
+            return  # written when the stream ends
+        record = self._turn_record(index, turn)
+        self._writer.submit(lambda ledger: ledger.add_turn(record), f"turn {index}")
+
+    def _turn_record(self, index: int, turn: _Turn) -> TurnRecord:
+        call = turn.call
+        assert call is not None
+        exact = call.token_exact
+        request, text = call.request, call.text
+        spoken = "".join(turn.spoken) if turn.heard_tts else None
+        tools = [
+            {"id": c["id"], "name": c["name"], "arguments": c["arguments"]}
+            for _, c in sorted(call.tool_calls.items())
+        ]
+        ids = (call.prompt_token_ids, call.token_ids, call.logprobs) if exact else (None,) * 3
+        if self.redactor is not None:
+            request, text = self.redactor.value(request), self.redactor.text(text)
+            spoken = self.redactor.text(spoken) if spoken is not None else None
+            tools = self.redactor.value(tools)
+            if not self.session.consent:
+                # Token ids spell the same PII the text did: without consent they are not kept.
+                ids, exact = (None,) * 3, False
+        stamps = {"llm_request": call.started_at}
+        if call.first_token_at is not None:
+            stamps["llm_first_token"] = call.first_token_at
+        if call.done_at is not None:
+            stamps["llm_done"] = call.done_at
+        return TurnRecord(
+            session_id=self.session_id,
+            index=index,
+            adapter=request.get("model"),
+            created_at=call.started_at,
+            request=request,
+            prompt_token_ids=ids[0],
+            completion_token_ids=ids[1],
+            logprobs=ids[2],
+            token_exact=exact,
+            generated_text=text,
+            spoken_text=spoken,
+            interrupted=turn.interrupted,
+            finish_reason=call.finish_reason or ("error" if call.error else None),
+            usage=call.usage,
+            tool_calls=tools,
+            timestamps=stamps,
+            redacted=self.redactor is not None,
+        )
+
+    # -- tools and the end of the call ---------------------------------------------------------
+
+    def _tool_done(self, call_id: str, result: Any, error: str | None, at: float) -> None:
+        started = self._tools.pop(call_id, None)
+        if started is None:
+            return
+        name, arguments, started_at, turn_index = started
+        if self.redactor is not None:
+            arguments, result = self.redactor.value(arguments), self.redactor.value(result)
+        record = ToolCallRecord(
+            session_id=self.session_id,
+            turn_index=turn_index,
+            call_id=call_id,
+            name=name,
+            arguments=arguments if isinstance(arguments, dict) else {"value": arguments},
+            result=result,
+            error=error,
+            started_at=started_at,
+            duration_ms=(at - started_at) * 1000,
+        )
+        self._writer.submit(lambda ledger: ledger.add_tool_call(record), f"tool call {name}")
+
+    async def _on_pipeline_finished(self, _worker: Any, frame: Any) -> None:
+        try:
+            self._end(cancelled=isinstance(frame, CancelFrame))
+        except Exception as e:
+            self.errors += 1
+            logger.error(f"pipecat-rl: recorder failed to close the session: {e}")
+
+    def _end(self, *, cancelled: bool) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._turns:
+            self._turns[-1].speaking = False
+            self._write_turn(len(self._turns) - 1)
+        if self._user_turn is not None:
+            self._write_latency(self._user_turn)
+        session_id, policy, ended_at = self.session_id, self._policy, time.time()
+        outcome = "cancelled" if cancelled else "completed"
+
+        def end(ledger: Ledger) -> None:
+            ledger.end_session(session_id, ended_at=ended_at, outcome=outcome)
+            if policy is not None:
+                ledger.update_session(session_id, policy=policy)
+
+        self._writer.submit(end, f"end of session {session_id}")
+
+
+def _processors(root: FrameProcessor, kind: type) -> list[Any]:
+    found, stack = [], [root]
+    while stack:
+        processor = stack.pop()
+        if isinstance(processor, kind):
+            found.append(processor)
+        stack.extend(processor.processors)
+    return found
+
+
+async def install(
+    worker: Any,
+    *,
+    ledger: Ledger | str | Path | None = None,
+    session: SessionInfo | None = None,
+    redactor: Redactor | None = None,
+    token_ids: bool | None = None,
+) -> RecorderObserver:
+    """Attach a recorder to `worker` (once); a `recording()` context supplies defaults."""
+    existing = getattr(worker, "_pipecat_rl_recorder", None)
+    if existing is not None:
+        return existing
+    handle = current_recording()
+    if handle is not None:
+        ledger, session = ledger or handle.ledger, session or handle.session
+        session_id = handle.session_id
+    else:
+        session = session or SessionInfo()
+        session_id = session.call_id or new_call_id()
+    if not isinstance(ledger, Ledger):
+        ledger = Ledger.open(ledger)
+    recorder = RecorderObserver(
+        ledger=ledger,
+        session=session,
+        session_id=session_id,
+        redactor=redactor,
+        token_ids=token_ids,
+    )
+    worker._pipecat_rl_recorder = recorder
+    worker.add_observer(recorder)
+    await recorder.attach(worker)
+    if handle is not None:
+        handle.recorders.append(recorder)
+    return recorder
+
+
+class RLRecorder(FrameProcessor):
+    """The one line a bot adds to its pipeline to record every call into the ledger.
+
+    Put it anywhere in the pipeline list, e.g. right after `transport.input()`. It sees only the
+    frames passing its place, so at setup it installs a `RecorderObserver` on its worker, which
+    sees the rest, and tees the worker's OpenAI-compatible LLM service for token ids.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger | str | Path | None = None,
+        *,
+        call_id: str | None = None,
+        source: str = "live",
+        consent: bool = True,
+        redactor: Redactor | None = None,
+        token_ids: bool | None = None,
+        session: SessionInfo | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        self._ledger = ledger
+        self._session = session or SessionInfo(call_id=call_id, source=source, consent=consent)
+        self._redactor = redactor
+        self._token_ids = token_ids
+        self.recorder: RecorderObserver | None = None
+
+    async def setup(self, setup: Any) -> None:
+        """Install the recorder on the worker running this pipeline."""
+        await super().setup(setup)
+        try:
+            self.recorder = await install(
+                setup.pipeline_worker,
+                ledger=self._ledger,
+                session=self._session,
+                redactor=self._redactor,
+                token_ids=self._token_ids,
+            )
+        except Exception as e:  # a broken ledger must not stop the bot from taking the call
+            logger.error(f"pipecat-rl: recorder not installed, this call is not recorded: {e}")
+
+    async def process_frame(self, frame: Any, direction: FrameDirection) -> None:
+        """Pass every frame on unchanged."""
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)

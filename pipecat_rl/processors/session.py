@@ -1,0 +1,98 @@
+"""Who a recorded call is: the session labels, and the context that hands them to recorders.
+
+A live bot gets a generated call id; the simulator and the gate wrap each episode in
+`recording(...)`, and every PipelineWorker set up inside that context (the same asyncio task
+tree) records into the given ledger under the given labels.
+"""
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipecat_rl.ledger import Ledger, SessionRecord
+
+if TYPE_CHECKING:
+    from pipecat_rl.processors.recorder import RecorderObserver
+
+
+class SessionInfo(BaseModel):
+    """Labels a recorder writes on its session row."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call_id: str | None = None
+    """The session id; a fresh one is generated when absent."""
+    source: Literal["live", "simulate", "gate"] = "live"
+    scenario_id: str | None = None
+    scenario_hash: str | None = None
+    split: Literal["pool", "heldout"] | None = None
+    heldout_set_id: str | None = None
+    policy: str | None = None
+    """The adapter (or base model) served; filled from the first LLM request when absent."""
+    seed: int | None = None
+    repeat: int | None = None
+    consent: bool = True
+    """Whether the caller consented to training on this call; training respects it."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def record(self, session_id: str) -> SessionRecord:
+        """The session row this info starts."""
+        return SessionRecord(
+            id=session_id,
+            source=self.source,
+            started_at=time.time(),
+            scenario_id=self.scenario_id,
+            scenario_hash=self.scenario_hash,
+            split=self.split,
+            heldout_set_id=self.heldout_set_id,
+            policy=self.policy,
+            seed=self.seed,
+            repeat=self.repeat,
+            consent=self.consent,
+            metadata=self.metadata,
+        )
+
+
+def new_call_id() -> str:
+    """A fresh, sortable-enough session id."""
+    return f"call-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class RecordingHandle:
+    """What `recording()` yields: the session id and the recorders installed under it."""
+
+    ledger: Ledger
+    session: SessionInfo
+    session_id: str
+    recorders: list["RecorderObserver"] = field(default_factory=list)
+
+    async def flush(self) -> None:
+        """Wait until everything recorded in this context is in the ledger."""
+        for recorder in self.recorders:
+            await recorder.flush()
+
+
+_current: ContextVar[RecordingHandle | None] = ContextVar("pipecat_rl_recording", default=None)
+
+
+@contextmanager
+def recording(ledger: Ledger, session: SessionInfo) -> Iterator[RecordingHandle]:
+    """Record every pipeline set up inside this block into `ledger` as `session`."""
+    handle = RecordingHandle(ledger, session, session.call_id or new_call_id())
+    token = _current.set(handle)
+    try:
+        yield handle
+    finally:
+        _current.reset(token)
+
+
+def current_recording() -> RecordingHandle | None:
+    """The innermost `recording()` context, if any."""
+    return _current.get()

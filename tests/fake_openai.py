@@ -1,0 +1,73 @@
+"""A strict OpenAI-compatible server on loopback that is not vLLM: streams fixed text, returns no
+token ids, and rejects fields OpenAI does not know (as api.openai.com does)."""
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pipecat_rl.serving import free_port
+
+KNOWN = {"model", "messages", "stream", "stream_options", "temperature", "max_tokens", "tools",
+         "tool_choice", "top_p", "seed", "frequency_penalty", "presence_penalty", "logprobs",
+         "max_completion_tokens", "service_tier"}  # fmt: skip
+
+
+def _app(pieces: list[str]) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "gpt-4.1", "owned_by": "openai"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        unknown = set(body) - KNOWN
+        if unknown:
+            return JSONResponse({"error": {"message": f"Unrecognized: {unknown}"}}, 400)
+
+        def chunk(delta: dict, finish: str | None = None, usage: dict | None = None) -> str:
+            payload = {"id": "x", "object": "chat.completion.chunk", "created": int(time.time()),
+                       "model": body["model"],
+                       "choices": [] if usage else [{"index": 0, "delta": delta,
+                                                     "finish_reason": finish}]}  # fmt: skip
+            if usage:
+                payload["usage"] = usage
+            return f"data: {json.dumps(payload)}\n\n"
+
+        async def stream():
+            yield chunk({"role": "assistant", "content": ""})
+            for piece in pieces:
+                yield chunk({"content": piece})
+            yield chunk({}, "stop")
+            yield chunk({}, usage={"prompt_tokens": 5, "completion_tokens": len(pieces),
+                                   "total_tokens": 5 + len(pieces)})  # fmt: skip
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+@asynccontextmanager
+async def serve_fake_openai(pieces: list[str]) -> AsyncIterator[str]:
+    """Serve the fake on a free loopback port; yields its `/v1` base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_app(pieces), host="127.0.0.1", port=port,
+                                           log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 10)
