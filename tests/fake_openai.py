@@ -1,5 +1,7 @@
-"""A strict OpenAI-compatible server on loopback that is not vLLM: streams fixed text, returns no
-token ids, and rejects fields OpenAI does not know (as api.openai.com does)."""
+"""A strict OpenAI-compatible server on loopback: streams fixed text and rejects fields OpenAI does
+not know (as api.openai.com does). With `vllm=True` it answers like vLLM instead: it accepts
+`return_token_ids` and returns prompt ids, per-chunk token ids and logprobs, so the recorder's
+own cost can be measured without a model's timing noise (benchmarks/recorder_overhead.py)."""
 
 import asyncio
 import json
@@ -19,17 +21,18 @@ KNOWN = {"model", "messages", "stream", "stream_options", "temperature", "max_to
          "max_completion_tokens", "service_tier"}  # fmt: skip
 
 
-def _app(pieces: list[str]) -> FastAPI:
+def _app(pieces: list[str], vllm: bool) -> FastAPI:
     app = FastAPI()
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": "gpt-4.1", "owned_by": "openai"}]}
+        owner = "vllm" if vllm else "openai"
+        return {"object": "list", "data": [{"id": "gpt-4.1", "owned_by": owner}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
-        unknown = set(body) - KNOWN
+        unknown = set(body) - KNOWN - ({"return_token_ids"} if vllm else set())
         if unknown:
             return JSONResponse({"error": {"message": f"Unrecognized: {unknown}"}}, 400)
 
@@ -40,6 +43,13 @@ def _app(pieces: list[str]) -> FastAPI:
                                                      "finish_reason": finish}]}  # fmt: skip
             if usage:
                 payload["usage"] = usage
+            if vllm and body.get("return_token_ids") and "content" in delta:
+                if delta.get("role"):
+                    payload["prompt_token_ids"] = list(range(1, 40))
+                else:
+                    payload["choices"][0]["token_ids"] = [len(delta["content"])]
+                    token = {"token": delta["content"], "logprob": -0.5, "top_logprobs": []}
+                    payload["choices"][0]["logprobs"] = {"content": [token]}
             return f"data: {json.dumps(payload)}\n\n"
 
         async def stream():
@@ -57,10 +67,10 @@ def _app(pieces: list[str]) -> FastAPI:
 
 
 @asynccontextmanager
-async def serve_fake_openai(pieces: list[str]) -> AsyncIterator[str]:
+async def serve_fake_openai(pieces: list[str], *, vllm: bool = False) -> AsyncIterator[str]:
     """Serve the fake on a free loopback port; yields its `/v1` base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_app(pieces), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(_app(pieces, vllm), host="127.0.0.1", port=port,
                                            log_level="warning"))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

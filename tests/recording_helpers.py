@@ -1,6 +1,7 @@
 """A small harness that drives a real Pipecat pipeline turn by turn, for the recorder tests."""
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 from pipecat.frames.frames import (
@@ -43,6 +44,7 @@ class Watch(FrameProcessor):
         super().__init__()
         self.responses: list[list[str]] = []
         self.spoken: list[str] = []
+        self.first_text_at: list[float] = []
         self.ended = asyncio.Event()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
@@ -50,6 +52,8 @@ class Watch(FrameProcessor):
         if isinstance(frame, LLMFullResponseStartFrame):
             self.responses.append([])
         elif isinstance(frame, LLMTextFrame) and self.responses:
+            if not self.responses[-1]:
+                self.first_text_at.append(time.perf_counter())
             self.responses[-1].append(frame.text)
         elif isinstance(frame, TTSTextFrame):
             self.spoken.append(frame.text)

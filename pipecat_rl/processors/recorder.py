@@ -22,18 +22,21 @@ from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
     BotStoppedSpeakingFrame,
     CancelFrame,
+    ClientConnectedFrame,
     FunctionCallCancelFrame,
     FunctionCallInProgressFrame,
     FunctionCallResultFrame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
+    LLMMarkerFrame,
     LLMTextFrame,
     MetricsFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
     TTSTextFrame,
     UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.metrics.metrics import TTFBMetricsData
@@ -59,6 +62,7 @@ class _Turn:
     heard_tts: bool = False
     speaking: bool = True
     interrupted: bool = False
+    written: bool = False
 
 
 @dataclass
@@ -128,7 +132,6 @@ class RecorderObserver(BaseObserver):
                 "pipecat-rl: no OpenAI-compatible LLM service in this pipeline; recording "
                 "latency and tool calls only"
             )
-        worker.add_observer(self._latency)
         # The end of the call is when the pipeline finishes, not when an EndFrame is first pushed
         # (which is before the processors have worked through what was queued ahead of it).
         worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
@@ -143,11 +146,19 @@ class RecorderObserver(BaseObserver):
 
     async def on_push_frame(self, data: FramePushed) -> None:
         """Route one frame to the state it updates; never raises."""
+        if not isinstance(data.frame, _WATCHED):
+            return
         try:
+            # Pipecat's own latency observer rides on this observer's queue rather than its own.
+            await self._latency.on_push_frame(data)
             self._on_frame(data)
         except Exception as e:
             self.errors += 1
             logger.error(f"pipecat-rl: recorder failed on {data.frame}: {e}")
+
+    async def on_pipeline_started(self) -> None:
+        """Forwarded to Pipecat's latency observer (it times a greeting from here)."""
+        await self._latency.on_pipeline_started()
 
     def _now(self, data: FramePushed) -> float:
         # The pipeline clock stamps every push; one offset turns it into wall time, so queueing
@@ -174,7 +185,7 @@ class RecorderObserver(BaseObserver):
                 self._user_turn.mark("llm_first_token_at", at)
         elif isinstance(frame, LLMFullResponseEndFrame) and data.source in self._llms:
             if self._turns and not self._turns[-1].heard_tts:
-                self._turns[-1].speaking = False
+                self._close_turn(len(self._turns) - 1)  # nothing spoken: the text was the turn
         elif isinstance(frame, TTSAudioRawFrame):
             if self._user_turn and "llm_request_at" in self._user_turn.stamps:
                 self._user_turn.mark("tts_first_audio_at", at)
@@ -189,7 +200,7 @@ class RecorderObserver(BaseObserver):
             if self._user_turn and "bot_started_at" in self._user_turn.stamps:
                 self._user_turn.mark("bot_stopped_at", at)
             if self._turns:
-                self._turns[-1].speaking = False
+                self._close_turn(len(self._turns) - 1)
         elif isinstance(frame, InterruptionFrame):
             self._interrupt()
         elif isinstance(frame, MetricsFrame):
@@ -240,17 +251,15 @@ class RecorderObserver(BaseObserver):
     def _interrupt(self) -> None:
         if self._turns and self._turns[-1].speaking:
             self._turns[-1].interrupted = True
-            self._turns[-1].speaking = False
-            self._write_turn(len(self._turns) - 1)
             if self._user_turn is not None:
                 self._user_turn.interrupted = True
+            self._close_turn(len(self._turns) - 1)
 
     # -- LLM turns -----------------------------------------------------------------------------
 
     def _start_turn(self, at: float) -> None:
         if self._turns:
-            self._turns[-1].speaking = False
-            self._write_turn(len(self._turns) - 1)
+            self._close_turn(len(self._turns) - 1)
         self._turns.append(_Turn())
         if self._user_turn is not None:
             self._user_turn.mark("llm_request_at", at)
@@ -265,15 +274,24 @@ class RecorderObserver(BaseObserver):
             self._turns[index].call = call
             if self._policy is None and call.request.get("model"):
                 self._policy = str(call.request["model"])
-            self._write_turn(index)
+            self._write_turn(index)  # written only once its speech is over too
         except Exception as e:
             self.errors += 1
             logger.error(f"pipecat-rl: recorder failed on an LLM call: {e}")
 
-    def _write_turn(self, index: int) -> None:
+    def _close_turn(self, index: int) -> None:
+        """The turn's speech is over (finished, interrupted, or followed by another turn)."""
         turn = self._turns[index]
-        if turn.call is None:
-            return  # written when the stream ends
+        if turn.speaking:
+            turn.speaking = False
+            self._write_turn(index)
+
+    def _write_turn(self, index: int) -> None:
+        """Write a turn once both its stream and its speech are over: one write per turn."""
+        turn = self._turns[index]
+        if turn.call is None or turn.speaking or turn.written:
+            return
+        turn.written = True
         record = self._turn_record(index, turn)
         self._writer.submit(lambda ledger: ledger.add_turn(record), f"turn {index}")
 
@@ -353,9 +371,8 @@ class RecorderObserver(BaseObserver):
         if self._ended:
             return
         self._ended = True
-        if self._turns:
-            self._turns[-1].speaking = False
-            self._write_turn(len(self._turns) - 1)
+        for index in range(len(self._turns)):
+            self._close_turn(index)  # a stream still open is written when it closes
         if self._user_turn is not None:
             self._write_latency(self._user_turn)
         session_id, policy, ended_at = self.session_id, self._policy, time.time()
@@ -367,6 +384,29 @@ class RecorderObserver(BaseObserver):
                 ledger.update_session(session_id, policy=policy)
 
         self._writer.submit(end, f"end of session {session_id}")
+
+
+_WATCHED = (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    ClientConnectedFrame,
+    FunctionCallCancelFrame,
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMMarkerFrame,
+    LLMTextFrame,
+    MetricsFrame,
+    TranscriptionFrame,
+    TTSAudioRawFrame,
+    TTSTextFrame,
+    UserStoppedSpeakingFrame,
+    VADUserStartedSpeakingFrame,
+    VADUserStoppedSpeakingFrame,
+)
+"""What this recorder or Pipecat's latency observer looks at; everything else returns at once."""
 
 
 def _processors(root: FrameProcessor, kind: type) -> list[Any]:
@@ -435,7 +475,8 @@ class RLRecorder(FrameProcessor):
         session: SessionInfo | None = None,
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
+        # Direct mode: frames pass straight through, with no queue and task hop of their own.
+        super().__init__(enable_direct_mode=True, **kwargs)
         self._ledger = ledger
         self._session = session or SessionInfo(call_id=call_id, source=source, consent=consent)
         self._redactor = redactor
