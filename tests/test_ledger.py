@@ -578,9 +578,11 @@ def test_live_pointer_move_rollback_history(ledger):
     ledger.register_adapter(make_adapter("v2", created_at=2.0))
 
     p1 = ledger.move_live("v1", receipt="receipts/v1.json")
-    assert (p1.adapter, p1.previous, p1.receipt) == ("v1", None, "receipts/v1.json")
-    with pytest.raises(LedgerError, match="first adapter"):
-        ledger.rollback_live()
+    # before anything went live the base model served: the first move can be rolled back to it
+    assert (p1.adapter, p1.previous, p1.receipt) == ("v1", "base", "receipts/v1.json")
+    to_base = ledger.rollback_live()
+    assert (to_base.adapter, to_base.previous) == ("base", "v1")
+    p1 = ledger.move_live("v1")
 
     p2 = ledger.move_live("v2", receipt="receipts/v2.json")
     assert (p2.adapter, p2.previous) == ("v2", "v1")
@@ -595,7 +597,7 @@ def test_live_pointer_move_rollback_history(ledger):
     assert (base.adapter, base.previous) == ("base", "v1")
 
     history = ledger.live_history()
-    assert [h.adapter for h in history] == ["v1", "v2", "v1", "base"]
+    assert [h.adapter for h in history] == ["v1", "base", "v1", "v2", "v1", "base"]
     assert all(isinstance(h, LivePointer) for h in history)
     assert history[0].moved_at <= history[-1].moved_at
 

@@ -91,7 +91,7 @@ def rollback(ledger: Ledger, admin: VLLMAdmin | None = None) -> LiveMove:
     """Point live back at the adapter that served before the current one, loading it if needed.
 
     Raises:
-        GateError: nothing was promoted yet, or the current adapter was the first live one.
+        GateError: nothing was promoted yet, or the pointer records nothing before it.
     """
     pointer = ledger.live()
     if pointer is None or pointer.previous is None:
@@ -100,7 +100,7 @@ def rollback(ledger: Ledger, admin: VLLMAdmin | None = None) -> LiveMove:
             + (
                 "nothing was ever promoted"
                 if pointer is None
-                else f"{pointer.adapter!r} is the first adapter that went live"
+                else f"{pointer.adapter!r} has nothing recorded before it"
             )
             + "; promote a receipt instead."
         )

@@ -607,7 +607,8 @@ class Ledger:
     def move_live(self, adapter: str, *, receipt: str | None = None) -> LivePointer:
         """Point live at a registered adapter (or "base"), remembering what served before.
 
-        Moving to the adapter that is already live changes nothing and returns the current pointer.
+        Before any move the base model serves, so the first move remembers "base" as previous and
+        can be rolled back. Moving to the adapter that is already live changes nothing.
         """
         with self._write() as conn:
             if adapter != BASE_ADAPTER:
@@ -616,7 +617,9 @@ class Ledger:
             current: LivePointer | None = None if row is None else LIVE.record(row)
             if current is not None and current.adapter == adapter:
                 return current
-            return self._move(conn, adapter, receipt, current.adapter if current else None)
+            if current is None and adapter == BASE_ADAPTER:
+                return self._move(conn, adapter, receipt, None)
+            return self._move(conn, adapter, receipt, current.adapter if current else BASE_ADAPTER)
 
     def rollback_live(self, *, receipt: str | None = None) -> LivePointer:
         """Point live back at the adapter that served before the current one (a new history row)."""
@@ -629,9 +632,8 @@ class Ledger:
                     + (
                         "nothing was ever promoted"
                         if current is None
-                        else f"{current.adapter!r} is the first adapter that went live"
+                        else f"{current.adapter!r} has no adapter recorded before it"
                     )
-                    + f"; use move_live({BASE_ADAPTER!r}) to serve the base model"
                 )
             return self._move(conn, current.previous, receipt, current.adapter)
 
