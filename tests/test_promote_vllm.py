@@ -37,8 +37,8 @@ def test_gate_promote_rollback_on_vllm(vllm_server, random_lora, tmp_path):
                     f.write(json.dumps(row) + "\n")
     cli = CliRunner()
     out = tmp_path / "gate"
-    gated = cli.invoke(app, ["gate", "--candidate", "cand-1", "--incumbent", "base", "--scores",
-                             str(scores), "--out", str(out), "--ledger", str(db), "--json"])  # fmt: skip
+    args = ["--candidate", "cand-1", "--incumbent", "base", "--scores", str(scores)]
+    gated = cli.invoke(app, ["gate", *args, "--out", str(out), "--ledger", str(db), "--json"])
     assert gated.exit_code == 0, gated.output
     assert json.loads(gated.stdout)["verdict"] == "PROMOTE"
 
