@@ -143,3 +143,21 @@ def test_start_failure_reports_the_log_tail(smollm2_dir):
         asyncio.run(server.start())
     assert "Last lines of" in str(info.value)
     assert not server.running
+
+
+def test_cli_adapter_verbs(vllm_server, random_lora):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+
+    cli, url = CliRunner(), ["--llm-url", vllm_server.base_url]
+    loaded = cli.invoke(app, ["llm", "load-adapter", "cli-a", str(random_lora), *url, "--json"])
+    assert loaded.exit_code == 0, loaded.output
+    assert "cli-a" in json.loads(loaded.stdout)["models"]
+    chat = cli.invoke(app, ["llm", "chat", "Hi", "--adapter", "cli-a", *url, "--json"])
+    turn = json.loads(chat.stdout)
+    assert turn["model"] == "cli-a" and len(turn["token_ids"]) == len(turn["logprobs"]) > 0
+    unloaded = cli.invoke(app, ["llm", "unload-adapter", "cli-a", *url, "--json"])
+    assert unloaded.exit_code == 0 and "cli-a" not in json.loads(unloaded.stdout)["models"]
+    gone = cli.invoke(app, ["llm", "models", "--llm-url", "http://127.0.0.1:9"])
+    assert gone.exit_code == 3 and "cannot reach the LLM server" in gone.output
