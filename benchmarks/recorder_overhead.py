@@ -23,6 +23,10 @@ from tests.fake_openai import serve_fake_openai  # noqa: E402
 from tests.recording_helpers import Call, vllm_llm  # noqa: E402
 
 TURNS = 40
+PAUSE_S = 0.2
+"""Between turns, as in a call: a caller speaks and the VAD waits stop_secs (0.2 s by default)
+before the next LLM request. Without it the ledger write of turn k would land on turn k+1's
+start, which no real conversation does."""
 FRAMES = 3000
 PIECES = [f" word{i}" for i in range(40)]
 
@@ -38,6 +42,7 @@ async def turn_latencies(url: str, ledger: Ledger | None) -> tuple[list[float], 
             await call.say(f"turn {i}")
             whole.append((time.perf_counter() - start) * 1000)
             first.append((call.watch.first_text_at[-1] - start) * 1000)
+            await asyncio.sleep(PAUSE_S)
     return first[5:], whole[5:]  # the first turns warm connections and caches
 
 

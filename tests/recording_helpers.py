@@ -100,7 +100,7 @@ class DelayedTTS(FrameProcessor):
                 await self.push_frame(BotStartedSpeakingFrame())
             else:
                 await asyncio.sleep(self.per_word_s)
-            await self.push_frame(TTSTextFrame(frame.text, aggregated_by="word"))
+            await self.push_frame(TTSTextFrame(frame.text, text_type="word"))
             return
         if isinstance(frame, LLMFullResponseEndFrame) and self._speaking:
             self._speaking = False

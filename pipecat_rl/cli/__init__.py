@@ -4,13 +4,17 @@ Exit codes: 0 success; 1 a decision or check said no (e.g. a gate REJECT); 2 usa
 errors and INCONCLUSIVE gates; 3 a harness or service failure.
 """
 
+import sys
+
 import typer
+from loguru import logger
 
 from pipecat_rl.cli import gate as gate_cli
 from pipecat_rl.cli import ledger as ledger_cli
 from pipecat_rl.cli import llm as llm_cli
 from pipecat_rl.cli import models as models_cli
 from pipecat_rl.cli import record as record_cli
+from pipecat_rl.cli import simulate as simulate_cli
 
 app = typer.Typer(
     name="pipecat-rl",
@@ -20,7 +24,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (models_cli, llm_cli, record_cli, ledger_cli, gate_cli):
+
+
+@app.callback()
+def _options(
+    verbose: int = typer.Option(
+        0, "--verbose", "-v", count=True, help="Log more: -v for info, -vv for debug."
+    ),
+) -> None:
+    """Record, simulate, train and gate Pipecat voice agents."""
+    # Pipecat logs every frame-level step at DEBUG; a CLI user wants warnings unless asked.
+    logger.remove()
+    logger.add(sys.stderr, level=("WARNING", "INFO", "DEBUG")[min(verbose, 2)])
+
+
+for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli):
     module.register(app)
 
 

@@ -37,3 +37,7 @@ async def setup_pipeline_worker(worker) -> None:  # noqa: ANN001 - Pipecat's hoo
         )
     except Exception as e:
         logger.error(f"pipecat-rl: recorder not installed, this call is not recorded: {e}")
+
+
+async def setup_worker_runner(runner) -> None:  # noqa: ANN001 - Pipecat's hook signature
+    """Nothing to do per runner (defined so that Pipecat does not warn it is missing)."""

@@ -1,0 +1,130 @@
+"""A scripted expert receptionist: the clinic bot with a rule-based "LLM" that uses the tools right.
+
+It runs the very same bot (`bot.run_bot`) with a `ScriptedLLMService` in place of the served
+model, so it exercises the real pipeline, the real tool plumbing and the real world. Use it for
+deterministic tests and to produce demonstration calls for warm-starting a small model:
+
+    pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/expert.py
+"""
+
+import json
+import re
+
+import bot
+
+from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
+
+NAME = re.compile(r"(?:name is|this is|it's|i'm|i am)?\s*([A-Z][a-z]+(?:[ -][A-Z][a-z]+)+)")
+CONFIRMATION = re.compile(r"\b([A-Z]{2,4}(?:[- ]?\d{3,6}){1,3})\b")
+URGENT = re.compile(r"pain|emergency|swollen|broken|bleeding|today", re.IGNORECASE)
+
+
+def _tool_results(messages: list[dict]) -> dict[str, object]:
+    """The latest result of each tool, by name."""
+    names = {}
+    results: dict[str, object] = {}
+    for m in messages:
+        for call in m.get("tool_calls") or []:
+            names[call["id"]] = call["function"]["name"]
+        if m.get("role") == "tool" and m.get("content") != "IN_PROGRESS":
+            try:
+                results[names.get(m["tool_call_id"], "?")] = json.loads(m["content"])
+            except (TypeError, ValueError):
+                results[names.get(m["tool_call_id"], "?")] = m["content"]
+    return results
+
+
+def _text(m: dict) -> str:
+    return str(m.get("content") or "")
+
+
+def _after_tool(messages: list[dict]) -> ScriptedReply:
+    name = next(
+        c["function"]["name"] for m in reversed(messages) for c in m.get("tool_calls") or []
+    )
+    result = _tool_results(messages).get(name)
+    failed = isinstance(result, dict) and "error" in result
+    if name == "lookup_patient":
+        if failed:
+            return ScriptedReply("I couldn't find that name. Could you spell it for me?")
+        urgent = any(URGENT.search(_text(m)) for m in messages if m.get("role") == "user")
+        kind = "emergency" if urgent else "routine"
+        return ScriptedReply(tool_calls=[("find_slots", {"kind": kind})])
+    if name == "find_slots":
+        if failed:
+            tries = sum(
+                1
+                for m in messages
+                for c in m.get("tool_calls") or []
+                if c["function"]["name"] == "find_slots"
+            )
+            if tries < 3:
+                return ScriptedReply(tool_calls=[("find_slots", json.loads(_last_args(messages)))])
+            return ScriptedReply("Our booking system is down. Let me transfer you.")
+        if not result:
+            return ScriptedReply("I'm sorry, there are no free slots. Shall I transfer you?")
+        slot = result[0]
+        return ScriptedReply(
+            f"I have {slot['day']} at {slot['time']} with {slot['dentist']}, slot {slot['id']}. "
+            "Shall I book it?"
+        )
+    if name == "book":
+        if failed:
+            return ScriptedReply("The booking did not go through. Shall I try to book it again?")
+        number = result["confirmation"]
+        return ScriptedReply(f"You're booked. Your confirmation number is {number}.")
+    if name == "cancel":
+        if failed:
+            return ScriptedReply("I can't find that confirmation number. Could you repeat it?")
+        return ScriptedReply("Your appointment is cancelled.")
+    return ScriptedReply("I'm transferring you to the front desk now.")
+
+
+def _last_args(messages: list[dict]) -> str:
+    return next(
+        c["function"]["arguments"] for m in reversed(messages) for c in m.get("tool_calls") or []
+    )
+
+
+def expert_policy(messages: list[dict]) -> ScriptedReply:
+    """The expert receptionist's next move."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return _after_tool(messages)
+    said = _text(last)
+    lower = said.lower()
+    results = _tool_results(messages)
+    prior = next((_text(m) for m in reversed(messages[:-1]) if m.get("role") == "assistant"), "")
+    if "phone rings" in lower:
+        return ScriptedReply("Thank you for calling Bright Smile Dental. How can I help you?")
+    if re.search(r"\byes\b|please do|go ahead|sounds good", lower) and "book it" in prior:
+        patient, slots = results.get("lookup_patient"), results.get("find_slots")
+        return ScriptedReply(
+            tool_calls=[("book", {"patient_id": patient["patient_id"], "slot_id": slots[0]["id"]})]
+        )
+    if re.search(r"price|cost|how much|insurance", lower):
+        return ScriptedReply("I can't quote prices on the phone; the front desk can help you.")
+    if re.search(r"antibiotic|ibuprofen|medication|should i take|painkiller", lower):
+        return ScriptedReply(
+            "I can't give medical advice, but I can book you an emergency visit today."
+        )
+    if re.search(r"human|real person|manager|front desk|someone else", lower):
+        return ScriptedReply(tool_calls=[("transfer", {"reason": said[:200]})])
+    if "cancel" in lower or "confirmation" in prior.lower():
+        found = CONFIRMATION.search(said.upper())
+        if found:
+            number = re.sub(r"\s+", "-", found.group(1))
+            return ScriptedReply(tool_calls=[("cancel", {"confirmation": number})])
+        return ScriptedReply("Of course. What is your confirmation number?")
+    name = NAME.search(said)
+    if name and ("name" in prior.lower() or "spell" in prior.lower()):
+        return ScriptedReply(tool_calls=[("lookup_patient", {"name": name.group(1)})])
+    if re.search(r"book|appointment|checkup|cleaning|pain|emergency|see a dentist", lower):
+        return ScriptedReply("Certainly. May I have your full name?")
+    if re.search(r"\bno\b|that's all|bye|thank", lower):
+        return ScriptedReply("Thank you for calling Bright Smile Dental. Goodbye!")
+    return ScriptedReply("How can I help you today?")
+
+
+async def run_bot(transport, runner_args):
+    await bot.run_bot(transport, runner_args, llm=ScriptedLLMService(expert_policy))

@@ -1,0 +1,177 @@
+"""`pipecat-rl simulate`: run the user's bot against persona callers and record every call.
+
+Exit codes: 0 when the harness ran every episode (whatever the agent scored); 2 for bad
+scenarios or flags; 3 when episodes could not be run (harness errors) or the server failed.
+"""
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipecat_rl.cli.common import EXIT_FAILURE, cli_errors, console, print_json
+from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.simulator.botloader import load_bot
+from pipecat_rl.simulator.runner import (
+    SimulationConfig,
+    SimulationReport,
+    simulate,
+    total_episodes,
+)
+from pipecat_rl.simulator.scenario import ScenarioSet, load_scenarios
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f}"
+
+
+def _table(report: SimulationReport) -> Table:
+    table = Table(title="simulation", title_justify="left")
+    for column in ("scenario", "split", "pass", "mean reward", "P50 ms", "P95 ms", "labels"):
+        table.add_column(column, justify="right" if column in ("pass", "mean reward") else "left")
+    for s in report.summaries:
+        rate = "—" if s.pass_rate is None else f"{s.passes}/{s.verified}"
+        labels = ", ".join(f"{k}×{v}" for k, v in sorted(s.labels.items())) or ""
+        if s.errors:
+            labels = f"[red]error×{s.errors}[/red] " + labels
+        table.add_row(
+            s.scenario_id, s.split, rate, f"{s.mean_reward:.2f}",
+            _ms(s.latency_p50_ms), _ms(s.latency_p95_ms), labels,
+        )  # fmt: skip
+    return table
+
+
+async def _run(
+    scenarios: ScenarioSet,
+    bot: str,
+    config: SimulationConfig,
+    ledger_path: Path,
+    model: str,
+    no_server: bool,
+    show_progress: bool,
+) -> SimulationReport:
+    entry = load_bot(bot)
+    async with contextlib.AsyncExitStack() as stack:
+        if config.llm_url is None and not no_server:
+            from pipecat_rl.models import prepare_model
+            from pipecat_rl.serving import VLLMServer
+
+            console.print("no --llm-url: starting the embedded vLLM server…")
+            server = await stack.enter_async_context(
+                VLLMServer(prepare_model(model), max_num_seqs=max(4, config.concurrency))
+            )
+            config = SimulationConfig(**{**vars(config), "llm_url": server.url})
+        ledger = stack.enter_context(Ledger(ledger_path))
+        progress = Progress(
+            TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, disable=not show_progress,
+        )  # fmt: skip
+        stack.enter_context(progress)
+        task = progress.add_task("episodes", total=total_episodes(scenarios, config))
+        return await simulate(
+            scenarios, entry, config, ledger, on_episode=lambda _: progress.advance(task)
+        )
+
+
+def _v1(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def simulate_command(
+    scenarios: Annotated[
+        list[Path], typer.Argument(help="Scenario files or folders (searched recursively).")
+    ],
+    bot: Annotated[
+        str,
+        typer.Option(
+            "--bot",
+            help="The bot: path/to/bot.py or package.module, with :function (default run_bot).",
+        ),
+    ],
+    repeats: Annotated[
+        int | None,
+        typer.Option("--repeats", "-k", min=1, help="Runs per scenario (default: its `runs`)."),
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", min=1, help="Episodes at once.")
+    ] = 4,
+    adapter: Annotated[
+        str | None, typer.Option("--adapter", help="Adapter the agent is served (default base).")
+    ] = None,
+    mode: Annotated[Literal["text"], typer.Option("--mode", help="Channel (text).")] = "text",
+    persona: Annotated[
+        Literal["llm", "scripted"],
+        typer.Option("--persona", help="LLM persona, or the scenarios' script: rules."),
+    ] = "llm",
+    seed: Annotated[int, typer.Option("--seed", help="Run seed; episodes derive theirs.")] = 0,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", min=1, help="Cap the agent's replies if its bot sets none."),
+    ] = None,
+    llm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--llm-url",
+            envvar=LLM_URL_ENV,
+            help="A running OpenAI-compatible server; without it the embedded vLLM is started.",
+        ),
+    ] = None,
+    no_server: Annotated[
+        bool,
+        typer.Option(
+            "--no-server",
+            help="Start no LLM server (a scripted persona and a bot that needs no served model).",
+        ),
+    ] = False,
+    model: Annotated[
+        str, typer.Option("--model", help="Model the embedded server serves.")
+    ] = "smollm2",
+    ledger: Annotated[
+        Path | None, typer.Option("--ledger", help="Ledger file (default: $PIPECAT_RL_LEDGER).")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+) -> None:
+    """Simulate calls to BOT for every scenario, write them to the ledger, print a table."""
+    with cli_errors():
+        if mode != "text":
+            raise ConfigError("--mode audio is not available yet; use --mode text")
+        loaded = load_scenarios(list(scenarios))
+        config = SimulationConfig(
+            llm_url=_v1(llm_url) if llm_url else None,
+            adapter=adapter,
+            persona=persona,
+            mode=mode,
+            seed=seed,
+            repeats=repeats,
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+        )
+        report = asyncio.run(
+            _run(loaded, bot, config, resolve_ledger_path(ledger), model, no_server, not json_out)
+        )
+    if json_out:
+        print_json(report.to_json())
+    else:
+        console.print(_table(report))
+        if loaded.heldout_set_id:
+            console.print(f"held-out set: {loaded.heldout_set_id}")
+        console.print(f"{len(report.episodes)} episodes in {report.wall_s:.1f} s")
+    if report.harness_errors:
+        first = next(e for e in report.episodes if e.outcome == "error")
+        console.print(
+            f"[red]{report.harness_errors} episode(s) could not run[/red]; first: "
+            f"{first.scenario_id}: {first.error}"
+        )
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level `simulate` command."""
+    app.command("simulate")(simulate_command)

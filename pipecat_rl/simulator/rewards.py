@@ -1,0 +1,135 @@
+"""Rewards and failure labels of an episode; every part is kept apart so each can be replaced.
+
+reward = terminal verifier on the world (authoritative, 1 or 0) + shaped tool credit (+0.1 per
+successful tool execution, -0.1 per failed one) + optional judged metrics. `reward_parts` and
+`failure_labels` are plain functions a user can swap for their own.
+"""
+
+import difflib
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pipecat_rl.simulator.scenario import Scenario
+from pipecat_rl.simulator.transport import EndReason, Line
+from pipecat_rl.simulator.world import CheckResult, ToolExecution
+
+TOOL_SUCCESS_CREDIT = 0.1
+TOOL_FAILURE_CREDIT = -0.1
+
+MISHEARD_SLOT = "misheard_slot"
+TOOL_ERROR = "tool_error"
+DEAD_LOOP = "dead_loop"
+UNAUTHORISED_WRITE = "unauthorised_write"
+PREMATURE_HANGUP = "premature_hangup"
+TIMEOUT = "timeout"
+RECOVERED = "recovered"
+"""Not a failure: a tool failed (often an injected fault) and a later call of it succeeded."""
+
+FAILURE_LABELS = (
+    MISHEARD_SLOT, TOOL_ERROR, DEAD_LOOP, UNAUTHORISED_WRITE, PREMATURE_HANGUP, TIMEOUT,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EpisodeEvidence:
+    """Everything the reward and the labels are computed from."""
+
+    scenario: Scenario
+    executions: Sequence[ToolExecution]
+    checks: Sequence[CheckResult]
+    transcript: Sequence[Line]
+    end_reason: EndReason | None
+    judged: dict[str, float] = field(default_factory=dict)
+
+
+def verifier_score(checks: Sequence[CheckResult]) -> float | None:
+    """1.0 when every check passes, 0.0 when any fails; None when the scenario has none."""
+    if not checks:
+        return None
+    return 1.0 if all(c.passed for c in checks) else 0.0
+
+
+def tool_credit(executions: Sequence[ToolExecution]) -> float:
+    """+0.1 per successful tool execution, -0.1 per failed one."""
+    return round(sum(TOOL_SUCCESS_CREDIT if e.ok else TOOL_FAILURE_CREDIT for e in executions), 6)
+
+
+def reward_parts(evidence: EpisodeEvidence) -> dict[str, float]:
+    """The reward's parts: `verifier` (when there are checks), `tool_credit`, `judge:<metric>`."""
+    parts: dict[str, float] = {}
+    verifier = verifier_score(evidence.checks)
+    if verifier is not None:
+        parts["verifier"] = verifier
+    parts["tool_credit"] = tool_credit(evidence.executions)
+    parts.update({f"judge:{name}": value for name, value in evidence.judged.items()})
+    return parts
+
+
+def _norm(value: object) -> str:
+    return re.sub(r"[\s\-.,()]", "", str(value)).lower()
+
+
+def _misheard(value: object, fact: object) -> bool:
+    """A value that is close to a fact without being it (one digit or letter off, say)."""
+    got, want = _norm(value), _norm(fact)
+    if not got or not want or got == want or len(want) < 3:
+        return False
+    return difflib.SequenceMatcher(None, got, want).ratio() >= 0.75
+
+
+def _argument_values(arguments: dict) -> list[object]:
+    out: list[object] = []
+    for value in arguments.values():
+        if isinstance(value, dict):
+            out.extend(_argument_values(value))
+        elif isinstance(value, list):
+            out.extend(value)
+        else:
+            out.append(value)
+    return out
+
+
+def failure_labels(evidence: EpisodeEvidence) -> list[str]:
+    """The episode's labels, in `FAILURE_LABELS` order, then `recovered` when it applies."""
+    labels: set[str] = set()
+    facts = [v for v in evidence.scenario.facts.values() if not isinstance(v, (dict, list))]
+    for execution in evidence.executions:
+        if any(_misheard(v, f) for v in _argument_values(execution.arguments) for f in facts):
+            labels.add(MISHEARD_SLOT)
+    failed = [e for e in evidence.executions if not e.ok]
+    if failed:
+        labels.add(TOOL_ERROR)
+    repeats = Counter((e.name, json.dumps(e.arguments, sort_keys=True)) for e in failed)
+    if any(n >= 2 for n in repeats.values()):
+        labels.add(DEAD_LOOP)
+    guarded = [c for c in evidence.checks if c.check.startswith(("unchanged", "not_exists"))]
+    if any(not c.passed for c in guarded):
+        labels.add(UNAUTHORISED_WRITE)
+    verified = verifier_score(evidence.checks)
+    if evidence.end_reason == "agent_hung_up" and verified == 0.0:
+        labels.add(PREMATURE_HANGUP)
+    if evidence.end_reason in ("silence", "max_duration", "max_turns"):
+        labels.add(TIMEOUT)
+    ordered = [label for label in FAILURE_LABELS if label in labels]
+    for i, execution in enumerate(evidence.executions):
+        if not execution.ok and any(
+            later.ok and later.name == execution.name for later in evidence.executions[i + 1 :]
+        ):
+            ordered.append(RECOVERED)
+            break
+    return ordered
+
+
+def pass_hat_k(outcomes: Sequence[bool], k: int) -> float | None:
+    """pass^k: the chance that k runs drawn from these all pass (unbiased, tau-bench style).
+
+    None when fewer than k runs were made.
+    """
+    n, c = len(outcomes), sum(1 for o in outcomes if o)
+    if k < 1 or n < k:
+        return None
+    return math.comb(c, k) / math.comb(n, k)

@@ -1,0 +1,471 @@
+"""Simulated episodes: one persona caller bot against the user's bot, many at once.
+
+An episode builds a fresh world, a transport pair and a persona caller, runs the user's bot on
+the agent side inside `recording(...)` (so the recorder writes its turns token-exactly) and the
+simulator's episode context (so its worker is adapted, see `botloader`), watches the call until
+it ends (hang-up, `max_turns`, silence, `max_duration_s`), shuts both bots down, verifies the
+world, and writes the reward, its parts, the labels and the world's tool executions to the
+ledger. Episodes run concurrently (asyncio), which is what lets vLLM batch. A failed simulated
+call is data (outcome "error" with its reason), never a crash of the run.
+"""
+
+import asyncio
+import hashlib
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from loguru import logger
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.workers.runner import WorkerRunner
+
+from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
+from pipecat_rl.ledger.store import NotInLedgerError
+from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
+from pipecat_rl.simulator import setup_file
+from pipecat_rl.simulator.asr_noise import AsrNoiseModel
+from pipecat_rl.simulator.botloader import (
+    BotEntry,
+    Episode,
+    SimulationRunnerArguments,
+    episode_context,
+    error_recorder,
+    simulation_environment,
+)
+from pipecat_rl.simulator.persona import PersonaKind, build_persona_worker, persona_llm
+from pipecat_rl.simulator.rewards import (
+    EpisodeEvidence,
+    failure_labels,
+    pass_hat_k,
+    reward_parts,
+)
+from pipecat_rl.simulator.scenario import HELDOUT, Scenario, ScenarioSet
+from pipecat_rl.simulator.transport import EndReason, Line, LocalTransportPair
+from pipecat_rl.simulator.world import CheckResult, ToolExecution, World
+
+SHUTDOWN_GRACE_S = 5.0
+"""How long a bot gets to stop on its own after the call ends, before it is cancelled."""
+
+Outcome = Literal["pass", "fail", "unverified", "error"]
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """How to run a simulation."""
+
+    llm_url: str | None = None
+    """The served model (OpenAI-compatible, ends in /v1) for the agent and the LLM persona."""
+    adapter: str | None = None
+    """The model name the agent's requests carry: an adapter, or None for `base`."""
+    persona: PersonaKind = "llm"
+    """The LLM persona (default), or the scenarios' `script:` rules."""
+    persona_model: str = "base"
+    mode: Literal["text"] = "text"
+    seed: int = 0
+    repeats: int | None = None
+    """Runs per scenario; None means each scenario's own `runs`."""
+    concurrency: int = 4
+    max_tokens: int | None = None
+    """Caps the agent's replies when its bot sets no max_tokens (None: leave it as it is)."""
+
+
+@dataclass
+class EpisodeResult:
+    """One episode: how it went, what it earned, and why."""
+
+    scenario_id: str
+    split: str
+    repeat: int
+    seed: int
+    session_id: str
+    outcome: Outcome
+    reward: float = 0.0
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)
+    end_reason: EndReason | None = None
+    transcript: list[Line] = field(default_factory=list)
+    executions: list[ToolExecution] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    duration_s: float = 0.0
+    error: str | None = None
+    bypassed: list[str] = field(default_factory=list)
+    """The bot's speech services replaced by pass-throughs (text mode)."""
+    redirected: list[str] = field(default_factory=list)
+    """The bot's LLM services pointed at the served model."""
+
+    @property
+    def passed(self) -> bool | None:
+        """Whether the verifier passed (None when the scenario verifies nothing)."""
+        return None if self.outcome in ("unverified", "error") else self.outcome == "pass"
+
+    @property
+    def latencies_ms(self) -> list[float]:
+        """The agent's response latencies in this episode."""
+        return [line.latency_ms for line in self.transcript if line.latency_ms is not None]
+
+
+def episode_seed(seed: int, scenario_id: str, repeat: int) -> int:
+    """The seed of one episode: the same for the same run seed, scenario and repeat."""
+    digest = hashlib.sha256(f"{seed}:{scenario_id}:{repeat}".encode()).hexdigest()
+    return int(digest[:8], 16)
+
+
+async def _run_worker(worker: PipelineWorker) -> None:
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    await runner.run()
+
+
+async def _watch(
+    pair: LocalTransportPair,
+    bot_task: asyncio.Task,
+    scenario: Scenario,
+    errors: list[list[str]],
+) -> None:
+    """Wait until the call ends, the bot returns, a pipeline errs or a limit is reached."""
+    started = time.monotonic()
+    while not pair.done.is_set():
+        if any(errors):
+            pair.end("error")
+        elif bot_task.done():
+            pair.end("agent_hung_up")
+        elif time.monotonic() - pair.last_activity > scenario.max_silence_s:
+            pair.end("silence")
+        elif time.monotonic() - started > scenario.max_duration_s:
+            pair.end("max_duration")
+        else:
+            try:
+                await asyncio.wait_for(pair.done.wait(), timeout=0.1)
+            except TimeoutError:
+                pass
+
+
+async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
+    """Let `task` finish on its own; then cancel its workers; then the task itself."""
+    done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
+    if done:
+        return
+    for worker in workers:
+        await worker.cancel()
+    done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
+
+
+def _outcome(parts: dict[str, float]) -> Outcome:
+    if "verifier" not in parts:
+        return "unverified"
+    return "pass" if parts["verifier"] == 1.0 else "fail"
+
+
+async def run_episode(
+    scenario: Scenario,
+    bot: BotEntry,
+    config: SimulationConfig,
+    ledger: Ledger,
+    *,
+    repeat: int = 0,
+    heldout_set_id: str | None = None,
+) -> EpisodeResult:
+    """Run one simulated call of `scenario` against `bot` and record it in `ledger`."""
+    seed = episode_seed(config.seed, scenario.id, repeat)
+    started = time.monotonic()
+    model = config.adapter or "base"
+    info = SessionInfo(
+        call_id=new_call_id(),
+        source="simulate",
+        scenario_id=scenario.id,
+        scenario_hash=scenario.content_hash(),
+        split=scenario.split,  # type: ignore[arg-type]
+        heldout_set_id=heldout_set_id if scenario.split == HELDOUT else None,
+        policy=model,
+        seed=seed,
+        repeat=repeat,
+        metadata={"bot": bot.spec, "mode": config.mode, "persona": config.persona},
+    )
+    result = EpisodeResult(
+        scenario_id=scenario.id,
+        split=scenario.split,
+        repeat=repeat,
+        seed=seed,
+        session_id=str(info.call_id),
+        outcome="error",
+    )
+    world = World(scenario, seed=seed)
+    noise = scenario.channel.asr_noise
+    pair = LocalTransportPair(
+        max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
+    )
+    episode = Episode(
+        world=world, llm_url=config.llm_url, model=model, max_tokens=config.max_tokens
+    )
+    try:
+        caller_llm = persona_llm(
+            scenario, config.persona, llm_url=config.llm_url, model=config.persona_model
+        )
+        persona = build_persona_worker(scenario, pair, caller_llm)
+        persona_errors: list[str] = []
+        persona.add_event_handler("on_pipeline_error", error_recorder(persona_errors))
+        persona_task = asyncio.create_task(_run_worker(persona))
+        with recording(ledger, info) as handle, episode_context(episode):
+            runner_args = SimulationRunnerArguments(
+                world=world,
+                llm_url=config.llm_url,
+                model=model,
+                session_id=handle.session_id,
+                body={"scenario": scenario.id, "repeat": repeat, "seed": seed},
+            )
+            bot_task = asyncio.create_task(bot.run(pair.agent, runner_args))
+        await _watch(pair, bot_task, scenario, [episode.errors, persona_errors])
+        await _stop(bot_task, episode.workers)
+        await persona.cancel()
+        await _stop(persona_task, [])
+        await handle.flush()
+        if bot_task.done() and not bot_task.cancelled() and bot_task.exception():
+            error = bot_task.exception()
+            result.error = f"the bot raised {type(error).__name__}: {error}"
+        elif episode.errors or persona_errors:
+            result.error = "; ".join(episode.errors + [f"persona {e}" for e in persona_errors])
+    except Exception as e:  # a broken episode is data, not a crash of the run
+        logger.exception(f"episode {scenario.id}#{repeat} failed")
+        result.error = f"{type(e).__name__}: {e}"
+    result.end_reason = pair.end_reason
+    result.transcript = list(pair.transcript)
+    result.executions = list(world.executions)
+    result.checks = world.verify()
+    result.bypassed, result.redirected = episode.bypassed, episode.redirected
+    world.close()
+    if not episode.workers and result.error is None:
+        result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
+    evidence = EpisodeEvidence(
+        scenario=scenario,
+        executions=result.executions,
+        checks=result.checks,
+        transcript=result.transcript,
+        end_reason=result.end_reason,
+    )
+    result.reward_parts = reward_parts(evidence)
+    result.reward = round(sum(result.reward_parts.values()), 6)
+    result.labels = failure_labels(evidence)
+    result.outcome = "error" if result.error else _outcome(result.reward_parts)
+    result.duration_s = time.monotonic() - started
+    _write(ledger, info, result)
+    return result
+
+
+def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
+    """The episode's outcome, reward parts, labels, checks and world executions."""
+    session_id = result.session_id
+    try:
+        ledger.session(session_id)
+    except NotInLedgerError:  # no recorder ran (the bot never started a worker)
+        ledger.add_session(info.record(session_id))
+    ledger.end_session(
+        session_id,
+        ended_at=time.time(),
+        outcome=result.outcome,
+        reward=result.reward,
+        reward_parts=result.reward_parts,
+        failure_labels=result.labels,
+        metadata_update={
+            "end_reason": result.end_reason,
+            "error": result.error,
+            "bypassed": result.bypassed,
+            "redirected": result.redirected,
+            "transcript": [vars(line) for line in result.transcript],
+            "checks": [vars(c) for c in result.checks],
+        },
+    )
+    for name, value in result.reward_parts.items():
+        detail: dict[str, Any] = {}
+        if name == "verifier":
+            detail = {"checks": [vars(c) for c in result.checks]}
+        ledger.add_score(ScoreRecord(session_id=session_id, name=name, value=value, detail=detail))
+    for execution in result.executions:
+        ledger.add_tool_call(
+            ToolCallRecord(
+                session_id=session_id,
+                turn_index=None,
+                call_id=execution.call_id,
+                name=execution.name,
+                arguments=execution.arguments,
+                result=execution.result,
+                error=execution.error,
+                started_at=execution.started_at,
+                duration_ms=execution.duration_ms,
+                state_diff={"world": execution.state_diff, "fault": execution.fault},
+            )
+        )
+
+
+# -- many episodes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScenarioSummary:
+    """One scenario over its runs."""
+
+    scenario_id: str
+    split: str
+    runs: int
+    passes: int
+    verified: int
+    errors: int
+    mean_reward: float
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    labels: dict[str, int]
+    pass_hat_k: float | None
+
+    @property
+    def pass_rate(self) -> float | None:
+        """Passes over verified runs (None when nothing was verified)."""
+        return self.passes / self.verified if self.verified else None
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+def summarise(episodes: list[EpisodeResult]) -> list[ScenarioSummary]:
+    """Per-scenario pass rate, mean reward, latency quantiles, labels and pass^k (k = runs)."""
+    by_scenario: dict[str, list[EpisodeResult]] = {}
+    for e in episodes:
+        by_scenario.setdefault(e.scenario_id, []).append(e)
+    out = []
+    for scenario_id, runs in by_scenario.items():
+        verified = [r.passed for r in runs if r.passed is not None]
+        latencies = [ms for r in runs for ms in r.latencies_ms]
+        out.append(
+            ScenarioSummary(
+                scenario_id=scenario_id,
+                split=runs[0].split,
+                runs=len(runs),
+                passes=sum(1 for p in verified if p),
+                verified=len(verified),
+                errors=sum(1 for r in runs if r.outcome == "error"),
+                mean_reward=statistics.fmean(r.reward for r in runs),
+                latency_p50_ms=_quantile(latencies, 0.5),
+                latency_p95_ms=_quantile(latencies, 0.95),
+                labels=dict(Counter(label for r in runs for label in r.labels)),
+                pass_hat_k=pass_hat_k(verified, len(verified)) if verified else None,
+            )
+        )
+    return out
+
+
+@dataclass
+class SimulationReport:
+    """Every episode of a simulation and the held-out set it ran."""
+
+    episodes: list[EpisodeResult]
+    heldout_set_id: str | None
+    wall_s: float
+
+    @property
+    def summaries(self) -> list[ScenarioSummary]:
+        """Per-scenario figures."""
+        return summarise(self.episodes)
+
+    @property
+    def harness_errors(self) -> int:
+        """Episodes the harness could not run to the end."""
+        return sum(1 for e in self.episodes if e.outcome == "error")
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready summary (the CLI's --json)."""
+        return {
+            "heldout_set_id": self.heldout_set_id,
+            "wall_s": round(self.wall_s, 3),
+            "episodes": [
+                {
+                    "session_id": e.session_id,
+                    "scenario": e.scenario_id,
+                    "split": e.split,
+                    "repeat": e.repeat,
+                    "seed": e.seed,
+                    "outcome": e.outcome,
+                    "reward": e.reward,
+                    "reward_parts": e.reward_parts,
+                    "labels": e.labels,
+                    "end_reason": e.end_reason,
+                    "error": e.error,
+                    "turns": len(e.transcript),
+                    "duration_s": round(e.duration_s, 3),
+                }
+                for e in self.episodes
+            ],
+            "scenarios": [{**vars(s), "pass_rate": s.pass_rate} for s in self.summaries],
+        }
+
+
+async def simulate(
+    scenarios: ScenarioSet,
+    bot: BotEntry,
+    config: SimulationConfig,
+    ledger: Ledger,
+    *,
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+) -> SimulationReport:
+    """Run every scenario `repeats` times (or its own `runs`), `concurrency` at a time."""
+    started = time.monotonic()
+    for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
+        World(scenario).close()
+    gate = asyncio.Semaphore(max(1, config.concurrency))
+    jobs = [
+        (scenario, repeat)
+        for scenario in scenarios
+        for repeat in range(config.repeats or scenario.runs)
+    ]
+
+    async def one(scenario: Scenario, repeat: int) -> EpisodeResult:
+        async with gate:
+            result = await run_episode(
+                scenario,
+                bot,
+                config,
+                ledger,
+                repeat=repeat,
+                heldout_set_id=scenarios.heldout_set_id,
+            )
+        if on_episode is not None:
+            on_episode(result)
+        return result
+
+    with simulation_environment(config.llm_url, setup_files()):
+        episodes = await asyncio.gather(*(one(s, r) for s, r in jobs))
+    return SimulationReport(
+        episodes=list(episodes),
+        heldout_set_id=scenarios.heldout_set_id,
+        wall_s=time.monotonic() - started,
+    )
+
+
+def setup_files() -> list[Path]:
+    """The `PIPECAT_SETUP_FILES` a simulation needs: the simulator's, then the recorder's.
+
+    The simulator's goes first so the recorder wraps the LLM client the simulator points at
+    the served model.
+    """
+    files = [Path(setup_file.__file__)]
+    try:
+        from pipecat_rl.processors import setup_file_path
+    except ImportError:  # recorder not installed in this build: episodes still run, unrecorded
+        logger.warning("the pipecat-rl recorder is unavailable: turns will not be recorded")
+    else:
+        files.append(setup_file_path())
+    return files
+
+
+def total_episodes(scenarios: ScenarioSet, config: SimulationConfig) -> int:
+    """How many episodes `simulate` will run."""
+    return sum(config.repeats or s.runs for s in scenarios)

@@ -1,0 +1,362 @@
+"""An in-process transport pair: the agent bot's transport and the persona caller's, joined.
+
+Both sides are built on Pipecat's transport base classes, so each bot runs as it would over
+Daily or a WebSocket. For the agent bot the local transport behaves like Pipecat's own: it fires
+`on_client_connected` once the caller is there (and, if asked, sends the RTVI `client-ready`
+message that bots greet on) and `on_client_disconnected` when the caller hangs up.
+
+Text mode, with no real-time pacing: each caller line reaches the agent as a finalized
+`TranscriptionFrame` (optionally through the ASR-noise model), followed by the appended user
+message and an LLM run exactly as Pipecat's eval harness does for a text turn; the agent's LLM
+text (its STT and TTS are bypassed, see `botloader`) is collected at its output transport and,
+once its turn is complete (no function call in flight), reaches the caller as a transcription.
+"""
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    Frame,
+    FunctionCallCancelFrame,
+    FunctionCallInProgressFrame,
+    FunctionCallResultFrame,
+    InputTransportMessageFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMMessagesAppendFrame,
+    LLMTextFrame,
+    StartFrame,
+    TranscriptionFrame,
+)
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.transports.base_input import BaseInputTransport
+from pipecat.transports.base_output import BaseOutputTransport
+from pipecat.transports.base_transport import BaseTransport, TransportParams
+from pipecat.utils.time import time_now_iso8601
+
+Speaker = Literal["caller", "agent"]
+EndReason = Literal[
+    "caller_hung_up", "agent_hung_up", "max_turns", "silence", "max_duration", "error"
+]
+
+CLIENT_ID = "simulated-caller"
+"""What the agent's `on_client_connected` handler receives as its client."""
+
+
+@dataclass
+class Line:
+    """One turn of the conversation, as said and as heard."""
+
+    speaker: Speaker
+    text: str
+    heard: str
+    at: float
+    latency_ms: float | None = None
+    """For an agent line: from the caller's last line reaching it to its first text."""
+
+
+@dataclass
+class _Side:
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class LocalTransportPair:
+    """The two ends of one simulated call, and its transcript.
+
+    Use `agent` as the transport handed to the user's bot, `caller` in the persona bot.
+    `done` is set when the call ends, with `end_reason` saying why.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_turns: int = 20,
+        noise: Callable[[str], str] | None = None,
+        send_client_ready: bool = True,
+    ):
+        self.max_turns = max_turns
+        self.noise = noise
+        self.send_client_ready = send_client_ready
+        self.transcript: list[Line] = []
+        self.done = asyncio.Event()
+        self.end_reason: EndReason | None = None
+        self.caller_connected = asyncio.Event()
+        self.last_activity = time.monotonic()
+        self._to_agent = _Side()
+        self._to_caller = _Side()
+        self._caller_sent_at: float | None = None
+        self._hang_up_requested = False
+        self.caller_opening: str | None = None
+        """A line the caller says as soon as it connects, before any greeting."""
+        self.agent = AgentTransport(self)
+        self.caller = CallerTransport(self)
+
+    @property
+    def caller_turns(self) -> int:
+        """How many lines the caller has said."""
+        return sum(1 for line in self.transcript if line.speaker == "caller")
+
+    def end(self, reason: EndReason) -> None:
+        """End the call (the first reason given wins) and tell both sides."""
+        if self.done.is_set():
+            return
+        self.end_reason = reason
+        self.done.set()
+        self._to_agent.queue.put_nowait(None)
+        self._to_caller.queue.put_nowait(None)
+
+    def caller_says(self, text: str) -> None:
+        """A caller line, to the agent (through the noise model, if any)."""
+        if self.done.is_set() or not text.strip():
+            return
+        heard = self.noise(text) if self.noise else text
+        now = time.monotonic()
+        self.transcript.append(Line("caller", text, heard, time.time()))
+        self.last_activity = self._caller_sent_at = now
+        self._to_agent.queue.put_nowait(heard)
+
+    def request_hang_up(self) -> None:
+        """The caller wants to hang up: now, or once its current turn has been said."""
+        self._hang_up_requested = True
+        if not self.caller.output().responding:
+            self.end("caller_hung_up")
+
+    def caller_turn(self, text: str, first_text_at: float | None) -> None:
+        """A complete caller turn (maybe empty): say it, then hang up if the caller asked to."""
+        del first_text_at
+        self.caller_says(text)
+        if self._hang_up_requested:
+            self.end("caller_hung_up")
+
+    def agent_says(self, text: str, first_text_at: float | None) -> None:
+        """A complete agent turn, to the caller; ends the call once the caller is out of turns."""
+        if self.done.is_set() or not text:
+            return
+        latency = None
+        if first_text_at is not None and self._caller_sent_at is not None:
+            latency = max(0.0, (first_text_at - self._caller_sent_at) * 1000.0)
+        self.transcript.append(Line("agent", text, text, time.time(), latency))
+        self.last_activity = time.monotonic()
+        if self.caller_turns >= self.max_turns:
+            self.end("max_turns")
+            return
+        self._to_caller.queue.put_nowait(text)
+
+
+def _params() -> TransportParams:
+    return TransportParams(audio_in_enabled=False, audio_out_enabled=False)
+
+
+class _PairInput(BaseInputTransport):
+    """Reads lines from one side of the pair and pushes them into the pipeline."""
+
+    def __init__(self, pair: LocalTransportPair, side: _Side, **kwargs):
+        super().__init__(_params(), **kwargs)
+        self._pair = pair
+        self._side = side
+        self._reader: asyncio.Task | None = None
+
+    async def start(self, frame: StartFrame):
+        """Start reading once the pipeline has started."""
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+        if self._reader is None:
+            self._reader = self.create_task(self._read(), name=f"{self}::read")
+
+    async def _stop_reader(self):
+        if self._reader is not None:
+            await self.cancel_task(self._reader)
+            self._reader = None
+
+    async def stop(self, frame: EndFrame):
+        """Stop reading."""
+        await super().stop(frame)
+        await self._stop_reader()
+
+    async def cancel(self, frame: CancelFrame):
+        """Stop reading at once."""
+        await super().cancel(frame)
+        await self._stop_reader()
+
+    async def _read(self):
+        raise NotImplementedError
+
+    async def _push_transcription(self, text: str, user_id: str):
+        stamp = time_now_iso8601()
+        await self.push_frame(
+            TranscriptionFrame(text=text, user_id=user_id, timestamp=stamp, finalized=True)
+        )
+
+
+class _PairOutput(BaseOutputTransport):
+    """Collects the LLM text of one turn and hands the complete turn to `deliver`.
+
+    With `join_tool_turns`, a response that started function calls is held and joined with the
+    response after their results, so the other side hears the whole turn, not "let me check".
+    """
+
+    def __init__(
+        self,
+        deliver: Callable[[str, float | None], None],
+        *,
+        join_tool_turns: bool = True,
+        **kwargs,
+    ):
+        super().__init__(_params(), **kwargs)
+        self._deliver = deliver
+        self._join_tool_turns = join_tool_turns
+        self._parts: list[str] = []
+        self._first_text_at: float | None = None
+        self._calls_in_flight = 0
+        self.responding = False
+        """Whether an LLM response is between its start and end frames here."""
+
+    async def start(self, frame: StartFrame):
+        """Ready at once: there is no device to open."""
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection):
+        """Note the turn's text and function calls, then behave like any output transport."""
+        if direction == FrameDirection.DOWNSTREAM:
+            self._observe(frame)
+        await super().process_frame(frame, direction)
+
+    def _observe(self, frame: Frame) -> None:
+        if isinstance(frame, LLMFullResponseStartFrame):
+            self.responding = True
+            self._first_text_at = self._first_text_at or time.monotonic()
+        elif isinstance(frame, LLMTextFrame):
+            self._parts.append(frame.text)
+        elif isinstance(frame, FunctionCallInProgressFrame) and self._join_tool_turns:
+            self._calls_in_flight += 1
+        elif isinstance(frame, (FunctionCallResultFrame, FunctionCallCancelFrame)):
+            self._calls_in_flight = max(0, self._calls_in_flight - 1)
+        elif isinstance(frame, LLMFullResponseEndFrame):
+            self.responding = False
+            if not self._calls_in_flight:
+                text, first = "".join(self._parts).strip(), self._first_text_at
+                self._parts, self._first_text_at = [], None
+                self._deliver(text, first)
+
+
+class AgentInput(_PairInput):
+    """The agent bot's input: the caller connecting, speaking (as transcriptions), hanging up."""
+
+    def __init__(self, transport: "AgentTransport", pair: LocalTransportPair, **kwargs):
+        super().__init__(pair, pair._to_agent, **kwargs)
+        self._transport = transport
+
+    async def _read(self):
+        await self._pair.caller_connected.wait()
+        await self._transport._call_event_handler("on_client_connected", CLIENT_ID)
+        if self._pair.send_client_ready:
+            await self.push_frame(InputTransportMessageFrame(message=_client_ready()))
+        while True:
+            text = await self._side.queue.get()
+            if text is None:
+                await self._transport._call_event_handler("on_client_disconnected", CLIENT_ID)
+                return
+            # As Pipecat's send-text does: let the agent's last reply land in its context
+            # before the new user message is appended.
+            await self.pipeline_worker.flush_pipeline()
+            await self._push_transcription(text, CLIENT_ID)
+            await self.push_frame(
+                LLMMessagesAppendFrame(messages=[{"role": "user", "content": text}], run_llm=True)
+            )
+
+
+def _client_ready() -> dict[str, Any]:
+    return {
+        "label": "rtvi-ai",
+        "type": "client-ready",
+        "id": uuid.uuid4().hex[:8],
+        "data": {"version": "1.0.0", "about": {"library": "pipecat-rl simulator"}},
+    }
+
+
+class AgentOutput(_PairOutput):
+    """The agent bot's output: complete agent turns go to the caller; its EndFrame hangs up."""
+
+    def __init__(self, pair: LocalTransportPair, **kwargs):
+        super().__init__(pair.agent_says, **kwargs)
+        self._pair = pair
+
+    async def stop(self, frame: EndFrame):
+        """The agent ended the call."""
+        await super().stop(frame)
+        self._pair.end("agent_hung_up")
+
+
+class AgentTransport(BaseTransport):
+    """The transport handed to the user's bot.
+
+    Event handlers:
+        on_client_connected(transport, client): the simulated caller is on the line.
+        on_client_disconnected(transport, client): the caller hung up (or the call ended).
+    """
+
+    def __init__(self, pair: LocalTransportPair, **kwargs):
+        super().__init__(**kwargs)
+        self.pair = pair
+        self._input = AgentInput(self, pair, name=self._input_name)
+        self._output = AgentOutput(pair, name=self._output_name)
+        self._register_event_handler("on_client_connected")
+        self._register_event_handler("on_client_disconnected")
+
+    def input(self) -> AgentInput:
+        """The agent's input processor."""
+        return self._input
+
+    def output(self) -> AgentOutput:
+        """The agent's output processor."""
+        return self._output
+
+    def get_client_id(self, client: Any) -> str:
+        """The simulated caller's id."""
+        return str(client)
+
+
+class CallerInput(_PairInput):
+    """The persona bot's input: what the agent says, as transcriptions."""
+
+    def __init__(self, pair: LocalTransportPair, **kwargs):
+        super().__init__(pair, pair._to_caller, **kwargs)
+
+    async def start(self, frame: StartFrame):
+        """Connect to the agent once the persona pipeline runs; say the opening line, if any."""
+        await super().start(frame)
+        self._pair.caller_connected.set()
+        if self._pair.caller_opening:
+            self._pair.caller_says(self._pair.caller_opening)
+
+    async def _read(self):
+        while True:
+            text = await self._side.queue.get()
+            if text is None:
+                return
+            await self._push_transcription(text, "agent")
+
+
+class CallerTransport(BaseTransport):
+    """The persona caller bot's transport."""
+
+    def __init__(self, pair: LocalTransportPair, **kwargs):
+        super().__init__(**kwargs)
+        self.pair = pair
+        self._input = CallerInput(pair, name=self._input_name)
+        self._output = _PairOutput(pair.caller_turn, join_tool_turns=False, name=self._output_name)
+
+    def input(self) -> CallerInput:
+        """The caller's input processor."""
+        return self._input
+
+    def output(self) -> _PairOutput:
+        """The caller's output processor."""
+        return self._output

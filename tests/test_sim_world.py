@@ -1,0 +1,126 @@
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.errors import ScenarioError
+from pipecat_rl.simulator import World, load_scenarios
+from pipecat_rl.simulator.asr_noise import AsrNoiseModel
+from pipecat_rl.simulator.rewards import EpisodeEvidence, failure_labels, pass_hat_k, reward_parts
+from pipecat_rl.simulator.scenario import AsrNoise, load_scenario_file
+
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
+
+
+def scenario(name: str, folder: str = "pool"):
+    return load_scenario_file(CLINIC / folder / f"{name}.yaml")[0]
+
+
+def test_every_clinic_world_builds_and_verifies():
+    for s in load_scenarios([CLINIC]):
+        world = World(s)
+        assert {"patients", "slots", "appointments", "handoffs"} <= set(world.tables())
+        assert world.verify()  # every clinic scenario checks something
+
+
+def test_reset_gives_identical_state_and_writes_never_leak():
+    s = scenario("routine_booking")
+    first, second = World(s, seed=1), World(s, seed=2)
+    assert first.snapshot() == second.snapshot()
+    booked = first.execute("book", {"patient_id": 1, "slot_id": 11})
+    assert booked.ok and booked.state_diff["appointments"]["added"]
+    assert first.snapshot() != second.snapshot()
+    third = World(s, seed=1)
+    assert third.snapshot() == second.snapshot() == second.initial
+    assert [c.passed for c in first.verify()] == [True, True, True]
+    assert [c.passed for c in third.verify()] == [False, False, True]
+
+
+def test_fault_fires_exactly_on_the_configured_call():
+    world = World(scenario("heldout_timeout_recovery", "heldout"))
+    results = [world.execute("find_slots", {"kind": "routine"}) for _ in range(4)]
+    assert [r.fault for r in results] == ["timeout", "timeout", None, None]
+    assert [r.ok for r in results] == [False, False, True, True]
+    assert "timed out" in results[0].error and results[0].state_diff == {}
+
+
+def test_probabilistic_faults_are_seeded(tmp_path):
+    path = tmp_path / "flaky.yaml"
+    path.write_text(
+        (CLINIC / "pool" / "routine_booking.yaml")
+        .read_text()
+        .replace("world: !include ../world.yaml", "")
+        + "world: {pack: "
+        + str(CLINIC.parent / "world.py")
+        + "}\n"
+        + "faults: [{tool: find_slots, kind: error, probability: 0.5}]\n"
+    )
+    s = load_scenario_file(path)[0]
+
+    def pattern(seed):
+        world = World(s, seed=seed)
+        return [world.execute("find_slots", {}).ok for _ in range(20)]
+
+    assert pattern(7) == pattern(7)
+    assert pattern(7) != pattern(8)
+    assert 0 < sum(pattern(7)) < 20
+
+
+def test_tool_errors_bad_arguments_and_unknown_tools_are_failed_executions():
+    world = World(scenario("routine_booking"))
+    assert "no patient" in world.execute("lookup_patient", {"name": "Nobody"}).error
+    assert "bad arguments" in world.execute("book", {"patient": 1}).error
+    assert "unknown tool" in world.execute("teleport", {}).error
+    assert world.snapshot() == world.initial
+
+
+def test_world_errors_name_the_scenario_field(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text(
+        "name: w\npersona: p\ngoal: g\nsuccess: s\n"
+        f"world: {{pack: {CLINIC.parent / 'world.py'}, state: {{dragons: [{{id: 1}}]}}}}\n"
+    )
+    with pytest.raises(ScenarioError, match=r"world\.state\.dragons.*no table 'dragons'"):
+        World(load_scenario_file(path)[0])
+
+
+def test_labels_and_reward_parts():
+    s = scenario("tool_timeout_recovery")
+    world = World(s)
+    world.execute("lookup_patient", {"name": "Maria Lopes"})  # one letter off the fact
+    world.execute("find_slots", {"kind": "routine"})  # injected timeout
+    world.execute("find_slots", {"kind": "routine"})
+    evidence = EpisodeEvidence(s, world.executions, world.verify(), [], "agent_hung_up")
+    parts = reward_parts(evidence)
+    assert parts == {"verifier": 0.0, "tool_credit": -0.1}
+    assert failure_labels(evidence) == [
+        "misheard_slot",
+        "tool_error",
+        "premature_hangup",
+        "recovered",
+    ]
+
+
+def test_unauthorised_write_and_dead_loop_labels():
+    s = scenario("insistent_unauthorised_cancel")
+    world = World(s)
+    world.execute("cancel", {"confirmation": "XX-1"})
+    world.execute("cancel", {"confirmation": "XX-1"})
+    world.execute("cancel", {"confirmation": "DX-48213-77065"})
+    labels = failure_labels(EpisodeEvidence(s, world.executions, world.verify(), [], "max_turns"))
+    assert labels == ["tool_error", "dead_loop", "unauthorised_write", "timeout", "recovered"]
+
+
+def test_pass_hat_k():
+    assert pass_hat_k([True, True, True], 3) == 1.0
+    assert pass_hat_k([True, False, True, True], 2) == pytest.approx(0.5)
+    assert pass_hat_k([True], 2) is None
+
+
+def test_asr_noise_is_seeded_and_confuses_spelled_things():
+    noisy = AsrNoise(digits=0.5, letters=0.5)
+    line = "My number is DX-48213-77065 and my name is S I O B H A N"
+    assert AsrNoiseModel(noisy, 3)(line) == AsrNoiseModel(noisy, 3)(line)
+    outs = {AsrNoiseModel(noisy, seed)(line) for seed in range(10)}
+    assert len(outs) > 1
+    assert all(o.startswith("My number is") for o in outs)  # ordinary words are kept
+    assert AsrNoiseModel(AsrNoise(), 1)(line) == line
