@@ -692,10 +692,11 @@ def test_two_connections_share_a_file(tmp_path):
 
 
 def test_migration_applied_once_and_data_survives(tmp_path, monkeypatch):
-    path = tmp_path / "v1.db"
+    path = tmp_path / "old.db"
     with Ledger(path) as store:
         store.write_session(make_session("keep"), [make_turn("keep", 0)])
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 1
+    now = schema.current_version()
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == now
 
     calls = []
 
@@ -710,20 +711,21 @@ def test_migration_applied_once_and_data_survives(tmp_path, monkeypatch):
     with Ledger(path) as store:
         assert store.session("keep").id == "keep"
         assert store.turns("keep") == [make_turn("keep", 0)]
-        assert store.stats()["schema_version"] == 2
+        assert store.stats()["schema_version"] == now + 1
     with Ledger(path) as store:
         store.add_session(make_session("after"))
     assert calls == [1]
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == now + 1
     assert conn.execute("SELECT note FROM sessions WHERE id = 'keep'").fetchone()[0] == "migrated"
     conn.close()
 
 
 def test_failed_migration_leaves_file_unchanged(tmp_path, monkeypatch):
-    path = tmp_path / "v1.db"
+    path = tmp_path / "old.db"
     with Ledger(path) as store:
         store.add_session(make_session("keep"))
+    now = schema.current_version()
 
     def half_then_fail(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE sessions ADD COLUMN half TEXT")
@@ -732,10 +734,10 @@ def test_failed_migration_leaves_file_unchanged(tmp_path, monkeypatch):
     monkeypatch.setattr(
         schema, "MIGRATIONS", [*schema.MIGRATIONS, schema.Migration("broken", half_then_fail)]
     )
-    with pytest.raises(LedgerError, match="version 2 \\(broken\\)"):
+    with pytest.raises(LedgerError, match=f"version {now + 1} \\(broken\\)"):
         Ledger(path)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == now
     columns = [r[1] for r in conn.execute("PRAGMA table_info(sessions)")]
     assert "half" not in columns
     conn.close()
@@ -827,3 +829,36 @@ def test_sigkill_mid_write_loses_nothing_committed(tmp_path):
         # whatever was in flight is either wholly there or wholly absent
         for s in store.sessions():
             assert len(store.turns(s.id)) == turns_per_session
+
+
+def test_tool_calls_with_the_same_call_id_merge_into_one_row(ledger):
+    ledger.add_session(make_session("s"))
+    seen = ToolCallRecord(session_id="s", turn_index=2, call_id="call-1", name="book",
+                          arguments={"slot": 3}, result={"ok": True}, started_at=10.0,
+                          duration_ms=40.0)  # fmt: skip
+    executed = ToolCallRecord(session_id="s", turn_index=None, call_id="call-1", name="book",
+                              arguments={}, result={"ok": True, "id": "A1"}, started_at=10.01,
+                              state_diff={"appointments": {"added": 1}})  # fmt: skip
+    first = ledger.add_tool_call(seen)
+    assert ledger.add_tool_call(executed) == first
+    (row,) = ledger.tool_calls("s")
+    assert row.turn_index == 2 and row.arguments == {"slot": 3} and row.duration_ms == 40.0
+    assert row.result == {"ok": True, "id": "A1"} and row.state_diff == {
+        "appointments": {"added": 1}
+    }
+    # without a call id, every call is its own row
+    ledger.add_tool_call(seen.model_copy(update={"call_id": None}))
+    ledger.add_tool_call(seen.model_copy(update={"call_id": None}))
+    assert len(ledger.tool_calls("s")) == 3
+
+
+def test_a_version_1_file_gains_the_call_id_index(tmp_path, monkeypatch):
+    path = tmp_path / "v1.db"
+    monkeypatch.setattr(schema, "MIGRATIONS", schema.MIGRATIONS[:1])
+    with Ledger(path) as store:
+        store.add_session(make_session("old"))
+    monkeypatch.undo()
+    with Ledger(path) as store:
+        assert store.stats()["schema_version"] == 2 and store.session("old").id == "old"
+    indexes = [r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(tool_calls)")]
+    assert "tool_calls_by_call_id" in indexes

@@ -151,8 +151,15 @@ _V1 = _statements(
     """,
 )
 
+_V2 = _statements(
+    # The recorder (from frames) and the simulator (from the world) both write a tool call under
+    # the model's call id; they merge into one row found through this index.
+    "CREATE INDEX tool_calls_by_call_id ON tool_calls (session_id, call_id)",
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
+    Migration("index tool calls by (session, call id)", _V2),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 

@@ -48,6 +48,7 @@ from pipecat_rl.ledger.tables import (
     SELECT_LIVE_HISTORY,
     SELECT_SCORES,
     SELECT_SESSION,
+    SELECT_TOOL_CALL_BY_CALL_ID,
     SELECT_TOOL_CALLS,
     SELECT_TURN,
     SELECT_TURNS,
@@ -56,6 +57,7 @@ from pipecat_rl.ledger.tables import (
     TOOL_CALLS,
     TURNS,
     UPDATE_SESSION,
+    UPDATE_TOOL_CALL,
     UPSERT_TURN,
     Table,
     dumps,
@@ -413,11 +415,25 @@ class Ledger:
             conn.execute(UPSERT_TURN, TURNS.params(updated))
 
     def add_tool_call(self, c: ToolCallRecord) -> int:
-        """Append a tool call; returns its row id."""
+        """Add a tool call, or merge it into the row with the same call id; returns the row id.
+
+        The recorder sees a call in the pipeline's frames and the simulator sees it executed
+        against the world: both write it, and what one leaves empty the other fills.
+        """
         with self._write() as conn:
             return self._insert_tool_call(conn, c)
 
     def _insert_tool_call(self, conn: sqlite3.Connection, c: ToolCallRecord) -> int:
+        if c.call_id is not None:
+            row = conn.execute(SELECT_TOOL_CALL_BY_CALL_ID, (c.session_id, c.call_id)).fetchone()
+            if row is not None:
+                stored = TOOL_CALLS.record(row[1:]).model_dump()
+                given = c.model_dump(exclude_none=True)
+                merged = ToolCallRecord.model_validate(
+                    {**stored, **{k: v for k, v in given.items() if v != {}}}
+                )
+                conn.execute(UPDATE_TOOL_CALL, (*TOOL_CALLS.params(merged), row[0]))
+                return int(row[0])
         try:
             cursor = conn.execute(INSERT_TOOL_CALL, TOOL_CALLS.params(c))
         except sqlite3.IntegrityError as e:

@@ -151,6 +151,12 @@ INSERT_SESSION = SESSIONS.insert()
 UPDATE_SESSION = _upsert_all(SESSIONS, ("id",))
 UPSERT_TURN = _upsert_all(TURNS, ("session_id", "turn_index"))
 INSERT_TOOL_CALL = TOOL_CALLS.insert()
+SELECT_TOOL_CALL_BY_CALL_ID = (
+    f"SELECT id, {TOOL_CALLS.select()} FROM tool_calls WHERE session_id = ? AND call_id = ?"
+)
+UPDATE_TOOL_CALL = (
+    f"UPDATE tool_calls SET {', '.join(f'{c} = ?' for c in TOOL_CALLS.columns)} WHERE id = ?"
+)
 PUT_LATENCY = _latency_merge()
 PUT_SCORE = _upsert_all(SCORES, ("session_id", "name"))
 INSERT_ADAPTER = ADAPTERS.insert()
