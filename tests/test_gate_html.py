@@ -2,20 +2,15 @@
 
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from tests.chromium import CHROMIUM, render
 
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
 CANDIDATE_BLUE = np.array([0x1F, 0x6F, 0xEB]) / 255
 
 
@@ -55,22 +50,9 @@ def test_the_page_is_self_contained_with_three_inline_plots(page):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium (apt-get install chromium)")
 def test_the_page_renders_in_headless_chromium(page, tmp_path):
-    shot = tmp_path / "receipt.png"
-    profile = f"--user-data-dir={tmp_path / 'profile'}"
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-              profile, "--enable-logging=stderr", "--v=0"]  # fmt: skip
-    run = subprocess.run(
-        [*common, "--window-size=1200,2600", f"--screenshot={shot}", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    console = [line for line in run.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
+    image, dom, console = render(page, tmp_path)
     assert console == [], console
-    dom = subprocess.run(
-        [*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
-    )
-    assert dom.stdout.count("<svg") == 3
-    image = imread(shot)[..., :3]
+    assert dom.count("<svg") == 3
     assert image.shape[:2] == (2600, 1200)
     blue = np.all(np.abs(image - CANDIDATE_BLUE) < 0.05, axis=-1)
     assert blue.sum() > 500, "the plots' candidate series are visible"

@@ -30,10 +30,11 @@ from pipecat_rl.gate import (
     promote,
     resolve_policy,
     rollback,
-    run_paired_simulations,
     unknown_lineage,
     write_receipt,
 )
+from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
+from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.serving import VLLMAdmin
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
@@ -69,6 +70,7 @@ def _load(
     ledger: Path | None,
     heldout_set: str | None,
     source: Literal["gate", "simulate"] | None,
+    paired: PairedRun | None = None,
 ) -> tuple[GateData, Lineage, Lineage]:
     """The runs to decide from, and both policies' lineage, from whichever input was chosen."""
     if from_ledger and scores is not None:
@@ -87,17 +89,19 @@ def _load(
                 ledger_lineage(store, candidate, names[0]),
                 ledger_lineage(store, incumbent, names[1]),
             )
-    if scenarios is None:
+    if scenarios is None or paired is None:
         raise ConfigError(
-            "name the held-out scenarios to run with --scenarios PATH, or decide from recorded "
-            "runs with --from-ledger or --scores FILE.jsonl."
+            "to run the paired simulations name the held-out scenarios and the bot with "
+            "--scenarios PATH --bot BOT, or decide from recorded runs with --from-ledger or "
+            "--scores FILE.jsonl."
         )
-    data = run_paired_simulations(scenarios, candidate, incumbent, repeats, mode)
-    with open_ledger(ledger) as store:
+    with Ledger(resolve_ledger_path(ledger)) as store:
+        names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
+        data = run_paired_simulations(store, scenarios, *names, repeats, mode, paired)
         return (
             data,
-            ledger_lineage(store, candidate, data.candidate),
-            ledger_lineage(store, incumbent, data.incumbent),
+            ledger_lineage(store, candidate, names[0]),
+            ledger_lineage(store, incumbent, names[1]),
         )
 
 
@@ -111,6 +115,24 @@ def gate(
         typer.Option(help="Held-out scenario file or folder (run it, or hash it into receipts)."),
     ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Runs per scenario and policy.")] = 8,
+    bot: Annotated[
+        str | None,
+        typer.Option(help="The bot to simulate (as for `pipecat-rl simulate --bot`)."),
+    ] = None,
+    llm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--llm-url", envvar=LLM_URL_ENV,
+            help="Server to simulate against; without it the embedded vLLM is started.",
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Simulated calls at once.")] = 4,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Cap the agent's replies if its bot sets none.")
+    ] = None,
+    persona: Annotated[
+        Literal["llm", "scripted"], typer.Option(help="LLM persona, or the scenarios' scripts.")
+    ] = "llm",
     mode: Annotated[Literal["text", "audio"], typer.Option(help="Simulation channel.")] = "text",
     from_ledger: Annotated[
         bool, typer.Option("--from-ledger", help="Decide from held-out runs in the ledger.")
@@ -191,6 +213,10 @@ def gate(
             candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
             from_ledger=from_ledger, scores=scores, ledger=ledger, heldout_set=heldout_set,
             source=source,
+            paired=PairedRun(
+                bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
+                persona=persona, seed=settings.seed,
+            ) if bot else None,
         )  # fmt: skip
         if scenarios is not None:
             files = hash_scenario_files(scenarios)

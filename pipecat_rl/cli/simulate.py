@@ -6,6 +6,7 @@ scenarios or flags; 3 when episodes could not be run (harness errors) or the ser
 
 import asyncio
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -18,6 +19,7 @@ from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.simulator.botloader import load_bot
+from pipecat_rl.simulator.endpoint import llm_endpoint
 from pipecat_rl.simulator.runner import (
     SimulationConfig,
     SimulationReport,
@@ -58,16 +60,17 @@ async def _run(
 ) -> SimulationReport:
     entry = load_bot(bot)
     async with contextlib.AsyncExitStack() as stack:
-        if config.llm_url is None and not no_server:
-            from pipecat_rl.models import prepare_model
-            from pipecat_rl.serving import VLLMServer
-
-            console.print("no --llm-url: starting the embedded vLLM server…")
-            server = await stack.enter_async_context(
-                VLLMServer(prepare_model(model), max_num_seqs=max(4, config.concurrency))
-            )
-            config = SimulationConfig(**{**vars(config), "llm_url": server.url})
         ledger = stack.enter_context(Ledger(ledger_path))
+        if not no_server:
+            if config.llm_url is None:
+                console.print("no --llm-url: starting the embedded vLLM server…")
+            url = await stack.enter_async_context(
+                llm_endpoint(
+                    config.llm_url, ledger=ledger, adapters=[config.adapter or "base"],
+                    model=model, concurrency=config.concurrency,
+                )
+            )  # fmt: skip
+            config = dataclasses.replace(config, llm_url=url)
         progress = Progress(
             TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console, disable=not show_progress,
@@ -77,11 +80,6 @@ async def _run(
         return await simulate(
             scenarios, entry, config, ledger, on_episode=lambda _: progress.advance(task)
         )
-
-
-def _v1(url: str) -> str:
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else f"{url}/v1"
 
 
 def simulate_command(
@@ -144,7 +142,7 @@ def simulate_command(
             raise ConfigError("--mode audio is not available yet; use --mode text")
         loaded = load_scenarios(list(scenarios))
         config = SimulationConfig(
-            llm_url=_v1(llm_url) if llm_url else None,
+            llm_url=llm_url,
             adapter=adapter,
             persona=persona,
             mode=mode,

@@ -20,7 +20,6 @@ from pipecat_rl.gate.inputs import (
     hash_scenario_files,
     load_ledger_runs,
     load_scores,
-    run_paired_simulations,
 )
 from pipecat_rl.gate.lineage import (
     Lineage,
@@ -54,7 +53,6 @@ __all__ = [
     "render_markdown",
     "resolve_policy",
     "rollback",
-    "run_paired_simulations",
     "unknown_lineage",
     "write_receipt",
 ]

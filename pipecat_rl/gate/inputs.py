@@ -4,7 +4,7 @@ Sources, one shape:
 
 - a scores file (`--scores FILE.jsonl`), so results from other eval tools can be gated too;
 - the ledger (`--from-ledger`): held-out sessions recorded under the two policies;
-- the simulator (`run_paired_simulations`, the seam `pipecat-rl simulate` will fill).
+- the simulator (`pipecat_rl.gate.simulate`), which writes `gate` sessions read back as above.
 
 A scores file has one JSON object per run::
 
@@ -278,19 +278,4 @@ def _session_run(ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord]) ->
         seed=s.seed,
         scenario_hash=s.scenario_hash,
         session_id=s.id,
-    )
-
-
-def run_paired_simulations(
-    scenarios: Path, candidate: str, incumbent: str, repeats: int, mode: Literal["text", "audio"]
-) -> GateData:
-    """Run every scenario `repeats` times under both policies with shared seeds (the seam).
-
-    Raises:
-        ConfigError: always, until `pipecat-rl simulate` lands and plugs in here.
-    """
-    raise ConfigError(
-        f"running {repeats} paired {mode} simulation(s) of {scenarios} needs `pipecat-rl "
-        "simulate`, which is not available yet; gate runs already in the ledger with "
-        "--from-ledger, or results from elsewhere with --scores FILE.jsonl."
     )

@@ -65,6 +65,8 @@ class SimulationConfig:
     """The LLM persona (default), or the scenarios' `script:` rules."""
     persona_model: str = "base"
     mode: Literal["text"] = "text"
+    source: Literal["simulate", "gate"] = "simulate"
+    """The ledger label of the sessions: `gate` for the gate's paired runs."""
     seed: int = 0
     repeats: int | None = None
     """Runs per scenario; None means each scenario's own `runs`."""
@@ -178,7 +180,7 @@ async def run_episode(
     model = config.adapter or "base"
     info = SessionInfo(
         call_id=new_call_id(),
-        source="simulate",
+        source=config.source,
         scenario_id=scenario.id,
         scenario_hash=scenario.content_hash(),
         split=scenario.split,  # type: ignore[arg-type]

@@ -1,0 +1,67 @@
+"""The LLM endpoint a simulation talks to: a given server, or the embedded vLLM started for it.
+
+Either way the adapters the run asks for are served before the first episode: an adapter the
+server does not know yet is loaded from the path the ledger registered for it.
+"""
+
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+from loguru import logger
+
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger
+from pipecat_rl.ledger.store import NotInLedgerError
+from pipecat_rl.serving import VLLMAdmin, VLLMServer
+
+
+def _v1(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+@asynccontextmanager
+async def llm_endpoint(
+    llm_url: str | None,
+    *,
+    ledger: Ledger,
+    adapters: Iterable[str] = (),
+    model: str = "smollm2",
+    concurrency: int = 4,
+) -> AsyncIterator[str]:
+    """Yield the `/v1` URL to use, with every name in `adapters` served there."""
+    wanted = sorted({a for a in adapters if a and a != BASE_ADAPTER})
+    paths = {}
+    for name in wanted:
+        try:
+            paths[name] = ledger.adapter(name).path
+        except NotInLedgerError:
+            paths[name] = None  # fine if the server already serves it; checked below
+    if llm_url is not None:
+        _serve(VLLMAdmin(llm_url), paths)
+        yield _v1(llm_url)
+        return
+    from pipecat_rl.models import prepare_model
+
+    server = VLLMServer(
+        prepare_model(model), max_num_seqs=max(4, concurrency), max_loras=max(2, len(wanted))
+    )
+    async with server:
+        _serve(server.admin, paths)
+        yield server.url
+
+
+def _serve(admin: VLLMAdmin, paths: dict[str, str | None]) -> None:
+    if not paths:
+        return
+    served = set(admin.models())
+    for name, path in paths.items():
+        if name in served:
+            continue
+        if path is None:
+            raise ConfigError(
+                f"adapter {name!r} is neither served by {admin.root} nor registered in the "
+                "ledger; load it with `pipecat-rl llm load-adapter` or register it first"
+            )
+        logger.info(f"Loading adapter {name} from {path}")
+        admin.load_adapter(name, path)
