@@ -276,13 +276,13 @@ def test_unknown_policy_names_are_reported(tmp_path):
     assert "'inc'" in result.stderr
 
 
-def test_running_simulations_is_not_available_yet(tmp_path):
+def test_running_simulations_needs_scenarios_and_a_bot(tmp_path):
     (tmp_path / "heldout").mkdir()
     result = CliRunner().invoke(
         app, ["gate", "--candidate", "cand", "--scenarios", str(tmp_path / "heldout")]
     )
     assert result.exit_code == 2
-    assert "pipecat-rl simulate" in result.stderr
+    assert "--bot BOT" in result.stderr
     assert "--from-ledger" in result.stderr
     result = CliRunner().invoke(app, ["gate", "--candidate", "cand"])
     assert result.exit_code == 2
