@@ -192,3 +192,21 @@ def test_cli_json_and_exit_codes(tmp_path, no_keys):
         ],  # fmt: skip
     )
     assert result.exit_code == 3 and "could not run" in result.output  # LLM persona, no server
+
+
+async def test_overlapping_simulations_restore_the_environment(monkeypatch):
+    import asyncio
+    import os
+
+    from pipecat_rl.simulator.botloader import simulation_environment
+
+    monkeypatch.delenv("PIPECAT_SETUP_FILES", raising=False)
+    before = dict(os.environ)
+
+    async def one(delay: float) -> None:
+        with simulation_environment("http://127.0.0.1:1/v1", [Path("/tmp/hook.py")]):
+            await asyncio.sleep(delay)
+            assert os.environ["PIPECAT_SETUP_FILES"] == "/tmp/hook.py"
+
+    await asyncio.gather(one(0.05), one(0.1))  # the first out must not undo the second
+    assert dict(os.environ) == before

@@ -186,13 +186,22 @@ async def prepare_worker(worker: PipelineWorker) -> None:
         logger.debug(f"simulator: bypassed {', '.join(episode.bypassed)} (text mode)")
 
 
+_environment_users = 0
+_saved_environment: dict[str, str] = {}
+
+
 @contextlib.contextmanager
 def simulation_environment(llm_url: str | None, setup_files: list[Path]) -> Iterator[None]:
     """Environment for simulated bots: setup files, the LLM URL and placeholder provider keys.
 
-    Restored on exit. `setup_files` go first in `PIPECAT_SETUP_FILES`, before what was there.
+    `setup_files` go first in `PIPECAT_SETUP_FILES`, before what was there. Simulations that
+    overlap in one process (the gate runs two at once) share it: the first one in sets it, the
+    last one out restores what was there before any of them.
     """
-    saved = dict(os.environ)
+    global _environment_users, _saved_environment
+    if _environment_users == 0:
+        _saved_environment = dict(os.environ)
+    _environment_users += 1
     existing = [p for p in os.environ.get("PIPECAT_SETUP_FILES", "").split(os.pathsep) if p]
     ours = [str(p) for p in setup_files]
     os.environ["PIPECAT_SETUP_FILES"] = os.pathsep.join(
@@ -205,8 +214,10 @@ def simulation_environment(llm_url: str | None, setup_files: list[Path]) -> Iter
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        _environment_users -= 1
+        if _environment_users == 0:
+            os.environ.clear()
+            os.environ.update(_saved_environment)
 
 
 # -- loading the bot ---------------------------------------------------------------------------
