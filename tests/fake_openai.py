@@ -32,7 +32,9 @@ def _app(pieces: list[str], vllm: bool) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
-        unknown = set(body) - KNOWN - ({"return_token_ids"} if vllm else set())
+        unknown = (
+            set(body) - KNOWN - ({"return_token_ids", "structured_outputs"} if vllm else set())
+        )
         if unknown:
             return JSONResponse({"error": {"message": f"Unrecognized: {unknown}"}}, 400)
 
@@ -61,6 +63,14 @@ def _app(pieces: list[str], vllm: bool) -> FastAPI:
                                    "total_tokens": 5 + len(pieces)})  # fmt: skip
             yield "data: [DONE]\n\n"
 
+        if not body.get("stream"):
+            text = "".join(pieces)
+            return {"id": "x", "object": "chat.completion", "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),
+                              "total_tokens": 5 + len(pieces)}}  # fmt: skip
         return StreamingResponse(stream(), media_type="text/event-stream")
 
     return app

@@ -30,7 +30,7 @@ async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
         monkeypatch.delenv(key, raising=False)
     (tmp_path / "diner.yaml").write_text(PIPECAT_FORMAT)
     scenarios = load_scenarios(
-        [POOL / "out_of_scope.yaml", POOL / "routine_booking.yaml", tmp_path / "diner.yaml"]
+        [POOL / "price_question.yaml", POOL / "routine_booking.yaml", tmp_path / "diner.yaml"]
     )
     scenarios = scenarios.model_copy(
         update={"scenarios": [s.model_copy(update={"max_turns": 2}) for s in scenarios]}
@@ -46,6 +46,11 @@ async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
         # SmolLM2-135M makes no reliable tool calls: booking fails, and the verifier says so.
         booking = by_id["routine_booking"]
         assert booking.outcome == "fail" and booking.reward_parts["verifier"] == 0.0
+        # The price question's judged metric is graded by the served model, as its own part.
+        judged = by_id["price_question"].reward_parts["judge:no_price_quoted"]
+        assert 0.0 <= judged <= 1.0
+        scores = {s.name: s.value for s in ledger.scores(by_id["price_question"].session_id)}
+        assert scores["judge:no_price_quoted"] == judged
         for episode in report.episodes:
             assert episode.redirected == ["OpenAILLMService"]
             assert episode.bypassed == ["DeepgramSTTService", "CartesiaTTSService"]

@@ -36,6 +36,7 @@ from pipecat_rl.simulator.botloader import (
     error_recorder,
     simulation_environment,
 )
+from pipecat_rl.simulator.judge import judge_metrics
 from pipecat_rl.simulator.persona import PersonaKind, build_persona_worker, persona_llm
 from pipecat_rl.simulator.rewards import (
     EpisodeEvidence,
@@ -65,6 +66,8 @@ class SimulationConfig:
     """The LLM persona (default), or the scenarios' `script:` rules."""
     persona_model: str = "base"
     mode: Literal["text"] = "text"
+    judge_model: str = "base"
+    """The served model that grades judged metrics (a scenario's `metrics` with a criterion)."""
     source: Literal["simulate", "gate"] = "simulate"
     """The ledger label of the sessions: `gate` for the gate's paired runs."""
     seed: int = 0
@@ -244,12 +247,18 @@ async def run_episode(
     world.close()
     if not episode.workers and result.error is None:
         result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
+    judged = {}
+    if config.llm_url and result.error is None and any(m.criterion for m in scenario.metrics):
+        judged = await judge_metrics(
+            scenario.metrics, result.transcript, llm_url=config.llm_url, model=config.judge_model
+        )
     evidence = EpisodeEvidence(
         scenario=scenario,
         executions=result.executions,
         checks=result.checks,
         transcript=result.transcript,
         end_reason=result.end_reason,
+        judged=judged,
     )
     result.reward_parts = reward_parts(evidence)
     result.reward = round(sum(result.reward_parts.values()), 6)
