@@ -44,18 +44,7 @@ class SessionInfo(BaseModel):
     def record(self, session_id: str) -> SessionRecord:
         """The session row this info starts."""
         return SessionRecord(
-            id=session_id,
-            source=self.source,
-            started_at=time.time(),
-            scenario_id=self.scenario_id,
-            scenario_hash=self.scenario_hash,
-            split=self.split,
-            heldout_set_id=self.heldout_set_id,
-            policy=self.policy,
-            seed=self.seed,
-            repeat=self.repeat,
-            consent=self.consent,
-            metadata=self.metadata,
+            id=session_id, started_at=time.time(), **self.model_dump(exclude={"call_id"})
         )
 
 
