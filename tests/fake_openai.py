@@ -91,3 +91,15 @@ async def serve_fake_openai(pieces: list[str], *, vllm: bool = False) -> AsyncIt
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 10)
+
+
+if __name__ == "__main__":  # a separate process, so that its work does not share our GIL
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--vllm", action="store_true")
+    parser.add_argument("--pieces", type=int, default=40)
+    args = parser.parse_args()
+    pieces = [f" word{i}" for i in range(args.pieces)]
+    uvicorn.run(_app(pieces, args.vllm), host="127.0.0.1", port=args.port, log_level="warning")
