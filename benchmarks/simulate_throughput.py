@@ -16,10 +16,12 @@ import asyncio
 import contextvars
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from loguru import logger
 from openai import AsyncOpenAI
 from openai.resources.chat.completions import AsyncCompletions
 
@@ -134,6 +136,9 @@ async def main() -> None:
     parser.add_argument("--episodes-per-level", type=int, default=8)
     parser.add_argument("--levels", default="1,4,8")
     args = parser.parse_args()
+    # As `pipecat-rl simulate` does: Pipecat's debug log of every request would be measured too.
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
     for key in ("DEEPGRAM_API_KEY", "CARTESIA_API_KEY"):
         os.environ.pop(key, None)
     _capture()

@@ -430,6 +430,11 @@ async def install(
     """Attach a recorder to `worker` (once); a `recording()` context supplies defaults."""
     existing = getattr(worker, "_pipecat_rl_recorder", None)
     if existing is not None:
+        if ledger is not None or session is not None:
+            logger.warning(
+                f"pipecat-rl: {worker} is already recorded as {existing.session_id} (by the "
+                "setup file?); the RLRecorder's own ledger and labels are not used"
+            )
         return existing
     handle = current_recording()
     if handle is not None:

@@ -114,7 +114,12 @@ def persona_llm(
     return OpenAILLMService(
         api_key="none",
         base_url=llm_url,
-        settings=OpenAILLMService.Settings(model=model, temperature=0.7, max_tokens=96),
+        settings=OpenAILLMService.Settings(
+            model=model,
+            temperature=0.7,
+            max_tokens=96,
+            system_instruction=persona_instruction(scenario),
+        ),
     )
 
 
@@ -134,10 +139,9 @@ def build_persona_worker(
     scenario: Scenario, pair: LocalTransportPair, llm: LLMService
 ) -> PipelineWorker:
     """The persona caller bot, ready to run on the caller side of `pair`."""
-    messages = [{"role": "system", "content": persona_instruction(scenario)}]
+    # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
     opening = scenario.script.opening if scenario.script else None
-    if opening:
-        messages.append({"role": "assistant", "content": opening})
+    messages = [{"role": "assistant", "content": opening}] if opening else []
     context = LLMContext(messages, tools=ToolsSchema(standard_tools=[END_CALL_SCHEMA]))
 
     async def end_call(params: FunctionCallParams) -> None:
