@@ -167,6 +167,7 @@ def build_persona_worker(
         pipeline,
         params=PipelineParams(enable_metrics=False),
         enable_rtvi=False,
+        enable_turn_tracking=False,  # the caller needs no turn spans: spare the shared cores
         idle_timeout_secs=None,
         cancel_on_idle_timeout=False,
     )
