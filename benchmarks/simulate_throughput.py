@@ -27,7 +27,7 @@ from openai.resources.chat.completions import AsyncCompletions
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.models import prepare_model
-from pipecat_rl.serving import VLLMServer
+from pipecat_rl.serving import VLLMServer, openai_base_url
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, runner, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ async def main() -> None:
     levels = [int(c) for c in args.levels.split(",")]
     results = []
     if args.llm_url:
-        url = args.llm_url.rstrip("/") + ("" if args.llm_url.rstrip("/").endswith("/v1") else "/v1")
+        url = openai_base_url(args.llm_url)
         for c in levels:
             results.append(await _level(url, c, max(args.episodes_per_level, c)))
     else:

@@ -58,6 +58,11 @@ def _api_root(base_url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
+def openai_base_url(url: str) -> str:
+    """The OpenAI-compatible base URL (ending in `/v1`) of a server given with or without it."""
+    return f"{_api_root(url)}/v1"
+
+
 class VLLMAdmin:
     """Talks to a running vLLM server's model and LoRA endpoints."""
 

@@ -10,7 +10,7 @@ import typer
 
 from pipecat_rl.cli.common import cli_errors, console, print_json
 from pipecat_rl.models import prepare_model
-from pipecat_rl.serving import VLLMAdmin, VLLMServer
+from pipecat_rl.serving import VLLMAdmin, VLLMServer, openai_base_url
 
 DEFAULT_PORT = 8000
 LLM_URL_ENV = "PIPECAT_RL_LLM_URL"
@@ -164,7 +164,7 @@ async def _chat(url: str | None, model: str, adapter: str, message: str, max_tok
         }
 
     if url:
-        return await ask(url if url.rstrip("/").endswith("/v1") else url.rstrip("/") + "/v1")
+        return await ask(openai_base_url(url))
     async with VLLMServer(prepare_model(model)) as server:
         return await ask(server.url)
 

@@ -12,12 +12,7 @@ from loguru import logger
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger
 from pipecat_rl.ledger.store import NotInLedgerError
-from pipecat_rl.serving import VLLMAdmin, VLLMServer
-
-
-def _v1(url: str) -> str:
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else f"{url}/v1"
+from pipecat_rl.serving import VLLMAdmin, VLLMServer, openai_base_url
 
 
 @asynccontextmanager
@@ -39,7 +34,7 @@ async def llm_endpoint(
             paths[name] = None  # fine if the server already serves it; checked below
     if llm_url is not None:
         _serve(VLLMAdmin(llm_url), paths)
-        yield _v1(llm_url)
+        yield openai_base_url(llm_url)
         return
     from pipecat_rl.models import prepare_model
 
