@@ -1,7 +1,7 @@
 """The `pipecat-rl` command: one Typer app, each verb group registered from its own module.
 
-Exit codes: 0 success; 1 a decision or check said no (e.g. a gate REJECT); 2 usage or input
-errors and INCONCLUSIVE gates; 3 a harness or service failure.
+Exit codes (one table for every verb, `pipecat_rl.cli.common`): 0 success or PROMOTE, 1 REJECT,
+2 INCONCLUSIVE, 64 usage, 65 bad input file, 69 service unavailable, 70 harness failure, 74 I/O.
 """
 
 import sys

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pipecat_rl.cli.common import cli_errors, console, print_json
+from pipecat_rl.cli.common import EXIT_UNAVAILABLE, cli_errors, console, print_json
 from pipecat_rl.models import prepare_model
 from pipecat_rl.serving import VLLMAdmin, VLLMServer, openai_base_url
 
@@ -76,7 +76,7 @@ async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
             except TimeoutError:
                 pass
         if not server.running and not stop.is_set():
-            raise typer.Exit(3)
+            raise typer.Exit(EXIT_UNAVAILABLE)
 
 
 @llm_app.command("load-adapter")
