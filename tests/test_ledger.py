@@ -859,6 +859,6 @@ def test_a_version_1_file_gains_the_call_id_index(tmp_path, monkeypatch):
         store.add_session(make_session("old"))
     monkeypatch.undo()
     with Ledger(path) as store:
-        assert store.stats()["schema_version"] == 2 and store.session("old").id == "old"
+        assert store.stats()["schema_version"] == schema.current_version() and store.session("old").id == "old"
     indexes = [r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(tool_calls)")]
     assert "tool_calls_by_call_id" in indexes

@@ -157,9 +157,37 @@ _V2 = _statements(
     "CREATE INDEX tool_calls_by_call_id ON tool_calls (session_id, call_id)",
 )
 
+_V3 = _statements(
+    # Every held-out scenario hash ever seen: a session whose scenario hash is here never trains,
+    # whatever folder its file sat in or whatever `split:` it declared.
+    """
+    CREATE TABLE heldout_hashes (
+        scenario_hash TEXT PRIMARY KEY,
+        scenario_id TEXT NOT NULL,
+        heldout_set_id TEXT,
+        first_seen_at REAL NOT NULL
+    )
+    """,
+    # One row per receipt the gate wrote: promotion checks a receipt against this, never trusts
+    # the file alone.
+    """
+    CREATE TABLE gate_receipts (
+        receipt_sha256 TEXT PRIMARY KEY,
+        receipt_id TEXT NOT NULL,
+        verdict TEXT NOT NULL,
+        candidate TEXT NOT NULL,
+        incumbent TEXT NOT NULL,
+        heldout_set_id TEXT,
+        path TEXT,
+        created_at REAL NOT NULL
+    )
+    """,
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
+    Migration("held-out scenario hashes and gate receipts", _V3),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 
