@@ -24,6 +24,7 @@ from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
+from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
 from pipecat_rl.simulator import setup_file
@@ -104,7 +105,7 @@ class EpisodeResult:
 
     @property
     def passed(self) -> bool | None:
-        """Whether the verifier passed (None when the scenario verifies nothing)."""
+        """Whether the authoritative part passed (`ledger.outcome`); None when unverified."""
         return None if self.outcome in ("unverified", "error") else self.outcome == "pass"
 
     @property
@@ -160,12 +161,6 @@ async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
     if not done:
         task.cancel()
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
-
-
-def _outcome(parts: dict[str, float]) -> Outcome:
-    if "verifier" not in parts:
-        return "unverified"
-    return "pass" if parts["verifier"] == 1.0 else "fail"
 
 
 async def run_episode(
@@ -263,7 +258,7 @@ async def run_episode(
     result.reward_parts = reward_parts(evidence)
     result.reward = round(sum(result.reward_parts.values()), 6)
     result.labels = failure_labels(evidence)
-    result.outcome = "error" if result.error else _outcome(result.reward_parts)
+    result.outcome = "error" if result.error else passed_outcome(result.reward_parts)
     result.duration_s = time.monotonic() - started
     _write(ledger, info, result)
     return result
