@@ -54,10 +54,15 @@ def authoritative_score(parts: Mapping[str, float]) -> float | None:
     return float(value)
 
 
+def score_passed(score: float) -> bool:
+    """Whether an authoritative score (already chosen, e.g. a scores file's `reward`) passed."""
+    return score >= PASS_SCORE
+
+
 def passed(parts: Mapping[str, float]) -> bool | None:
     """Whether the session passed by its authoritative part; None when it is unverified."""
     score = authoritative_score(parts)
-    return None if score is None else score >= PASS_SCORE
+    return None if score is None else score_passed(score)
 
 
 def outcome(parts: Mapping[str, float]) -> Outcome:
