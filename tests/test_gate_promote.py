@@ -28,10 +28,10 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.errors import GateError, ServingError
 from pipecat_rl.gate import promote, rollback
-from tests.test_gate_receipts import gated_receipt
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.processors.live_adapter import LiveAdapterSelector
 from pipecat_rl.serving import VLLMAdmin, free_port
+from tests.test_gate_receipts import gated_receipt
 
 # --- a stand-in for vLLM ---------------------------------------------------------------------
 

@@ -133,9 +133,8 @@ def test_regressions_beyond_the_cap_reject_on_their_own_evidence(tmp_path):
         return 1.0 if s < 2 else 0.0
 
     # 8 paired runs, all worse: each lost scenario's sign test confirms it (p = 1/256)
-    scores = _write(
-        tmp_path / "s.jsonl", _lines("cand", mostly_better, repeats=8), _lines("inc", always, repeats=8)
-    )
+    cand, inc = _lines("cand", mostly_better, repeats=8), _lines("inc", always, repeats=8)
+    scores = _write(tmp_path / "s.jsonl", cand, inc)
     result, receipt = _gate(tmp_path, scores)
     assert result.exit_code == 1
     assert receipt["paired"]["regressed"] == 2
@@ -170,12 +169,10 @@ def test_identical_noisy_arms_never_promote_and_never_reject_on_regressions(tmp_
         rng = np.random.default_rng(100 + trial)
         base = rng.uniform(0.2, 0.8, size=SCENARIOS)
         noise = rng.normal(0, 0.25, size=(2, SCENARIOS, 8))
-        rewards = np.clip(base[None, :, None] + noise, 0, 1)
-        scores = _write(
-            tmp_path / "s.jsonl",
-            _lines("cand", lambda s, r: float(rewards[0, s, r]), repeats=8),
-            _lines("inc", lambda s, r: float(rewards[1, s, r]), seed=1, repeats=8),
-        )
+        rewards = np.clip(base[None, :, None] + noise, 0, 1).tolist()
+        cand = _lines("cand", lambda s, r, x=rewards[0]: x[s][r], repeats=8)
+        inc = _lines("inc", lambda s, r, x=rewards[1]: x[s][r], seed=1, repeats=8)
+        scores = _write(tmp_path / "s.jsonl", cand, inc)
         result, receipt = _gate(tmp_path, scores, "--max-regressions", "0")
         assert receipt["verdict"] != "PROMOTE"
         assert _check(receipt, "regressions")["status"] != "fail", receipt["reason"]
