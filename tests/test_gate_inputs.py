@@ -12,10 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
-from pipecat_rl.cli.common import EXIT_DATA, EXIT_USAGE
+from pipecat_rl.cli.common import EXIT_DATA, EXIT_INCONCLUSIVE, EXIT_NO, EXIT_OK, EXIT_USAGE
 from pipecat_rl.gate import GateConfig, GateData, InputSource, RunResult, evaluate
 from pipecat_rl.gate.lineage import unknown_lineage
 from pipecat_rl.gate.receipt import non_finite_fields
+from pipecat_rl.gate.verdict import EXIT_CODES
 
 
 def lines() -> list[dict]:
@@ -133,3 +134,8 @@ def test_a_non_finite_statistic_is_found_before_writing():
         update={"paired": receipt.paired.model_copy(update={"mean_delta": math.nan})}
     )
     assert non_finite_fields(broken) == ["paired.mean_delta"]
+
+
+def test_verdict_exit_codes_are_the_cli_table():
+    assert EXIT_CODES == {"PROMOTE": EXIT_OK, "REJECT": EXIT_NO, "INCONCLUSIVE": EXIT_INCONCLUSIVE}
+    assert len({EXIT_OK, EXIT_NO, EXIT_INCONCLUSIVE, EXIT_DATA, EXIT_USAGE}) == 5

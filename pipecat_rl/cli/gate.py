@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 
 from pipecat_rl.cli.common import (
     EXIT_DATA,
@@ -70,7 +71,7 @@ def _gate_errors() -> Iterator[None]:
             yield
         except tuple(kind for kind, _ in _EXIT_BY_GATE_ERROR) as e:
             code = next(c for kind, c in _EXIT_BY_GATE_ERROR if isinstance(e, kind))
-            console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
             raise typer.Exit(code) from e
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}

@@ -26,7 +26,8 @@ Decision = Literal["PROMOTE", "REJECT", "INCONCLUSIVE"]
 CheckStatus = Literal["pass", "fail", "uncertain", "unavailable"]
 
 EXIT_CODES: dict[str, int] = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2}
-"""The process exit code of each decision."""
+"""The process exit code of each decision: `cli.common`'s EXIT_OK, EXIT_NO and EXIT_INCONCLUSIVE
+(the gate cannot import the CLI, which imports it; a test pins that they agree)."""
 
 
 class Check(Result):
