@@ -147,3 +147,10 @@ def test_session_split_records_heldout_hashes(clinic, tmp_path):
         (held,) = load_scenarios([heldout_file(clinic)]).scenarios
         assert session_split(ledger, held, "heldout-x") == ("heldout", "heldout-x")
         assert set(ledger.heldout_hashes()) == {held.content_hash()}
+
+
+def test_a_heldout_copy_loaded_beside_it_is_an_error(clinic):
+    text = heldout_file(clinic).read_text().replace(f"name: {NAME}", "name: sneaky")
+    put(clinic, "pool", text, name="sneaky.yaml")
+    with pytest.raises(ScenarioError, match="has the content of the held-out scenario"):
+        load_scenarios([clinic / "scenarios"])

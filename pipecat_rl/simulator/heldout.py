@@ -14,7 +14,8 @@ A held-out scenario must never train, wherever its file sits and whatever it dec
   held-out scenario is simulated or gated). `session_split` labels a session held-out when its
   hash is there, whatever the file says; training excludes those hashes in its query.
 - **One id, one content** (`check_against_ledger`): a scenario whose id was held out with other
-  content is an error before any episode runs (rename an edited held-out scenario).
+  content is an error before any episode runs (rename an edited held-out scenario); a copy of a
+  held-out scenario loaded beside it outside `heldout/` is an error too (`check_copies`).
 - **The held-out set id** (`heldout_set_id`) covers the held-out scenarios' hashes (so their
   packs' code), the files' bytes, and the bytes of every file they `!include`.
 """
@@ -155,6 +156,24 @@ def heldout_set_id(scenarios: Iterable["Scenario"], files: Iterable[Path]) -> st
     for f in sorted(paths):
         digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return f"heldout-{digest.hexdigest()[:16]}"
+
+
+def check_copies(scenarios: Iterable["Scenario"]) -> None:
+    """Refuse a non-held-out scenario with the content of a held-out one loaded beside it.
+
+    Raises:
+        ScenarioError: naming both files.
+    """
+    loaded = list(scenarios)
+    held = {s.content_hash(): s for s in loaded if s.split == HELDOUT}
+    for s in loaded:
+        twin = held.get(s.content_hash()) if s.split != HELDOUT else None
+        if twin is not None:
+            raise ScenarioError(
+                f"{s.source_path}: scenario {s.id!r} has the content of the held-out scenario "
+                f"{twin.id!r} ({twin.source_path}); a held-out scenario is held out wherever "
+                "it sits: remove the copy"
+            )
 
 
 def check_against_ledger(ledger: "Ledger", scenarios: Iterable["Scenario"]) -> None:

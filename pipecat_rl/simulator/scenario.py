@@ -387,6 +387,7 @@ def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ScenarioError(f"duplicate scenario names: {', '.join(duplicates)}; rename one")
+    heldout.check_copies(scenarios)
     held = [s for s in scenarios if s.split == HELDOUT]
     set_id = heldout.heldout_set_id(held, heldout_files) if heldout_files else None
     return ScenarioSet(scenarios=scenarios, heldout_set_id=set_id)
