@@ -1,8 +1,14 @@
-"""Gate decision time from the ledger: 24 scenarios x 8 repeats x 2 policies (target < 2 s).
+"""Gate decision time from the ledger, and the paired interval's measured coverage.
 
-Builds a throwaway ledger with realistic sessions (4 turns with token usage and latencies each),
-then times reading the runs, every statistic (10,000-resample bootstraps) and the verdict. The
-receipt's Markdown and JSON are included; the HTML page (matplotlib) is timed separately.
+Timing: 24 scenarios x 8 repeats x 2 policies (target < 2 s). Builds a throwaway ledger with
+realistic sessions (4 turns with token usage and latencies each), then times reading the runs,
+every statistic (10,000-resample latency bootstraps, the t interval, the sign tests) and the
+verdict. The receipt's Markdown and JSON are included; the HTML page (matplotlib) separately.
+
+Coverage: identical arms (true mean delta 0), 20,000 seeded trials per size, binary pass/fail
+rewards with per-scenario pass rates, 8 paired repeats: how often the 95% interval covers 0 and
+how often its lower bound clears 0 (a false PROMOTE side), for the Student t interval the gate
+uses and the percentile cluster bootstrap it used before (2,000 trials, 1,000 resamples).
 
     python benchmarks/gate_decision.py
 """
@@ -17,6 +23,7 @@ import numpy as np
 from pipecat_rl.gate import GateConfig, evaluate, ledger_lineage, load_ledger_runs
 from pipecat_rl.gate.receipt import render_markdown
 from pipecat_rl.gate.report_html import render_html
+from pipecat_rl.gate.stats import t_bounds
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, TurnRecord
 
 SCENARIOS, REPEATS, TURNS = 24, 8, 4
@@ -34,7 +41,8 @@ def build(ledger: Ledger) -> None:
                     id=sid, source="gate", started_at=t0, ended_at=t0 + 45, split="heldout",
                     scenario_id=f"scn-{s:02d}", scenario_hash=f"h{s}", heldout_set_id="bench",
                     policy=policy, seed=100 * s + r, repeat=r,
-                    reward=float(rng.random() < p_pass),
+                    reward=(passed := float(rng.random() < p_pass)) + 0.2,
+                    reward_parts={"verifier": passed, "tool_credit": 0.2},
                 )  # fmt: skip
                 turns = [
                     TurnRecord(
@@ -64,6 +72,24 @@ def build(ledger: Ledger) -> None:
                     for i in range(TURNS)
                 ]
                 ledger.write_session(session, turns=turns, latencies=lats)
+
+
+def coverage(n: int, trials: int, method: str) -> dict[str, float]:
+    """Coverage of 0 and promote-side clears of 0, for identical arms at n scenarios."""
+    rng = np.random.default_rng(1000 + n)
+    shape = (trials, n, REPEATS)
+    p = rng.uniform(0, 1, size=(trials, n, 1))
+    deltas = ((rng.random(shape) < p).astype(float) - (rng.random(shape) < p)).mean(axis=2)
+    if method == "student_t":
+        _, low, high, _ = t_bounds(deltas)
+    else:
+        idx = rng.integers(0, n, size=(trials, 1000, n))
+        means = np.take_along_axis(deltas[:, None, :], idx, axis=2).mean(axis=2)
+        low, high = np.quantile(means, [0.025, 0.975], axis=1)
+    return {
+        "coverage": round(float(np.mean((low <= 0) & (high >= 0))), 4),
+        "promote_side_clears": round(float(np.mean(low > 0)), 4),
+    }
 
 
 def main() -> None:
@@ -101,6 +127,13 @@ def main() -> None:
                 "target_s": 2.0,
                 "meets_target": seconds < 2.0,
                 "verdict": receipt.verdict,
+                "identical_arms_coverage": {
+                    f"n={n}": {
+                        "student_t": coverage(n, 20_000, "student_t"),
+                        "percentile_bootstrap": coverage(n, 2_000, "percentile"),
+                    }
+                    for n in (8, 16, 24)
+                },
             },
             indent=2,
         )

@@ -34,7 +34,7 @@ def page(tmp_path_factory) -> Path:
     scores.write_text("".join(json.dumps(x) + "\n" for x in lines))
     result = CliRunner().invoke(
         app, ["gate", "--candidate", "cand", "--incumbent", "inc", "--scores", str(scores),
-              "--out", str(tmp / "out")]
+              "--out", str(tmp / "out"), "--ledger", str(tmp / "ledger.db")]
     )  # fmt: skip
     assert result.exit_code in (0, 1, 2), result.output
     return tmp / "out" / "receipt.html"

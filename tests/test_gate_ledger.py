@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_DATA, EXIT_USAGE
 from pipecat_rl.errors import GateError
 from pipecat_rl.gate import load_ledger_runs
 from pipecat_rl.ledger import (
@@ -51,7 +52,9 @@ def add_run(
         policy=policy,
         seed=10 * scenario + repeat,
         repeat=repeat,
-        reward=reward,
+        reward=reward + 0.3,  # the stored sum, shaped credit included: the gate never reads it
+        reward_parts={"verifier": reward, "tool_credit": 0.3},
+        outcome="pass" if reward >= 0.5 else "fail",
         failure_labels=list(labels),
     )
     turns = [
@@ -264,5 +267,46 @@ def test_a_missing_ledger_is_a_usage_error(tmp_path):
         app,
         ["gate", "--from-ledger", "--ledger", str(tmp_path / "none.db"), "--candidate", "v2"],
     )
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert not (tmp_path / "none.db").exists()
+
+
+def test_the_gate_pairs_the_verifier_never_the_stored_sum(ledger, tmp_path):
+    populate(ledger, scenarios=6)
+    # a candidate run that failed its verifier but earned lots of tool credit
+    sid = add_run(ledger, "v2", 0, 0, 0.0, started=2000.0)
+    ledger.update_session(sid, reward=1.5, reward_parts={"verifier": 0.0, "tool_credit": 1.5})
+    _, receipt = gate(ledger, tmp_path, "--incumbent", "v1")
+    row = next(r for r in receipt["scenarios"] if r["scenario"] == "scn-00")
+    assert row["candidate_mean"] == 0.75 and row["candidate_passed"] == 3
+
+
+def test_unverified_and_error_sessions_are_not_paired(ledger, tmp_path):
+    populate(ledger, scenarios=3)
+    for s in range(3):  # newer, but unverified (only shaped credit) or a harness error
+        sid = add_run(ledger, "v2", s, 0, 1.0, started=3000.0)
+        ledger.update_session(sid, reward_parts={"tool_credit": 0.4})
+        sid = add_run(ledger, "v2", s, 1, 1.0, started=3000.0)
+        ledger.update_session(sid, outcome="error")
+    _, receipt = gate(ledger, tmp_path, "--incumbent", "v1")
+    assert receipt["paired"]["n_pairs"] == 12
+    assert any("unverified, harness errors" in n for n in receipt["notes"])
+
+
+def test_an_out_of_range_part_names_the_ledger_session_and_field(ledger, tmp_path):
+    populate(ledger, scenarios=2)
+    sid = add_run(ledger, "v2", 0, 0, 1.0, started=4000.0)
+    ledger.update_session(sid, reward_parts={"verifier": 7.0})
+    result, _ = gate(ledger, tmp_path, "--incumbent", "v1")
+    assert result.exit_code == EXIT_DATA
+    text = " ".join(result.stderr.split())
+    assert str(ledger.path) in text and sid in text and "verifier" in text
+
+
+def test_gated_scenario_hashes_are_held_out_from_then_on(ledger, tmp_path):
+    populate(ledger, scenarios=3)
+    assert ledger.heldout_hashes() == {}
+    gate(ledger, tmp_path, "--incumbent", "v1")
+    held = ledger.heldout_hashes()
+    assert set(held) == {"hash-0", "hash-1", "hash-2"}
+    assert held["hash-1"]["scenario_id"] == "scn-01"

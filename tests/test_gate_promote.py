@@ -28,10 +28,10 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.errors import GateError, ServingError
 from pipecat_rl.gate import promote, rollback
-from pipecat_rl.gate.receipt import GateReceipt
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.processors.live_adapter import LiveAdapterSelector
 from pipecat_rl.serving import VLLMAdmin, free_port
+from tests.test_gate_receipts import gated_receipt
 
 # --- a stand-in for vLLM ---------------------------------------------------------------------
 
@@ -118,33 +118,15 @@ def ledger(tmp_path):
         yield store
 
 
-def receipt_file(tmp_path: Path, verdict: str, candidate: str, incumbent: str = "v1") -> Path:
-    """A minimal receipt built through the real scores-file gate, with names and verdict set."""
-    scores = tmp_path / "scores.jsonl"
-    scores.write_text(
-        "".join(
-            json.dumps({"scenario": f"s{s}", "policy": p, "run": 0, "reward": 1.0 if p == "c"
-                        else 0.0, "v2v_ms": [700.0]}) + "\n"
-            for s in range(3) for p in ("c", "i")
-        )
-    )  # fmt: skip
-    out = tmp_path / f"gate-{verdict}-{candidate}"
-    CliRunner().invoke(
-        app, ["gate", "--candidate", "c", "--incumbent", "i", "--scores", str(scores),
-              "--out", str(out)]
-    )  # fmt: skip
-    receipt = GateReceipt.model_validate_json((out / "receipt.json").read_text())
-    changed = receipt.model_copy(
-        update={
-            "verdict": verdict,
-            "candidate": receipt.candidate.model_copy(update={"name": candidate}),
-            "incumbent": receipt.incumbent.model_copy(
-                update={"name": incumbent, "requested": "live"}
-            ),
-        }
-    )
-    (out / "receipt.json").write_text(changed.model_dump_json())
-    return out / "receipt.json"
+def receipt_file(
+    tmp_path: Path, ledger: Ledger, verdict: str, candidate: str, incumbent: str = "v1"
+) -> Path:
+    """A genuine receipt of `verdict`, evaluated and recorded by the gate's own functions.
+
+    The incumbent is recorded as requested `live`, as `pipecat-rl gate --incumbent live` does.
+    """
+    return gated_receipt(tmp_path / f"gate-{verdict}-{candidate}", ledger, verdict, candidate,
+                         incumbent, requested_incumbent="live")  # fmt: skip
 
 
 # --- promote and rollback --------------------------------------------------------------------
@@ -153,7 +135,7 @@ def receipt_file(tmp_path: Path, verdict: str, candidate: str, incumbent: str = 
 def test_promote_loads_the_adapter_then_moves_the_pointer(ledger, vllm, tmp_path):
     ledger.move_live("v1")
     admin = VLLMAdmin(vllm.url)
-    receipt = receipt_file(tmp_path, "PROMOTE", "v2")
+    receipt = receipt_file(tmp_path, ledger, "PROMOTE", "v2")
     move = promote(receipt, ledger, admin)
     assert (move.adapter, move.previous, move.server) == ("v2", "v1", "loaded")
     assert vllm.adapters == {"v2": str((tmp_path / "v2").resolve())}
@@ -170,13 +152,13 @@ def test_promote_loads_the_adapter_then_moves_the_pointer(ledger, vllm, tmp_path
 def test_promote_refuses_anything_but_a_current_promote_receipt(ledger, vllm, tmp_path):
     ledger.move_live("v1")
     admin = VLLMAdmin(vllm.url)
-    with pytest.raises(GateError, match="says REJECT"):
-        promote(receipt_file(tmp_path, "REJECT", "v2"), ledger, admin)
+    with pytest.raises(GateError, match=r"refused \(verdict\).*says REJECT"):
+        promote(receipt_file(tmp_path, ledger, "REJECT", "v2"), ledger, admin)
     with pytest.raises(GateError, match="no longer exists"):
-        promote(receipt_file(tmp_path, "PROMOTE", "v9"), ledger, admin)
+        promote(receipt_file(tmp_path, ledger, "PROMOTE", "v9"), ledger, admin)
     ledger.move_live("v2")
     with pytest.raises(GateError, match="'v2' is live now"):
-        promote(receipt_file(tmp_path, "PROMOTE", "v2", incumbent="v1"), ledger, admin)
+        promote(receipt_file(tmp_path, ledger, "PROMOTE", "v2", incumbent="v1"), ledger, admin)
     assert vllm.adapters == {} and ledger.live().adapter == "v2"
 
 
@@ -184,13 +166,13 @@ def test_a_server_refusal_leaves_the_pointer_where_it_was(ledger, tmp_path):
     ledger.move_live("v1")
     admin = VLLMAdmin(f"http://127.0.0.1:{free_port()}", timeout=2)
     with pytest.raises(ServingError):
-        promote(receipt_file(tmp_path, "PROMOTE", "v2"), ledger, admin)
+        promote(receipt_file(tmp_path, ledger, "PROMOTE", "v2"), ledger, admin)
     assert ledger.live().adapter == "v1"
 
 
 def test_cli_promote_and_rollback(ledger, vllm, tmp_path, monkeypatch):
     ledger.move_live("v1")
-    receipt = receipt_file(tmp_path, "PROMOTE", "v2")
+    receipt = receipt_file(tmp_path, ledger, "PROMOTE", "v2")
     monkeypatch.delenv("PIPECAT_RL_LLM_URL", raising=False)
     args = ["--ledger", str(ledger.path), "--json"]
     result = CliRunner().invoke(app, ["promote", str(receipt.parent), *args])
@@ -264,7 +246,7 @@ async def test_a_mid_call_promotion_changes_only_the_next_call(ledger, vllm, tmp
     admin = VLLMAdmin(vllm.url)
     admin.load_adapter("v1", tmp_path / "v1")
     ledger.move_live("v1")
-    receipt = receipt_file(tmp_path, "PROMOTE", "v2")
+    receipt = receipt_file(tmp_path, ledger, "PROMOTE", "v2")
 
     first = await _call(vllm, ledger.path, 3, between=lambda: promote(receipt, ledger, admin))
     assert ledger.live().adapter == "v2"

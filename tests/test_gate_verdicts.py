@@ -10,7 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_DATA, EXIT_USAGE
 from pipecat_rl.gate import load_receipt
+from pipecat_rl.gate.receipt import receipt_sha256
+from pipecat_rl.ledger import Ledger
 
 SCENARIOS, REPEATS, TURNS = 12, 4, 3
 
@@ -22,11 +25,12 @@ def _lines(
     latency_ms: float | None = 700.0,
     writes: Callable[[int, int], int] = lambda s, r: 0,
     seed: int = 0,
+    repeats: int = REPEATS,
 ) -> list[dict]:
     rng = np.random.default_rng(seed)
     out = []
     for s in range(SCENARIOS):
-        for r in range(REPEATS):
+        for r in range(repeats):
             line = {
                 "scenario": f"scn-{s:02d}",
                 "policy": policy,
@@ -51,7 +55,7 @@ def _gate(tmp_path: Path, scores: Path, *args: str):
     result = CliRunner().invoke(
         app,
         ["gate", "--candidate", "cand", "--incumbent", "inc", "--scores", str(scores),
-         "--out", str(out), "--json", *args],
+         "--out", str(out), "--ledger", str(tmp_path / "ledger.db"), "--json", *args],
     )  # fmt: skip
     receipt = json.loads(result.stdout) if result.stdout.strip() else None
     return result, receipt
@@ -76,6 +80,7 @@ def test_promote(tmp_path):
     assert receipt["verdict"] == "PROMOTE"
     assert receipt["paired"]["mean_delta"] == pytest.approx(0.5)
     assert receipt["paired"]["ci95"] == pytest.approx([0.5, 0.5])
+    assert receipt["paired"]["method"] == "student_t"
     assert _check(receipt, "training_guard")["status"] == "unavailable"
     assert "scores file" in _check(receipt, "training_guard")["detail"]
     assert "not checked: training_guard" in receipt["reason"]
@@ -87,12 +92,13 @@ def test_promote(tmp_path):
 def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
     scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin, seed=1))
     _, receipt = _gate(tmp_path, scores, "--min-delta", "0.1", "--seed", "5")
-    assert receipt["schema_version"] == 1
+    assert receipt["schema_version"] == 2
     assert receipt["input"]["kind"] == "scores"
     assert receipt["input"]["sha256"] == hashlib.sha256(scores.read_bytes()).hexdigest()
     assert receipt["thresholds"]["min_delta"] == 0.1
-    assert receipt["thresholds"]["seed"] == receipt["paired"]["seed"] == 5
+    assert receipt["thresholds"]["seed"] == receipt["latency"]["v2v_p95"]["candidate"]["seed"] == 5
     assert receipt["thresholds"]["resamples"] >= 10_000
+    assert receipt["paired"]["method"] == "student_t" and receipt["paired"]["df"] == SCENARIOS - 1
     assert receipt["repeats"] == REPEATS
     assert len(receipt["scenarios"]) == SCENARIOS
     assert receipt["scenarios"][0]["seeds"] == [0, 1, 2, 3]
@@ -103,6 +109,11 @@ def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
     loaded = load_receipt(tmp_path / "receipt")
     assert loaded.model_dump(mode="json") == receipt
     assert (tmp_path / "receipt" / "receipt.md").read_text().startswith("# Gate: PROMOTE")
+    # the gate recorded the receipt's bytes and verdict in the ledger
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        row = ledger.gate_receipt(receipt_sha256(tmp_path / "receipt"))
+    assert row["verdict"] == "PROMOTE" and row["receipt_id"] == receipt["receipt_id"]
+    assert (row["candidate"], row["incumbent"]) == ("cand", "inc")
 
 
 def test_identical_arms_are_rejected(tmp_path):
@@ -114,20 +125,98 @@ def test_identical_arms_are_rejected(tmp_path):
     assert _check(receipt, "paired_reward")["status"] == "fail"
 
 
-def test_regressions_beyond_the_cap_reject(tmp_path):
+def test_regressions_beyond_the_cap_reject_on_their_own_evidence(tmp_path):
     def mostly_better(s, r):
-        return 0.0 if s < 2 else 1.0  # loses scenarios 0 and 1
+        return 0.0 if s < 2 else 1.0  # loses scenarios 0 and 1 in every run
 
-    scores = _write(tmp_path / "s.jsonl", _lines("cand", mostly_better), _lines("inc", coin))
+    def always(s, r):
+        return 1.0 if s < 2 else 0.0
+
+    # 8 paired runs, all worse: each lost scenario's sign test confirms it (p = 1/256)
+    cand, inc = _lines("cand", mostly_better, repeats=8), _lines("inc", always, repeats=8)
+    scores = _write(tmp_path / "s.jsonl", cand, inc)
     result, receipt = _gate(tmp_path, scores)
     assert result.exit_code == 1
-    assert receipt["paired"]["losses"] == 2
+    assert receipt["paired"]["regressed"] == 2
+    assert [s["regression"] for s in receipt["scenarios"][:3]] == ["regressed", "regressed", "none"]
+    assert receipt["scenarios"][0]["sign_p"] == pytest.approx(1 / 256)
     assert _check(receipt, "paired_reward")["status"] == "pass"
     assert _check(receipt, "regressions")["status"] == "fail"
     assert receipt["reason"].startswith("regressions:")
     # The same data passes with the cap raised.
     result, receipt = _gate(tmp_path, scores, "--max-regressions", "2")
     assert receipt["verdict"] == "PROMOTE"
+
+
+def test_a_loss_its_runs_cannot_confirm_is_inconclusive_not_reject(tmp_path):
+    def mostly_better(s, r):
+        return 0.0 if s < 2 else 1.0
+
+    def always(s, r):
+        return 1.0 if s < 2 else 0.0
+
+    # 4 paired runs can never confirm a regression over 12 scenarios (p >= 1/16)
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", mostly_better), _lines("inc", always))
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 2, result.output
+    assert (receipt["paired"]["regressed"], receipt["paired"]["uncertain_regressions"]) == (0, 2)
+    assert _check(receipt, "regressions")["status"] == "uncertain"
+    assert "paired runs per scenario can confirm or clear them" in receipt["reason"]
+
+
+def test_identical_noisy_arms_never_promote_and_never_reject_on_regressions(tmp_path):
+    for trial in range(6):
+        rng = np.random.default_rng(100 + trial)
+        base = rng.uniform(0.2, 0.8, size=SCENARIOS)
+        noise = rng.normal(0, 0.25, size=(2, SCENARIOS, 8))
+        rewards = np.clip(base[None, :, None] + noise, 0, 1).tolist()
+        cand = _lines("cand", lambda s, r, x=rewards[0]: x[s][r], repeats=8)
+        inc = _lines("inc", lambda s, r, x=rewards[1]: x[s][r], seed=1, repeats=8)
+        scores = _write(tmp_path / "s.jsonl", cand, inc)
+        result, receipt = _gate(tmp_path, scores, "--max-regressions", "0")
+        assert receipt["verdict"] != "PROMOTE"
+        assert _check(receipt, "regressions")["status"] != "fail", receipt["reason"]
+
+
+def test_failing_the_verifier_with_many_tool_calls_neither_passes_nor_wins(tmp_path):
+    def parts(policy: str):
+        lines = _lines(policy, better)
+        for line in lines:
+            del line["reward"]
+            line["reward_parts"] = (
+                {"verifier": 0.0, "tool_credit": 0.5}  # five successful lookups, task failed
+                if policy == "cand" else {"verifier": 0.0, "tool_credit": 0.0}
+            )  # fmt: skip
+        return lines
+
+    scores = _write(tmp_path / "s.jsonl", parts("cand"), parts("inc"))
+    result, receipt = _gate(tmp_path, scores)
+    assert receipt["paired"]["mean_delta"] == 0.0
+    assert receipt["paired"]["wins"] == 0
+    assert receipt["paired"]["pass_k"]["candidate"]["1"] == 0.0
+    assert receipt["verdict"] != "PROMOTE"
+    assert "never tool_credit" in receipt["paired"]["score"]
+
+
+def test_judged_metrics_count_only_where_the_config_names_them(tmp_path):
+    def parts(policy: str, polite: float):
+        lines = _lines(policy, better)
+        for line in lines:
+            line["reward_parts"] = {"verifier": 1.0, "judge:polite": polite, "tool_credit": 0.3}
+        return lines
+
+    scores = _write(tmp_path / "s.jsonl", parts("cand", 1.0), parts("inc", 0.0))
+    _, receipt = _gate(tmp_path, scores)
+    assert receipt["paired"]["mean_delta"] == 0.0  # not named: only the verifier counts
+    config = tmp_path / "gate.yaml"
+    config.write_text("judged_metrics:\n  judge:polite: 0.5\n")
+    _, receipt = _gate(tmp_path, scores, "--config", str(config))
+    assert receipt["paired"]["mean_delta"] == pytest.approx(0.5 / 1.5)
+    assert "judge:polite x0.5" in receipt["paired"]["score"]
+    config.write_text("judged_metrics:\n  tool_credit: 1.0\n")
+    result, _ = _gate(tmp_path, scores, "--config", str(config))
+    assert result.exit_code == EXIT_DATA
+    assert f"{config}:2: judged_metrics" in " ".join(result.stderr.split())
 
 
 def test_p95_over_the_absolute_budget_rejects(tmp_path):
@@ -223,13 +312,13 @@ def test_thresholds_from_a_config_file_and_flags_override_it(tmp_path):
     assert result.exit_code == 0
 
 
-def test_a_bad_config_field_is_a_usage_error(tmp_path):
+def test_a_bad_config_file_is_a_data_error_naming_file_line_and_field(tmp_path):
     scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin))
     config = tmp_path / "gate.json"
-    config.write_text('{"resamples": 100}')
+    config.write_text('{\n  "seed": 1,\n  "resamples": 100\n}')
     result, _ = _gate(tmp_path, scores, "--config", str(config))
-    assert result.exit_code == 2
-    assert "resamples" in result.stderr
+    assert result.exit_code == EXIT_DATA
+    assert f"{config}:3: resamples" in " ".join(result.stderr.split())
 
 
 def test_cost_per_success_comes_from_usage(tmp_path):
@@ -265,7 +354,7 @@ def test_a_bad_scores_line_names_the_file_line_and_field(tmp_path):
     lines[5]["reward"] = "high"
     scores = _write(tmp_path / "s.jsonl", lines)
     result, _ = _gate(tmp_path, scores)
-    assert result.exit_code != 0
+    assert result.exit_code == EXIT_DATA
     assert f"{scores}:6: reward" in " ".join(result.stderr.split())
 
 
@@ -278,14 +367,15 @@ def test_unknown_policy_names_are_reported(tmp_path):
 
 def test_running_simulations_needs_scenarios_and_a_bot(tmp_path):
     (tmp_path / "heldout").mkdir()
+    ledger = ["--ledger", str(tmp_path / "ledger.db")]
     result = CliRunner().invoke(
-        app, ["gate", "--candidate", "cand", "--scenarios", str(tmp_path / "heldout")]
+        app, ["gate", "--candidate", "cand", "--scenarios", str(tmp_path / "heldout"), *ledger]
     )
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "--bot BOT" in result.stderr
     assert "--from-ledger" in result.stderr
-    result = CliRunner().invoke(app, ["gate", "--candidate", "cand"])
-    assert result.exit_code == 2
+    result = CliRunner().invoke(app, ["gate", "--candidate", "cand", *ledger])
+    assert result.exit_code == EXIT_USAGE
     assert "--scenarios" in result.stderr
 
 

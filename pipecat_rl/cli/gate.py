@@ -1,21 +1,38 @@
 """`pipecat-rl gate`, `promote` and `rollback`: decide on a candidate adapter, then serve it.
 
-`gate` exits 0 for PROMOTE, 1 for REJECT and 2 for INCONCLUSIVE, so a script can branch on it.
+Exit codes (`pipecat_rl.cli.common`): `gate` exits 0 for PROMOTE, 1 for REJECT and 2 for
+INCONCLUSIVE, and nothing else does: a bad flag is 64 (EXIT_USAGE), a bad input file (scores,
+config, scenarios, receipt, a refused promotion) 65 (EXIT_DATA), a server that is down or refused
+69 (EXIT_UNAVAILABLE), the ledger unusable 74 (EXIT_IO), a harness failure 70 (EXIT_FAILURE).
+
+Every receipt the gate writes is recorded in the ledger (`--ledger`, else $PIPECAT_RL_LEDGER,
+else ./pipecat-rl.db), which `promote` checks it against; the scenario hashes of the held-out
+runs it decided on are recorded there too, so they never train.
 """
 
 import dataclasses
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 
-from pipecat_rl.cli.common import cli_errors, console, print_json
+from pipecat_rl.cli.common import (
+    EXIT_DATA,
+    EXIT_IO,
+    EXIT_UNAVAILABLE,
+    cli_errors,
+    console,
+    print_json,
+)
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, GateError, LedgerError, ServingError
 from pipecat_rl.gate import (
     GateData,
     GateReceipt,
@@ -33,9 +50,29 @@ from pipecat_rl.gate import (
     unknown_lineage,
     write_receipt,
 )
+from pipecat_rl.gate.receipt import ci_text
 from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.serving import VLLMAdmin
+
+_EXIT_BY_GATE_ERROR: tuple[tuple[type[Exception], int], ...] = (
+    (GateError, EXIT_DATA),
+    (ServingError, EXIT_UNAVAILABLE),
+    (LedgerError, EXIT_IO),
+)
+"""The gate verbs' own errors and their codes (the rest as `cli_errors` maps them)."""
+
+
+@contextmanager
+def _gate_errors() -> Iterator[None]:
+    """`cli_errors`, with the gate's input, server and ledger errors on their documented codes."""
+    with cli_errors():
+        try:
+            yield
+        except tuple(kind for kind, _ in _EXIT_BY_GATE_ERROR) as e:
+            code = next(c for kind, c in _EXIT_BY_GATE_ERROR if isinstance(e, kind))
+            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
+            raise typer.Exit(code) from e
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 _SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"
@@ -59,6 +96,7 @@ def _default_out(candidate: str, incumbent: str) -> Path:
 
 
 def _load(
+    store: Ledger,
     candidate: str,
     incumbent: str,
     *,
@@ -67,9 +105,9 @@ def _load(
     mode: Literal["text", "audio"],
     from_ledger: bool,
     scores: Path | None,
-    ledger: Path | None,
     heldout_set: str | None,
     source: Literal["gate", "simulate"] | None,
+    judged: dict[str, float],
     paired: PairedRun | None = None,
 ) -> tuple[GateData, Lineage, Lineage]:
     """The runs to decide from, and both policies' lineage, from whichever input was chosen."""
@@ -77,32 +115,37 @@ def _load(
         raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
     if scores is not None:
         return (
-            load_scores(scores, candidate, incumbent),
+            load_scores(scores, candidate, incumbent, judged=judged),
             unknown_lineage(candidate, candidate, _SCORES_GUARD),
             unknown_lineage(incumbent, incumbent, _SCORES_GUARD),
         )
-    if from_ledger:
-        with open_ledger(ledger) as store:
-            names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
-            return (
-                load_ledger_runs(store, *names, heldout_set=heldout_set, source=source),
-                ledger_lineage(store, candidate, names[0]),
-                ledger_lineage(store, incumbent, names[1]),
-            )
-    if scenarios is None or paired is None:
+    if not from_ledger and (scenarios is None or paired is None):
         raise ConfigError(
             "to run the paired simulations name the held-out scenarios and the bot with "
             "--scenarios PATH --bot BOT, or decide from recorded runs with --from-ledger or "
             "--scores FILE.jsonl."
         )
-    with Ledger(resolve_ledger_path(ledger)) as store:
-        names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
-        data = run_paired_simulations(store, scenarios, *names, repeats, mode, paired)
-        return (
-            data,
-            ledger_lineage(store, candidate, names[0]),
-            ledger_lineage(store, incumbent, names[1]),
+    names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
+    if from_ledger or scenarios is None or paired is None:
+        data = load_ledger_runs(
+            store, *names, heldout_set=heldout_set, source=source, judged=judged
         )
+    else:
+        data = run_paired_simulations(store, scenarios, *names, repeats, mode, paired, judged)
+    return (
+        data,
+        ledger_lineage(store, candidate, names[0]),
+        ledger_lineage(store, incumbent, names[1]),
+    )
+
+
+def _record_heldout(store: Ledger, data: GateData) -> None:
+    """Every scenario hash the gate decided on is held out from now on."""
+    store.record_heldout_hashes(
+        (r.scenario_hash, r.scenario, data.source.heldout_set_id)
+        for r in data.runs
+        if r.scenario_hash
+    )
 
 
 def gate(
@@ -166,11 +209,13 @@ def gate(
     p95_margin_ms: Annotated[
         float | None, typer.Option(help="Allowed P95 slowdown vs incumbent. (default 100)")
     ] = None,
-    pass_threshold: Annotated[
-        float | None, typer.Option(help="A run passes at reward >= this. (default 0.5)")
+    regression_alpha: Annotated[
+        float | None,
+        typer.Option(help="Family level of the per-scenario regression tests. (default 0.05)"),
     ] = None,
     resamples: Annotated[
-        int | None, typer.Option(help="Bootstrap resamples, >= 10000. (default 10000)")
+        int | None,
+        typer.Option(help="Latency bootstrap resamples, 10000..200000. (default 10000)"),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Bootstrap seed. (default 0)")] = None,
     require_guard: Annotated[
@@ -195,36 +240,39 @@ def gate(
     json_out: JsonOpt = False,
 ) -> None:
     """Decide PROMOTE / REJECT / INCONCLUSIVE for a candidate on held-out scenarios."""
-    with cli_errors():
+    with _gate_errors():
         settings = load_gate_config(
             config,
             min_delta=min_delta,
             tie_band=tie_band,
             max_regressions=max_regressions,
+            regression_alpha=regression_alpha,
             p95_budget_ms=p95_budget_ms,
             p95_margin_ms=p95_margin_ms,
-            pass_threshold=pass_threshold,
             resamples=resamples,
             seed=seed,
             require_guard=require_guard,
             require_latency=require_latency,
         )
-        data, cand, inc = _load(
-            candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
-            from_ledger=from_ledger, scores=scores, ledger=ledger, heldout_set=heldout_set,
-            source=source,
-            paired=PairedRun(
-                bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
-                persona=persona, seed=settings.seed,
-            ) if bot else None,
-        )  # fmt: skip
-        if scenarios is not None:
-            files = hash_scenario_files(scenarios)
-            data = dataclasses.replace(
-                data, source=data.source.model_copy(update={"scenario_files": files})
-            )
-        receipt = evaluate(data, settings, cand, inc)
-        paths = write_receipt(receipt, out or _default_out(cand.name, inc.name))
+        opened = open_ledger(ledger) if from_ledger else Ledger(resolve_ledger_path(ledger))
+        with opened as store:
+            data, cand, inc = _load(
+                store, candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
+                from_ledger=from_ledger, scores=scores, heldout_set=heldout_set, source=source,
+                judged=dict(settings.judged_metrics),
+                paired=PairedRun(
+                    bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
+                    persona=persona, seed=settings.seed,
+                ) if bot else None,
+            )  # fmt: skip
+            if scenarios is not None:
+                files = hash_scenario_files(scenarios)
+                data = dataclasses.replace(
+                    data, source=data.source.model_copy(update={"scenario_files": files})
+                )
+            _record_heldout(store, data)
+            receipt = evaluate(data, settings, cand, inc)
+            paths = write_receipt(receipt, out or _default_out(cand.name, inc.name), store)
     _report(receipt, paths["json"].parent, json_out)
     raise typer.Exit(receipt.exit_code)
 
@@ -234,8 +282,8 @@ def _report(receipt: GateReceipt, folder: Path, json_out: bool) -> None:
     p = receipt.paired
     console.print(
         f"[bold {style}]{receipt.verdict}[/bold {style}] {receipt.candidate.name} vs "
-        f"{receipt.incumbent.name}: mean delta {p.mean_delta:+.4f}, 95% CI "
-        f"[{p.ci95[0]:+.4f}, {p.ci95[1]:+.4f}] over {p.n_scenarios} scenarios"
+        f"{receipt.incumbent.name}: mean delta {p.mean_delta:+.4f}, {ci_text(p)} over "
+        f"{p.n_scenarios} scenarios"
     )
     console.print(f"reason: {receipt.reason}", markup=False)
     console.print(f"receipt: {folder}/receipt.json, receipt.md, receipt.html", markup=False)
@@ -268,7 +316,7 @@ def promote_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Load a gated candidate into the running server and make it live."""
-    with cli_errors(), open_ledger(ledger) as store:
+    with _gate_errors(), open_ledger(ledger) as store:
         move = promote(receipt, store, _admin(llm_url))
     _report_move("promoted", move, json_out)
 
@@ -277,7 +325,7 @@ def rollback_command(
     ledger: LedgerOpt = None, llm_url: UrlOpt = None, json_out: JsonOpt = False
 ) -> None:
     """Make the previously live adapter live again (loading it into the server if needed)."""
-    with cli_errors(), open_ledger(ledger) as store:
+    with _gate_errors(), open_ledger(ledger) as store:
         move = rollback(store, _admin(llm_url))
     _report_move("rolled back", move, json_out)
 

@@ -4,11 +4,13 @@ Modules, in the order data flows:
 
 - `inputs`: runs from a scores file, the ledger or the simulator, as one `GateData`;
 - `lineage`: who the candidate and incumbent are, and the training guard's state;
-- `stats`, `latency`, `cost`: pure statistics (paired bootstrap, session-resampled P95, cost);
+- `stats`, `latency`, `cost`: pure statistics (paired t interval, per-scenario sign tests,
+  session-resampled P95, cost);
 - `verdict`: one check per rule, then PROMOTE / REJECT / INCONCLUSIVE;
 - `evaluate`: all of the above on one `GateData`, producing the `GateReceipt`;
 - `receipt`, `report_html`: the receipt as JSON, Markdown and a self-contained HTML page;
-- `promote`: load the adapter into the server and move the live pointer (and back).
+- `promote`: verify a receipt against the ledger and its own numbers, load the adapter into the
+  server and move the live pointer (and back).
 """
 
 from pipecat_rl.gate.config import GateConfig, PriceTable, load_gate_config
@@ -27,7 +29,7 @@ from pipecat_rl.gate.lineage import (
     resolve_policy,
     unknown_lineage,
 )
-from pipecat_rl.gate.promote import LiveMove, promote, rollback
+from pipecat_rl.gate.promote import LiveMove, promote, rollback, verify_receipt
 from pipecat_rl.gate.receipt import GateReceipt, load_receipt, render_markdown, write_receipt
 from pipecat_rl.gate.verdict import EXIT_CODES, Verdict
 
@@ -54,5 +56,6 @@ __all__ = [
     "resolve_policy",
     "rollback",
     "unknown_lineage",
+    "verify_receipt",
     "write_receipt",
 ]

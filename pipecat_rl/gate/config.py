@@ -2,31 +2,36 @@
 
 Defaults, and why:
 
-| field | default | meaning |
-|---|---|---|
-| `min_delta` | 0.02 | the paired 95% CI's lower bound must exceed this reward gain |
-| `tie_band` | 0.05 | a scenario whose mean delta is within ±this is a tie, not a win or loss |
-| `max_regressions` | 1 | most scenarios the candidate may lose (delta < -tie_band) |
-| `p95_budget_ms` | 1500 | absolute budget on the candidate's voice-to-voice P95 |
-| `p95_margin_ms` | 100 | how much slower than the incumbent's P95 the candidate may be |
-| `pass_threshold` | 0.5 | a run passes (for pass^k and cost per success) when reward >= this |
-| `resamples` | 10000 | bootstrap resamples (at least 10,000 by design) |
-| `seed` | 0 | seed of every bootstrap, so a receipt can be reproduced exactly |
-| `require_guard` | False | fail when no training guard can be read (imported, scores) |
-| `require_latency` | True | latency checks cannot pass without v2v samples for both policies |
+- `min_delta` 0.02, in [-0.25, 1): the paired 95% CI's lower bound must exceed this score gain
+  (a negative value is a non-inferiority margin).
+- `tie_band` 0.05, in [0, 0.5): a scenario whose mean delta is within +-this is a tie.
+- `max_regressions` 1, 0..1000: most scenarios the candidate may have regressed, on their own
+  paired runs' evidence.
+- `regression_alpha` 0.05, in (0, 0.2]: family level of the per-scenario sign tests (Holm).
+- `judged_metrics` {}, weights in (0, 1]: `judge:<name>` parts averaged into the gate score.
+- `p95_budget_ms` 1500, in (0, 60000]: budget on the candidate's voice-to-voice P95.
+- `p95_margin_ms` 100, in [0, 60000]: how much slower than the incumbent's P95 it may be.
+- `resamples` 10000, 10000..200000: latency bootstrap resamples (memory grows with it).
+- `seed` 0, 0..2^32-1: seed of every bootstrap, so a receipt can be reproduced exactly.
+- `require_guard` False: fail when no training guard can be read (imported, scores).
+- `require_latency` True: latency checks cannot pass without v2v samples for both policies.
+
+Every number must be finite. The score the gate pairs is the authoritative one
+(`pipecat_rl.ledger.outcome`: the verifier, else the judged `success`), never the shaped tool
+credit; `judged_metrics` may add named judged parts, each a number in [0, 1], so the gate score
+stays in [0, 1]: (authoritative + sum w_i * part_i) / (1 + sum w_i).
 
 The price table's defaults are illustrative round numbers of the right order for a small hosted
 LLM, a streaming STT and a streaming TTS; set your own vendor's prices before comparing costs.
 """
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, GateError
 
 
 class PriceTable(BaseModel):
@@ -36,7 +41,7 @@ class PriceTable(BaseModel):
     seconds of audio the bot spoke. Defaults are illustrative; configure your own.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     llm_input_usd_per_mtok: float = Field(0.15, ge=0)
     llm_output_usd_per_mtok: float = Field(0.60, ge=0)
@@ -47,19 +52,46 @@ class PriceTable(BaseModel):
 class GateConfig(BaseModel):
     """Every threshold the verdict uses; see the module docstring for the defaults' meaning."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    min_delta: float = 0.02
-    tie_band: float = Field(0.05, ge=0)
-    max_regressions: int = Field(1, ge=0)
-    p95_budget_ms: float = Field(1500.0, gt=0)
-    p95_margin_ms: float = Field(100.0, ge=0)
-    pass_threshold: float = 0.5
-    resamples: int = Field(10_000, ge=10_000)
-    seed: int = 0
+    min_delta: float = Field(0.02, ge=-0.25, lt=1)
+    tie_band: float = Field(0.05, ge=0, lt=0.5)
+    max_regressions: int = Field(1, ge=0, le=1000)
+    regression_alpha: float = Field(0.05, gt=0, le=0.2)
+    judged_metrics: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
+    p95_budget_ms: float = Field(1500.0, gt=0, le=60_000)
+    p95_margin_ms: float = Field(100.0, ge=0, le=60_000)
+    resamples: int = Field(10_000, ge=10_000, le=200_000)
+    seed: int = Field(0, ge=0, lt=2**32)
     require_guard: bool = False
     require_latency: bool = True
     prices: PriceTable = PriceTable()
+
+    @field_validator("judged_metrics")
+    @classmethod
+    def _judged_only(cls, value: dict[str, float]) -> dict[str, float]:
+        for name in value:
+            if not name.startswith("judge:") or name == "judge:":
+                raise ValueError(
+                    f"{name!r} is not a judged part; name parts as judge:<metric> (the "
+                    "authoritative part is always included, tool_credit never is)"
+                )
+        return value
+
+
+FLAGS = {
+    "min_delta": "--min-delta",
+    "tie_band": "--tie-band",
+    "max_regressions": "--max-regressions",
+    "regression_alpha": "--regression-alpha",
+    "p95_budget_ms": "--p95-budget-ms",
+    "p95_margin_ms": "--p95-margin-ms",
+    "resamples": "--resamples",
+    "seed": "--seed",
+    "require_guard": "--require-guard",
+    "require_latency": "--require-latency",
+}
+"""The command-line flag of each field, for error messages."""
 
 
 def load_gate_config(path: Path | None = None, **overrides: Any) -> GateConfig:
@@ -69,39 +101,74 @@ def load_gate_config(path: Path | None = None, **overrides: Any) -> GateConfig:
     can carry several sections.
 
     Raises:
-        ConfigError: the file is missing or unparsable, or a field is unknown or out of range.
+        GateError: the file is missing or unparsable, or a field in it is unknown or out of range
+            (naming the file, the line and the field).
+        ConfigError: a flag's value is out of range (naming the flag).
     """
     values: dict[str, Any] = {}
+    node: yaml.Node | None = None
     if path is not None:
-        values = _read_mapping(path)
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        values, node = _read_mapping(path)
+        try:
+            GateConfig.model_validate(values)
+        except ValidationError as e:
+            raise GateError(_explain_file(path, node, e)) from e
+    flags = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return GateConfig.model_validate(values)
+        return GateConfig.model_validate({**values, **flags})
     except ValidationError as e:
-        where = f" in {path}" if path else ""
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+            f"{FLAGS.get(str(err['loc'][0]), err['loc'][0])}: {err['msg']}" for err in e.errors()
         )
-        raise ConfigError(
-            f"invalid gate config{where}: {problems}. Fix the field or remove it for the default."
-        ) from e
+        raise ConfigError(f"invalid gate flag(s): {problems}.") from e
 
 
-def _read_mapping(path: Path) -> dict[str, Any]:
-    """Read a YAML or JSON file (JSON is YAML) holding a mapping, optionally under `gate:`."""
+def _explain_file(path: Path, node: yaml.Node | None, error: ValidationError) -> str:
+    problems = []
+    for err in error.errors():
+        loc = tuple(err["loc"])
+        line = _line(node, loc)
+        field = ".".join(str(p) for p in loc)
+        reason = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        where = f"{path}:{line}" if line else str(path)
+        problems.append(f"{where}: {field}: {reason}")
+    return "invalid gate config: " + "; ".join(problems) + ". Fix the field or remove it."
+
+
+def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the deepest node along `loc` in the file's YAML tree."""
+    line = None
+    for key in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        node = next((v for k, v in node.value if getattr(k, "value", None) == str(key)), None)
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _read_mapping(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
+    """A YAML or JSON file (JSON is YAML) holding a mapping, optionally under `gate:`.
+
+    Returns the mapping and its node tree (for line numbers).
+    """
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read gate config {path}: {e.strerror}; check the path.") from e
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GateError(f"cannot read gate config {path}: {e}; check the path.") from e
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"gate config {path} is not valid YAML/JSON: {e}") from e
+        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        raise GateError(f"gate config {path} is not valid YAML/JSON: {e}") from e
     if data is None:
-        return {}
+        return {}, None
     if not isinstance(data, dict):
-        raise ConfigError(f"gate config {path} must be a mapping of field: value.")
-    section = data.get("gate", data)
-    if not isinstance(section, dict):
-        raise ConfigError(f"gate config {path}: `gate:` must be a mapping of field: value.")
-    return dict(section)
+        raise GateError(f"gate config {path} must be a mapping of field: value.")
+    if "gate" in data:
+        if not isinstance(data["gate"], dict):
+            raise GateError(f"gate config {path}: `gate:` must be a mapping of field: value.")
+        node = next((v for k, v in node.value if getattr(k, "value", None) == "gate"), None)
+        return dict(data["gate"]), node
+    return dict(data), node

@@ -6,18 +6,22 @@ total cost by its number of passing runs puts that next to the reward delta.
 
 from collections.abc import Sequence
 
+from pydantic import ConfigDict, Field
+
 from pipecat_rl.gate.config import PriceTable
 from pipecat_rl.gate.stats import Result
 
 
 class Usage(Result):
-    """What one call consumed."""
+    """What one call consumed: finite, non-negative counts and durations."""
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    stt_seconds: float = 0.0
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    prompt_tokens: int = Field(0, ge=0)
+    completion_tokens: int = Field(0, ge=0)
+    stt_seconds: float = Field(0.0, ge=0)
     """Audio streamed to STT: the call's duration for a streaming STT."""
-    tts_seconds: float = 0.0
+    tts_seconds: float = Field(0.0, ge=0)
     """Audio the bot spoke."""
 
 

@@ -2,11 +2,17 @@
 
 Pairing: runs are grouped by scenario (id and, when recorded, content hash, so a scenario edited
 between runs never pairs with its old self), and candidate run r pairs with incumbent run r.
-Everything below is computed on the paired runs only, except unauthorised writes, which count
-over every candidate run.
+What is paired is each run's gate score (`inputs.gate_score`: the authoritative part, never the
+shaped tool credit). Everything below is computed on the paired runs only, except unauthorised
+writes, which count over every candidate run.
+
+`recheck` recomputes a receipt's interval, regressions and checks from the receipt's own
+per-scenario table and stored intervals, through the same functions: `promote` refuses a receipt
+whose statistics do not support its verdict.
 """
 
 import importlib.metadata
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,15 +40,20 @@ from pipecat_rl.gate.receipt import (
     ScenarioRow,
 )
 from pipecat_rl.gate.stats import (
-    Interval,
-    cluster_bootstrap,
+    MeanInterval,
+    ScenarioRegression,
+    min_repeats_to_confirm,
     outcome,
     pass_k_curve,
+    regressions,
     sample_size,
     scenario_deltas,
+    t_interval,
     win_loss_tie,
 )
 from pipecat_rl.gate.verdict import (
+    Check,
+    Verdict,
     decide,
     guard_check,
     p95_budget_check,
@@ -100,38 +111,56 @@ def _rewards(runs: tuple[RunResult, ...]) -> np.ndarray:
     return np.array([r.reward for r in runs], dtype=float)
 
 
-def _passed(runs: tuple[RunResult, ...], config: GateConfig) -> int:
-    return int(np.sum(_rewards(runs) >= config.pass_threshold))
+def _passed(runs: tuple[RunResult, ...]) -> int:
+    return sum(r.passed for r in runs)
 
 
-def _paired(pairs: list[PairedScenario], config: GateConfig) -> tuple[PairedStats, Interval]:
-    """The paired reward statistics, and the interval the verdict reads."""
+def score_description(config: GateConfig) -> str:
+    """What the gate pairs, in words, for the receipt."""
+    text = "authoritative part (verifier, else judge:success; never tool_credit)"
+    if config.judged_metrics:
+        named = ", ".join(f"{k} x{w:g}" for k, w in sorted(config.judged_metrics.items()))
+        text += f", averaged with {named}"
+    return text
+
+
+def _interval(deltas: np.ndarray) -> MeanInterval | None:
+    return t_interval(deltas) if deltas.size >= 2 else None
+
+
+def _paired(
+    pairs: list[PairedScenario], config: GateConfig
+) -> tuple[PairedStats, MeanInterval | None, list[ScenarioRegression]]:
+    """The paired statistics, the interval the verdict reads, and each scenario's regression."""
     run_diffs = [_rewards(p.candidate) - _rewards(p.incumbent) for p in pairs]
     deltas = scenario_deltas(run_diffs)
-    interval = cluster_bootstrap(deltas, resamples=config.resamples, seed=config.seed)
+    interval = _interval(deltas)
     outcomes = win_loss_tie(deltas, config.tie_band)
+    regs = regressions(run_diffs, config.tie_band, config.regression_alpha)
     stats = PairedStats(
+        score=score_description(config),
         n_scenarios=len(pairs),
         n_pairs=sum(len(d) for d in run_diffs),
-        mean_delta=interval.estimate,
-        ci95=(interval.low, interval.high),
-        resamples=interval.resamples,
-        seed=interval.seed,
+        mean_delta=float(deltas.mean()),
+        ci95=None if interval is None else (interval.low, interval.high),
+        method="student_t",
+        level=0.95,
+        se=None if interval is None else interval.se,
+        df=None if interval is None else interval.df,
         wins=outcomes.wins,
         losses=outcomes.losses,
         ties=outcomes.ties,
         tie_band=outcomes.tie_band,
+        regressed=sum(r.status == "regressed" for r in regs),
+        uncertain_regressions=sum(r.status == "uncertain" for r in regs),
+        regression_alpha=config.regression_alpha,
         pass_k={
-            "candidate": pass_k_curve(
-                [(_passed(p.candidate, config), len(p.candidate)) for p in pairs]
-            ),
-            "incumbent": pass_k_curve(
-                [(_passed(p.incumbent, config), len(p.incumbent)) for p in pairs]
-            ),
-        },  # fmt: skip
+            "candidate": pass_k_curve([(_passed(p.candidate), len(p.candidate)) for p in pairs]),
+            "incumbent": pass_k_curve([(_passed(p.incumbent), len(p.incumbent)) for p in pairs]),
+        },
         sample_size=sample_size(run_diffs, target=config.min_delta),
     )
-    return stats, interval
+    return stats, interval, regs
 
 
 def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencyStats:
@@ -166,11 +195,10 @@ def _cost(runs: list[RunResult], config: GateConfig) -> CostSummary | None:
     usages = [r.usage for r in runs if r.usage is not None]
     if len(usages) < len(runs):
         return None
-    passed = sum(r.reward >= config.pass_threshold for r in runs)
-    return cost_summary(usages, passed, config.prices)
+    return cost_summary(usages, sum(r.passed for r in runs), config.prices)
 
 
-def _row(p: PairedScenario, config: GateConfig) -> ScenarioRow:
+def _row(p: PairedScenario, reg: ScenarioRegression, config: GateConfig) -> ScenarioRow:
     cand, inc = _rewards(p.candidate), _rewards(p.incumbent)
     delta = float(np.mean(cand - inc))
     return ScenarioRow(
@@ -182,8 +210,12 @@ def _row(p: PairedScenario, config: GateConfig) -> ScenarioRow:
         incumbent_mean=float(inc.mean()),
         delta=delta,
         outcome=outcome(delta, config.tie_band),
-        candidate_passed=_passed(p.candidate, config),
-        incumbent_passed=_passed(p.incumbent, config),
+        worse_runs=reg.sign.worse,
+        not_worse_runs=reg.sign.not_worse,
+        sign_p=reg.sign.p_value,
+        regression=reg.status,
+        candidate_passed=_passed(p.candidate),
+        incumbent_passed=_passed(p.incumbent),
         candidate_unauthorized_writes=sum(r.unauthorized_writes for r in p.candidate),
     )
 
@@ -195,13 +227,42 @@ def _version() -> str:
         return "unknown"
 
 
+def _checks(
+    interval: MeanInterval | None,
+    paired: PairedStats,
+    repeats: int,
+    latency: LatencyStats,
+    writes: int,
+    candidate: Lineage,
+    config: GateConfig,
+) -> tuple[Check, ...]:
+    """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`)."""
+    v2v = latency.v2v_p95
+    confirm = min_repeats_to_confirm(paired.n_scenarios, config.regression_alpha)
+    return (
+        paired_check(interval, paired.n_scenarios, config.min_delta),
+        regressions_check(
+            paired.regressed, paired.uncertain_regressions, config.max_regressions,
+            config.tie_band, max(confirm, repeats + 1),
+        ),  # fmt: skip
+        p95_budget_check(
+            v2v.candidate if v2v else None, config.p95_budget_ms, config.require_latency
+        ),
+        p95_margin_check(
+            v2v.difference if v2v else None, config.p95_margin_ms, config.require_latency
+        ),
+        writes_check(writes),
+        guard_check(candidate, config.require_guard),
+    )
+
+
 def evaluate(
     data: GateData, config: GateConfig, candidate: Lineage, incumbent: Lineage
 ) -> GateReceipt:
     """Compute every statistic of the gate on `data` and decide; the result is the receipt."""
     pairs, notes = pair_runs(data)
     notes = [*data.source.notes, *notes]
-    paired, interval = _paired(pairs, config)
+    paired, interval, regs = _paired(pairs, config)
     runs: dict[Role, list[RunResult]] = {
         "candidate": [r for p in pairs for r in p.candidate],
         "incumbent": [r for p in pairs for r in p.incumbent],
@@ -212,22 +273,12 @@ def evaluate(
     )
     if cost.candidate is None or cost.incumbent is None:
         notes.append("cost not computed for a policy with runs lacking recorded usage")
-    v2v = latency.v2v_p95
     writes = sum(r.unauthorized_writes for r in data.runs if r.policy == data.candidate)
-    checks = (
-        paired_check(interval, len(pairs), config.min_delta),
-        regressions_check(paired.losses, config.max_regressions, config.tie_band),
-        p95_budget_check(
-            v2v.candidate if v2v else None, config.p95_budget_ms, config.require_latency
-        ),
-        p95_margin_check(
-            v2v.difference if v2v else None, config.p95_margin_ms, config.require_latency
-        ),
-        writes_check(writes),
-        guard_check(candidate, config.require_guard),
-    )
+    repeats = max(len(p.candidate) for p in pairs)
+    checks = _checks(interval, paired, repeats, latency, writes, candidate, config)
     verdict = decide(checks, paired.sample_size)
     return GateReceipt(
+        receipt_id=uuid.uuid4().hex,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         pipecat_rl_version=_version(),
         verdict=verdict.decision,
@@ -236,12 +287,80 @@ def evaluate(
         candidate=candidate,
         incumbent=incumbent,
         input=data.source,
-        repeats=max(len(p.candidate) for p in pairs),
+        repeats=repeats,
         thresholds=config,
         paired=paired,
         latency=latency,
         cost=cost,
-        scenarios=[_row(p, config) for p in pairs],
+        scenarios=[_row(p, reg, config) for p, reg in zip(pairs, regs, strict=True)],
+        unauthorized_writes=writes,
         checks=list(verdict.checks),
         notes=notes,
     )
+
+
+def recheck(receipt: GateReceipt) -> tuple[Verdict, list[str]]:
+    """Recompute a receipt's verdict from its own numbers; also list what disagrees.
+
+    The interval is recomputed from the per-scenario deltas, each scenario's sign test and the
+    Holm adjustment from its run counts, and every check from those and the stored latency
+    intervals, writes and lineage, through the functions `evaluate` uses.
+    """
+    config, paired = receipt.thresholds, receipt.paired
+    rows = receipt.scenarios
+    problems = []
+    deltas = np.array([r.delta for r in rows], dtype=float)
+    interval = _interval(deltas)
+    stored = paired.ci95
+    if len(rows) != paired.n_scenarios:
+        problems.append(f"n_scenarios is {paired.n_scenarios} but the table has {len(rows)}")
+    if (interval is None) != (stored is None) or (
+        interval is not None
+        and stored is not None
+        and not np.allclose((interval.low, interval.high), stored, rtol=0, atol=1e-9)
+    ):
+        got = None if interval is None else (round(interval.low, 6), round(interval.high, 6))
+        problems.append(f"paired.ci95 is {stored} but the scenario deltas give {got}")
+    if rows and abs(float(deltas.mean()) - paired.mean_delta) > 1e-9:
+        problems.append(f"paired.mean_delta is {paired.mean_delta} but the deltas give "
+                        f"{float(deltas.mean()):.6g}")  # fmt: skip
+    signs = [
+        [-1.0] * r.worse_runs + [1.0] * r.not_worse_runs for r in rows
+    ]  # the sign test needs only the counts; +-1 reproduces them for any band < 1
+    regs = regressions(signs, 0.0, config.regression_alpha) if rows else []
+    statuses = [
+        reg.status if reg.status == "regressed" else
+        ("uncertain" if row.delta < -config.tie_band else "none")
+        for reg, row in zip(regs, rows, strict=True)
+    ]  # fmt: skip
+    for row, status in zip(rows, statuses, strict=True):
+        if row.regression != status:
+            problems.append(f"scenario {row.scenario} says {row.regression}, recomputed {status}")
+    recomputed = paired.model_copy(
+        update={
+            "regressed": statuses.count("regressed"),
+            "uncertain_regressions": statuses.count("uncertain"),
+            "n_scenarios": len(rows),
+        }
+    )
+    for name in ("regressed", "uncertain_regressions"):
+        if getattr(recomputed, name) != getattr(paired, name):
+            problems.append(
+                f"paired.{name} is {getattr(paired, name)}, recomputed {getattr(recomputed, name)}"
+            )
+    writes = receipt.unauthorized_writes
+    if writes < sum(r.candidate_unauthorized_writes for r in rows):
+        problems.append("unauthorized_writes is less than the scenario table's")
+    checks = _checks(
+        interval, recomputed, receipt.repeats, receipt.latency, writes, receipt.candidate, config
+    )
+    verdict = decide(checks, paired.sample_size)
+    for check, stored_check in zip(checks, receipt.checks, strict=False):
+        if (check.name, check.status) != (stored_check.name, stored_check.status):
+            problems.append(
+                f"check {stored_check.name} says {stored_check.status}, recomputed {check.status}"
+            )
+    if len(receipt.checks) != len(checks):
+        problems.append(f"the receipt lists {len(receipt.checks)} checks, the gate makes "
+                        f"{len(checks)}")  # fmt: skip
+    return verdict, problems

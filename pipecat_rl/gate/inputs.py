@@ -11,25 +11,41 @@ A scores file has one JSON object per run::
     {"scenario": "reschedule-01", "policy": "clinic-v3", "run": 0, "reward": 1.0,
      "v2v_ms": [812.0, 1034.5], "unauthorized_writes": 0}
 
-`run` pairs runs: candidate run r and incumbent run r of a scenario used the same seed. Optional
-keys: `seed`, `scenario_hash`, `stages_ms` (per-stage samples keyed `endpointing_ms`, `stt_ms`,
+`run` pairs runs: candidate run r and incumbent run r of a scenario used the same seed. `reward`
+is the run's authoritative score in [0, 1]; a line may instead (or also) carry `reward_parts`
+(`{"verifier": 0.0, "tool_credit": 0.5}`), and then the gate scores it from its parts exactly as
+it scores ledger sessions (`gate_score`): the shaped tool credit never counts. Optional keys:
+`seed`, `scenario_hash`, `stages_ms` (per-stage samples keyed `endpointing_ms`, `stt_ms`,
 `llm_ttft_ms`, `tts_ttfb_ms`) and `usage` (`prompt_tokens`, `completion_tokens`, `stt_seconds`,
 `tts_seconds`). Other keys are ignored; lines of other policies are skipped and counted.
+
+Every number is bounded: rewards and parts finite in [0, 1], latencies finite in
+[0, `MAX_LATENCY_MS`], counts non-negative; a violation names the file, the line and the field.
 """
 
 import hashlib
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate.cost import Usage
 from pipecat_rl.gate.latency import STAGES
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord
+from pipecat_rl.ledger.outcome import authoritative_part, authoritative_score, score_passed
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 """Failure labels that count as one unauthorised write each."""
@@ -38,22 +54,83 @@ UNAUTHORIZED_SCORE = "unauthorized_writes"
 """A session score that, when present, is the count of unauthorised writes."""
 
 
+MAX_LATENCY_MS = 600_000.0
+"""Ten minutes: a longer "latency" is a unit mistake (seconds vs microseconds), not a turn."""
+
+Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS)]
+
+
+def gate_score(parts: Mapping[str, float], judged: Mapping[str, float]) -> float | None:
+    """The score the gate pairs: the authoritative part, averaged with the named judged parts.
+
+    (authoritative + sum w_i * part_i) / (1 + sum w_i), in [0, 1]; None when the run has no
+    authoritative part (unverified). The shaped `tool_credit` is never part of it.
+
+    Raises:
+        ValueError: a part is missing, not finite, or outside [0, 1] (naming it).
+    """
+    score = authoritative_score(parts)
+    if score is None:
+        return None
+    total, weight = score, 1.0
+    for name, w in judged.items():
+        if name not in parts:
+            raise ValueError(f"reward part {name!r}, named by the gate config, is missing")
+        value = parts[name]
+        if not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= 1:
+            raise ValueError(f"reward part {name!r} is {value!r}; it must be a number in [0, 1]")
+        total += w * value
+        weight += w
+    return total / weight
+
+
 class RunResult(BaseModel):
-    """One run of one policy on one scenario: a scores-file line, or a ledger session."""
+    """One run of one policy on one scenario: a scores-file line, or a ledger session.
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    `reward` is the gate score (see `gate_score`); `passed` is the one definition of passing
+    (`ledger.outcome`) on the authoritative part; `reward_parts` keeps every part as stored.
+    """
 
-    scenario: str
-    policy: str
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    scenario: str = Field(min_length=1)
+    policy: str = Field(min_length=1)
     run: int = Field(ge=0)
-    reward: float
-    v2v_ms: tuple[float, ...] = ()
-    stages_ms: dict[str, tuple[float, ...]] = Field(default_factory=dict)
-    unauthorized_writes: int = Field(0, ge=0)
+    reward: float = Field(ge=0, le=1)
+    reward_parts: dict[str, float] = Field(default_factory=dict)
+    passed: bool
+    v2v_ms: tuple[Latency, ...] = ()
+    stages_ms: dict[str, tuple[Latency, ...]] = Field(default_factory=dict)
+    unauthorized_writes: int = Field(0, ge=0, le=1_000_000)
     usage: Usage | None = None
     seed: int | None = None
     scenario_hash: str | None = None
     session_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _score_from_parts(cls, data: Any, info: ValidationInfo) -> Any:
+        """A line with `reward_parts` is scored from them; one without, by its `reward`.
+
+        The validation context's `judged` (the config's `judged_metrics`) names extra parts.
+        """
+        if not isinstance(data, dict) or "passed" in data:
+            return data
+        parts = data.get("reward_parts")
+        if parts:
+            if not isinstance(parts, dict):
+                raise ValueError("reward_parts must be a mapping of part name: number")
+            if authoritative_part(parts) is None:
+                raise ValueError(
+                    "reward_parts has no authoritative part (verifier or judge:success); the "
+                    "gate never decides on tool_credit"
+                )
+            score = gate_score(parts, (info.context or {}).get("judged", {}))
+            return {**data, "reward": score, "passed": score_passed(authoritative_score(parts))}
+        reward = data.get("reward")
+        if isinstance(reward, int | float) and not isinstance(reward, bool):
+            return {**data, "passed": score_passed(float(reward))}
+        return data
 
     @field_validator("stages_ms")
     @classmethod
@@ -127,17 +204,21 @@ def hash_scenario_files(path: Path) -> dict[str, str]:
     }
 
 
-def load_scores(path: Path, candidate: str, incumbent: str) -> GateData:
+def load_scores(
+    path: Path, candidate: str, incumbent: str, *, judged: Mapping[str, float] | None = None
+) -> GateData:
     """Read a scores JSONL file; every bad line is reported with its number and field.
+
+    `judged` is the gate config's `judged_metrics`, for lines that carry `reward_parts`.
 
     Raises:
         GateError: the file is unreadable, a line is invalid or duplicated, or a policy is absent.
     """
     _distinct(candidate, incumbent)
     try:
-        text = path.read_text()
-    except OSError as e:
-        raise GateError(f"cannot read the scores file {path}: {e.strerror}; check the path.") from e
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GateError(f"cannot read the scores file {path}: {e}; check the path.") from e
     runs: list[RunResult] = []
     seen: dict[tuple[str, str, int], int] = {}
     others: dict[str, int] = {}
@@ -145,13 +226,11 @@ def load_scores(path: Path, candidate: str, incumbent: str) -> GateData:
         if not line.strip():
             continue
         try:
-            run = RunResult.model_validate(json.loads(line))
+            run = RunResult.model_validate(json.loads(line), context={"judged": judged or {}})
         except json.JSONDecodeError as e:
             raise GateError(f"{path}:{lineno}: not a JSON object ({e.msg}).") from e
         except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"]) or "line"
-            raise GateError(f"{path}:{lineno}: {field}: {err['msg']}.") from e
+            raise GateError(f"{path}:{lineno}: {_field_error(e)}.") from e
         if run.policy not in (candidate, incumbent):
             others[run.policy] = others.get(run.policy, 0) + 1
             continue
@@ -182,6 +261,14 @@ def load_scores(path: Path, candidate: str, incumbent: str) -> GateData:
     )
 
 
+def _field_error(e: ValidationError) -> str:
+    """`field: reason` of a run's first validation error."""
+    err = e.errors()[0]
+    fallback = "reward_parts" if err["type"] == "value_error" else "line"
+    field = ".".join(str(p) for p in err["loc"]) or fallback
+    return f"{field}: {err['msg']}"
+
+
 def load_ledger_runs(
     ledger: Ledger,
     candidate: str,
@@ -189,12 +276,13 @@ def load_ledger_runs(
     *,
     heldout_set: str | None = None,
     source: Literal["gate", "simulate"] | None = None,
+    judged: Mapping[str, float] | None = None,
 ) -> GateData:
     """Held-out sessions of the two (already resolved) policies, as runs.
 
     When a policy ran a (scenario, repeat) more than once, the newest session counts and the
-    older ones are noted. Sessions without a reward, scenario or repeat index cannot be paired
-    and are skipped with a note.
+    older ones are noted. Sessions without an authoritative reward part (unverified), scenario
+    or repeat index cannot be paired and are skipped with a note; so are harness errors.
 
     Raises:
         GateError: several held-out sets are present and none was chosen, or a policy has none.
@@ -216,7 +304,13 @@ def load_ledger_runs(
     chosen: dict[tuple[str, str | None, str, int], SessionRecord] = {}
     unusable = superseded = 0
     for s in sessions:  # newest first
-        if s.reward is None or s.scenario_id is None or s.repeat is None or s.policy is None:
+        if (
+            authoritative_part(s.reward_parts) is None
+            or s.outcome == "error"
+            or s.scenario_id is None
+            or s.repeat is None
+            or s.policy is None
+        ):
             unusable += 1
             continue
         key = (s.scenario_id, s.scenario_hash, s.policy, s.repeat)
@@ -225,11 +319,14 @@ def load_ledger_runs(
         else:
             chosen[key] = s
     latencies = ledger.latencies_for([s.id for s in chosen.values()])
-    runs = [_session_run(ledger, s, latencies[s.id]) for s in chosen.values()]
+    runs = [_session_run(ledger, s, latencies[s.id], judged or {}) for s in chosen.values()]
     _require_both(runs, candidate, incumbent, f"the held-out sessions of {ledger.path}")
     notes = []
     if unusable:
-        notes.append(f"skipped {unusable} session(s) without a reward, scenario or repeat index")
+        notes.append(
+            f"skipped {unusable} session(s) that were unverified, harness errors, or without a "
+            "scenario or repeat index"
+        )
     if superseded:
         notes.append(f"ignored {superseded} older session(s) of a (scenario, repeat) run again")
     return GateData(
@@ -246,14 +343,20 @@ def load_ledger_runs(
     )
 
 
-def _session_run(ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord]) -> RunResult:
-    """One held-out session (with reward, scenario, policy and repeat) as a run."""
+def _session_run(
+    ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord], judged: Mapping[str, float]
+) -> RunResult:
+    """One held-out session (with reward parts, scenario, policy and repeat) as a run.
+
+    Raises:
+        GateError: a stored number is out of bounds (naming the ledger, session and field).
+    """
     scores = {score.name: score.value for score in ledger.scores(s.id)}
     writes = scores.get(UNAUTHORIZED_SCORE)
     if writes is None:
         writes = sum(1 for label in s.failure_labels if label in UNAUTHORIZED_LABELS)
     turns = ledger.turns(s.id)
-    usage = Usage(
+    usage = dict(
         prompt_tokens=sum(t.usage.get("prompt_tokens", 0) for t in turns),
         completion_tokens=sum(t.usage.get("completion_tokens", 0) for t in turns),
         stt_seconds=(s.ended_at - s.started_at) if s.ended_at is not None else 0.0,
@@ -263,11 +366,11 @@ def _session_run(ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord]) ->
             if lat.bot_started_at is not None and lat.bot_stopped_at is not None
         ),
     )
-    return RunResult(
+    fields = dict(
         scenario=s.scenario_id,
         policy=s.policy,
         run=s.repeat,
-        reward=s.reward,
+        reward_parts=s.reward_parts,
         v2v_ms=tuple(lat.v2v_ms for lat in lats if lat.v2v_ms is not None),
         stages_ms={
             stage: tuple(v for lat in lats if (v := getattr(lat, stage)) is not None)
@@ -279,3 +382,10 @@ def _session_run(ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord]) ->
         scenario_hash=s.scenario_hash,
         session_id=s.id,
     )
+    try:
+        return RunResult.model_validate(fields, context={"judged": judged})
+    except ValidationError as e:
+        raise GateError(
+            f"{ledger.path}: session {s.id}: {_field_error(e)}; exclude the session "
+            "(`pipecat-rl ledger`) or fix what wrote it."
+        ) from e

@@ -1,5 +1,16 @@
 """Promotion and rollback: load the adapter into the running server, then move the live pointer.
 
+A receipt is never trusted as written. Before anything moves, `verify_receipt` refuses, saying
+which rule failed:
+
+1. `not_recorded`: the sha256 of receipt.json's bytes is not one the gate recorded in this
+   ledger (the file was edited, or was gated into another ledger);
+2. `verdict`: the recorded verdict (or candidate / incumbent) is not what the file says, or the
+   verdict is not PROMOTE;
+3. `same_policy`: the candidate is the incumbent;
+4. `statistics`: recomputing the receipt's interval, regressions and checks from its own
+   per-scenario table (`evaluate.recheck`) does not give PROMOTE, or disagrees with what it says.
+
 Order matters: the adapter is loaded before the pointer moves, so a call that starts right after
 the move never names an adapter the server does not have. Nothing is unloaded: calls in progress
 keep the adapter they started with (see `LiveAdapterSelector`).
@@ -11,8 +22,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from pipecat_rl.errors import GateError
+from pipecat_rl.gate.evaluate import recheck
 from pipecat_rl.gate.lineage import LIVE
-from pipecat_rl.gate.receipt import load_receipt
+from pipecat_rl.gate.receipt import GateReceipt, load_receipt, receipt_sha256
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LivePointer, NotInLedgerError
 from pipecat_rl.serving import VLLMAdmin
 
@@ -58,20 +70,68 @@ def _moved(pointer: LivePointer, server: ServerAction) -> LiveMove:
     )
 
 
-def promote(receipt_path: Path, ledger: Ledger, admin: VLLMAdmin | None = None) -> LiveMove:
-    """Promote a receipt's candidate: refuse unless it says PROMOTE and still applies.
+def _refused(rule: str, message: str) -> GateError:
+    """A refusal that names its rule first, so a person or a script can tell which failed."""
+    return GateError(f"promotion refused ({rule}): {message}")
+
+
+def verify_receipt(receipt_path: Path, ledger: Ledger) -> GateReceipt:
+    """The receipt, if the gate recorded exactly these bytes and its own numbers say PROMOTE.
 
     Raises:
-        GateError: the verdict is not PROMOTE, the candidate or its weights are gone, or the live
-            adapter the candidate was gated against is no longer live.
-        ServingError: the server refused to load the adapter (the pointer did not move).
+        GateError: the file is missing or not a receipt, or it is refused: the message starts
+            `promotion refused (<rule>)` with the rule that failed (see the module docstring).
     """
     receipt = load_receipt(receipt_path)
-    if receipt.verdict != "PROMOTE":
-        raise GateError(
-            f"the receipt {receipt_path} says {receipt.verdict} ({receipt.reason}); only a "
-            "PROMOTE receipt can be promoted."
+    file = receipt_path / "receipt.json" if receipt_path.is_dir() else receipt_path
+    sha = receipt_sha256(file)
+    row = ledger.gate_receipt(sha)
+    if row is None:
+        raise _refused(
+            "not_recorded",
+            f"{file} (sha256 {sha[:16]}...) is not a receipt the gate recorded in {ledger.path}: "
+            "it was edited after the gate wrote it, or gated into another ledger. Run "
+            "`pipecat-rl gate` again with this --ledger.",
         )
+    recorded = (row["verdict"], row["candidate"], row["incumbent"])
+    stated = (receipt.verdict, receipt.candidate.name, receipt.incumbent.name)
+    if recorded != stated:
+        raise _refused(
+            "verdict",
+            f"the ledger recorded this receipt as {recorded[0]} for {recorded[1]!r} vs "
+            f"{recorded[2]!r}, but it says {stated[0]} for {stated[1]!r} vs {stated[2]!r}.",
+        )
+    if receipt.verdict != "PROMOTE":
+        raise _refused(
+            "verdict",
+            f"the receipt {receipt_path} says {receipt.verdict} ({receipt.reason}); only a "
+            "PROMOTE receipt can be promoted.",
+        )
+    if receipt.candidate.name == receipt.incumbent.name:
+        raise _refused(
+            "same_policy",
+            f"the candidate and the incumbent are both {receipt.candidate.name!r}; nothing "
+            "was compared.",
+        )
+    verdict, problems = recheck(receipt)
+    if verdict.decision != "PROMOTE" or problems:
+        said = "; ".join(problems) or f"recomputed: {verdict.decision} ({verdict.reason})"
+        raise _refused(
+            "statistics", f"the receipt's own statistics do not support PROMOTE: {said}."
+        )
+    return receipt
+
+
+def promote(receipt_path: Path, ledger: Ledger, admin: VLLMAdmin | None = None) -> LiveMove:
+    """Promote a receipt's candidate: refuse unless it verifies and still applies.
+
+    Raises:
+        GateError: the receipt fails `verify_receipt` (the message names the rule), the
+            candidate or its weights are gone, or the adapter it was gated against as live is no
+            longer live.
+        ServingError: the server refused to load the adapter (the pointer did not move).
+    """
+    receipt = verify_receipt(receipt_path, ledger)
     if receipt.incumbent.requested == LIVE and receipt.incumbent.name != LIVE:
         # The gate resolved `live` through the ledger: it must still be what serves.
         pointer = ledger.live()

@@ -1,13 +1,18 @@
 """The gate's receipt: a schema-versioned record of what was compared, how, and what was decided.
 
 `receipt.json` is the source of truth (`promote` reads it); `receipt.md` and `receipt.html` are
-renderings of it for people. A receipt holds the candidate's and incumbent's lineage, the
-held-out set and file hashes, seeds, repeats, thresholds, every statistic, the per-scenario table,
-and the verdict with its reason.
+renderings of it for people. At gate time the sha256 of `receipt.json`'s bytes and its verdict go
+into the ledger (`gate_receipts`), so a receipt edited afterwards no longer matches and cannot be
+promoted (see `promote`). No number the gate computed is ever written as `null`: a non-finite
+statistic is refused before the receipt is written. A receipt holds the candidate's and
+incumbent's lineage, the held-out set and file hashes, seeds, repeats, thresholds, every
+statistic, the per-scenario table, and the verdict with its reason.
 """
 
+import hashlib
+import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -17,11 +22,13 @@ from pipecat_rl.gate.cost import CostSummary
 from pipecat_rl.gate.inputs import InputSource
 from pipecat_rl.gate.latency import QuantileComparison, StageQuantiles
 from pipecat_rl.gate.lineage import Lineage
-from pipecat_rl.gate.stats import Outcome, SampleSize
+from pipecat_rl.gate.stats import IntervalMethod, Outcome, RegressionStatus, SampleSize
 from pipecat_rl.gate.verdict import Check, Decision
+from pipecat_rl.ledger import Ledger
 
-SCHEMA_VERSION = 1
-"""Bumped on any change a reader of an older receipt would misread."""
+SCHEMA_VERSION = 2
+"""Bumped on any change a reader of an older receipt would misread (2: t interval, evidence-based
+regressions, authoritative score, receipt id)."""
 
 Role = Literal["candidate", "incumbent"]
 
@@ -31,20 +38,31 @@ class _Part(BaseModel):
 
 
 class PairedStats(_Part):
-    """The paired reward comparison over scenarios."""
+    """The paired score comparison over scenarios."""
 
+    score: str
+    """What was paired: the authoritative part, and any judged parts with their weights."""
     n_scenarios: int
     n_pairs: int
     mean_delta: float
-    ci95: tuple[float, float]
-    resamples: int
-    seed: int
+    ci95: tuple[float, float] | None
+    """None only with fewer than two paired scenarios (no interval can be computed)."""
+    method: IntervalMethod
+    level: float
+    se: float | None
+    df: int | None
     wins: int
     losses: int
+    """Scenarios whose mean delta is below -tie_band (point estimates; see `regressed`)."""
     ties: int
     tie_band: float
+    regressed: int
+    """Scenarios whose own paired runs confirm a regression (sign test, Holm-adjusted)."""
+    uncertain_regressions: int
+    """Scenarios below -tie_band whose runs do not confirm it: they might have regressed."""
+    regression_alpha: float
     pass_k: dict[Role, dict[int, float]]
-    """pass^k for k = 1..min repeats, per policy."""
+    """pass^k for k = 1..min repeats, per policy, by the authoritative part."""
     sample_size: SampleSize
 
 
@@ -77,6 +95,12 @@ class ScenarioRow(_Part):
     incumbent_mean: float
     delta: float
     outcome: Outcome
+    worse_runs: int
+    """Paired runs in which the candidate scored below incumbent - tie_band."""
+    not_worse_runs: int
+    sign_p: float
+    """One-sided sign-test p-value of "worse beyond the band" over this scenario's runs."""
+    regression: RegressionStatus
     candidate_passed: int
     incumbent_passed: int
     candidate_unauthorized_writes: int
@@ -85,7 +109,9 @@ class ScenarioRow(_Part):
 class GateReceipt(_Part):
     """Everything about one gate decision."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
+    receipt_id: str
+    """Unique per gate run, so two runs of the same data are two receipts."""
     created_at: str
     pipecat_rl_version: str
     verdict: Decision
@@ -101,6 +127,8 @@ class GateReceipt(_Part):
     latency: LatencyStats
     cost: CostStats
     scenarios: list[ScenarioRow]
+    unauthorized_writes: int
+    """By the candidate, over all its runs (paired or not)."""
     checks: list[Check]
     notes: list[str] = Field(default_factory=list)
 
@@ -113,7 +141,7 @@ def load_receipt(path: Path) -> GateReceipt:
     """
     file = path / "receipt.json" if path.is_dir() else path
     try:
-        return GateReceipt.model_validate_json(file.read_text())
+        return GateReceipt.model_validate_json(file.read_bytes())
     except OSError as e:
         raise GateError(f"cannot read the receipt {file}: {e.strerror}; check the path.") from e
     except ValidationError as e:
@@ -121,6 +149,14 @@ def load_receipt(path: Path) -> GateReceipt:
             f"{file} is not a gate receipt of schema version {SCHEMA_VERSION} ({e.error_count()} "
             "problem(s)); re-run `pipecat-rl gate` to produce one."
         ) from e
+
+
+def ci_text(p: PairedStats) -> str:
+    """The interval as people read it, with its method."""
+    if p.ci95 is None:
+        return f"no interval ({p.n_scenarios} scenario: an interval needs two)"
+    low, high = p.ci95
+    return f"{p.level:.0%} CI [{low:.4g}, {high:.4g}] (Student t, {p.df} df, se {p.se:.3g})"
 
 
 def _fmt(value: float | None, digits: str = ".3g") -> str:
@@ -145,11 +181,13 @@ def render_markdown(r: GateReceipt) -> str:
         "|---|---|---|",
         *(f"| {c.name} | {c.status} | {c.detail} |" for c in r.checks),
         "",
-        "## Paired reward",
+        "## Paired score",
         "",
-        f"- mean delta {p.mean_delta:.4g}, 95% CI [{p.ci95[0]:.4g}, {p.ci95[1]:.4g}] "
-        f"({p.resamples} scenario resamples, seed {p.seed})",
+        f"- score: {p.score}",
+        f"- mean delta {p.mean_delta:.4g}, {ci_text(p)}",
         f"- wins / losses / ties: {p.wins} / {p.losses} / {p.ties} (tie band {p.tie_band:g})",
+        f"- regressed on their own runs: {p.regressed}; might have regressed: "
+        f"{p.uncertain_regressions} (sign test per scenario, Holm at {p.regression_alpha:g})",
         f"- MDE {_fmt(p.sample_size.mde)}; scenarios to decide "
         f"{_fmt(p.sample_size.required_scenarios, 'd')}; repeats to decide "
         f"{_fmt(p.sample_size.required_repeats, 'd')}",
@@ -202,11 +240,13 @@ def render_markdown(r: GateReceipt) -> str:
         "",
         "## Scenarios",
         "",
-        "| scenario | pairs | candidate | incumbent | delta | outcome |",
-        "|---|---|---|---|---|---|",
+        "| scenario | pairs | candidate | incumbent | delta | outcome | worse runs | sign p | "
+        "regression |",
+        "|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.scenario} | {s.pairs} | {s.candidate_mean:.3f} | {s.incumbent_mean:.3f} | "
-            f"{s.delta:+.3f} | {s.outcome} |"
+            f"{s.delta:+.3f} | {s.outcome} | {s.worse_runs}/{s.worse_runs + s.not_worse_runs} | "
+            f"{s.sign_p:.3g} | {s.regression} |"
             for s in r.scenarios
         ),
         "",
@@ -224,17 +264,70 @@ def render_markdown(r: GateReceipt) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_receipt(receipt: GateReceipt, out_dir: Path) -> dict[str, Path]:
-    """Write receipt.json, receipt.md and receipt.html into `out_dir`; returns their paths."""
+def non_finite_fields(receipt: GateReceipt) -> list[str]:
+    """Dotted paths of every NaN or infinite number in the receipt (JSON would write `null`)."""
+    found: list[str] = []
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(where)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(value, list | tuple):
+            for i, v in enumerate(value):
+                walk(v, f"{where}.{i}")
+
+    walk(receipt.model_dump(), "")
+    return found
+
+
+def receipt_sha256(path: Path) -> str:
+    """sha256 of a receipt.json's bytes (the identity the ledger records at gate time)."""
+    file = path / "receipt.json" if path.is_dir() else path
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+def write_receipt(
+    receipt: GateReceipt, out_dir: Path, ledger: Ledger | None = None
+) -> dict[str, Path]:
+    """Write receipt.json, receipt.md and receipt.html into `out_dir`; returns their paths.
+
+    With a ledger, the sha256 of receipt.json and its verdict are recorded there: `promote`
+    accepts only a receipt whose bytes the gate recorded.
+
+    Raises:
+        GateError: a statistic is not finite (it would be written as `null`), or `out_dir` is
+            not a writable folder.
+    """
     from pipecat_rl.gate.report_html import render_html  # matplotlib only when a page is written
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    bad = non_finite_fields(receipt)
+    if bad:
+        raise GateError(
+            f"the gate computed non-finite values for {', '.join(bad[:5])}; no receipt was "
+            "written. This is a bug: report it with the input file."
+        )
     paths = {
         "json": out_dir / "receipt.json",
         "md": out_dir / "receipt.md",
         "html": out_dir / "receipt.html",
     }
-    paths["json"].write_text(receipt.model_dump_json(indent=2) + "\n")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths["json"].write_text(receipt.model_dump_json(indent=2) + "\n")
+    except OSError as e:
+        raise GateError(f"cannot write the receipt into {out_dir}: {e}; pass --out FOLDER.") from e
+    if ledger is not None:
+        ledger.record_gate_receipt(
+            receipt_sha256=receipt_sha256(paths["json"]),
+            receipt_id=receipt.receipt_id,
+            verdict=receipt.verdict,
+            candidate=receipt.candidate.name,
+            incumbent=receipt.incumbent.name,
+            heldout_set_id=receipt.input.heldout_set_id,
+            path=str(paths["json"].resolve()),
+        )
     paths["md"].write_text(render_markdown(receipt))
     paths["html"].write_text(render_html(receipt))
     return paths

@@ -13,7 +13,7 @@ import io
 from matplotlib.figure import Figure
 
 from pipecat_rl.gate.latency import STAGES
-from pipecat_rl.gate.receipt import GateReceipt
+from pipecat_rl.gate.receipt import GateReceipt, ci_text
 
 _COLORS = {"candidate": "#1f6feb", "incumbent": "#8b949e"}
 _OUTCOME_COLORS = {"win": "#2da44e", "loss": "#cf222e", "tie": "#8b949e"}
@@ -33,9 +33,11 @@ def deltas_figure(r: GateReceipt) -> Figure:
     fig = Figure(figsize=(7.5, 0.3 * len(rows) + 1.6))
     ax = fig.add_subplot()
     y = list(range(len(rows)))
-    band, low, high = r.paired.tie_band, *r.paired.ci95
+    band = r.paired.tie_band
     ax.axvspan(-band, band, color="#eaeef2", label=f"tie band ±{band:g}")
-    ax.axvspan(low, high, color=_COLORS["candidate"], alpha=0.18, label="95% CI of mean delta")
+    if r.paired.ci95 is not None:
+        low, high = r.paired.ci95
+        ax.axvspan(low, high, color=_COLORS["candidate"], alpha=0.18, label="95% CI of mean delta")
     ax.axvline(r.paired.mean_delta, color=_COLORS["candidate"], lw=1.5, label="mean delta")
     ax.axvline(r.thresholds.min_delta, color="black", ls="--", lw=1, label="min_delta")
     ax.axvline(0, color="#57606a", lw=0.8)
@@ -43,7 +45,7 @@ def deltas_figure(r: GateReceipt) -> Figure:
         [s.delta for s in rows], y, c=[_OUTCOME_COLORS[s.outcome] for s in rows], zorder=3, s=28
     )
     ax.set_yticks(y, [s.scenario for s in rows], fontsize=8)
-    ax.set_xlabel("candidate − incumbent mean reward per scenario")
+    ax.set_xlabel("candidate − incumbent mean score per scenario")
     ax.set_title("Paired per-scenario deltas")
     ax.legend(loc="lower right", fontsize=7)
     return fig
@@ -139,7 +141,7 @@ def render_html(r: GateReceipt) -> str:
         ],
     )
     scenarios = _table(
-        ["scenario", "pairs", "candidate", "incumbent", "delta", "outcome"],
+        ["scenario", "pairs", "candidate", "incumbent", "delta", "outcome", "sign p", "regression"],
         [
             [
                 esc(s.scenario),
@@ -148,6 +150,8 @@ def render_html(r: GateReceipt) -> str:
                 f"{s.incumbent_mean:.3f}",
                 f"{s.delta:+.3f}",
                 s.outcome,
+                f"{s.sign_p:.3g}",
+                s.regression,
             ]
             for s in r.scenarios
         ],
@@ -177,7 +181,7 @@ def render_html(r: GateReceipt) -> str:
 </h1>
 <p><b>{esc(r.candidate.name)}</b> (candidate) vs <b>{esc(r.incumbent.name)}</b> (incumbent),
 {p.n_scenarios} held-out scenarios, up to {r.repeats} paired runs each;
-mean delta {p.mean_delta:.4g}, 95% CI [{p.ci95[0]:.4g}, {p.ci95[1]:.4g}];
+mean delta {p.mean_delta:.4g}, {esc(ci_text(p))};
 wins / losses / ties {p.wins} / {p.losses} / {p.ties}.</p>
 <p>{esc(r.reason)}</p>
 <h2>Checks</h2>{checks}

@@ -7,6 +7,7 @@ and a latency difference is the policies' and not the time of day. Sessions are 
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -40,8 +41,12 @@ def run_paired_simulations(
     repeats: int,
     mode: Literal["text", "audio"],
     run: PairedRun,
+    judged: Mapping[str, float] | None = None,
 ) -> GateData:
-    """Simulate both (resolved) policies on the held-out `scenarios` and return their runs."""
+    """Simulate both (resolved) policies on the held-out `scenarios` and return their runs.
+
+    `judged` is the gate config's `judged_metrics` (see `inputs.gate_score`).
+    """
     if mode != "text":
         raise ConfigError("--mode audio is not available yet; gate with --mode text")
     loaded = load_scenarios([scenarios])
@@ -53,8 +58,9 @@ def run_paired_simulations(
         )
     asyncio.run(_simulate_both(ledger, loaded, candidate, incumbent, repeats, run))
     return load_ledger_runs(
-        ledger, candidate, incumbent, heldout_set=loaded.heldout_set_id, source="gate"
-    )
+        ledger, candidate, incumbent, heldout_set=loaded.heldout_set_id, source="gate",
+        judged=judged,
+    )  # fmt: skip
 
 
 async def _simulate_both(

@@ -4,11 +4,14 @@ Each check is `pass`, `fail`, `uncertain` (the data cannot tell yet) or `unavail
 check, and the configuration does not require it). The decision:
 
 - REJECT if any check fails: the paired interval lies wholly below `min_delta`, more scenarios
-  regressed than allowed, the candidate's P95 is surely over the budget or surely slower than the
+  regressed *on their own evidence* than allowed (a sign test over each scenario's paired runs,
+  Holm-adjusted), the candidate's P95 is surely over the budget or surely slower than the
   incumbent's beyond the margin, any unauthorised write, or a failed or missing training guard.
 - PROMOTE if every check passes or is unavailable: in particular the paired interval's lower
   bound exceeds `min_delta` and both P95 intervals sit inside their limits.
-- INCONCLUSIVE otherwise, with the sample size that would decide.
+- INCONCLUSIVE otherwise, with the sample size that would decide. A scenario that merely might
+  have regressed (its mean delta is below -tie_band, its runs do not show it) is uncertain: it can
+  make the verdict INCONCLUSIVE, never REJECT.
 
 Latency checks use their intervals the same way as the reward check: pass when the whole interval
 is inside the limit, fail when the whole interval is outside it, uncertain in between.
@@ -17,13 +20,14 @@ is inside the limit, fail when the whole interval is outside it, uncertain in be
 from typing import Literal
 
 from pipecat_rl.gate.lineage import Lineage
-from pipecat_rl.gate.stats import Interval, Result, SampleSize
+from pipecat_rl.gate.stats import Interval, MeanInterval, Result, SampleSize
 
 Decision = Literal["PROMOTE", "REJECT", "INCONCLUSIVE"]
 CheckStatus = Literal["pass", "fail", "uncertain", "unavailable"]
 
 EXIT_CODES: dict[str, int] = {"PROMOTE": 0, "REJECT": 1, "INCONCLUSIVE": 2}
-"""The process exit code of each decision."""
+"""The process exit code of each decision: `cli.common`'s EXIT_OK, EXIT_NO and EXIT_INCONCLUSIVE
+(the gate cannot import the CLI, which imports it; a test pins that they agree)."""
 
 
 class Check(Result):
@@ -47,20 +51,21 @@ class Verdict(Result):
         return EXIT_CODES[self.decision]
 
 
-def _ci(i: Interval, unit: str = "") -> str:
+def _ci(i: Interval | MeanInterval, unit: str = "") -> str:
     return f"{i.estimate:.4g}{unit} (95% CI [{i.low:.4g}, {i.high:.4g}]{unit})"
 
 
-def paired_check(interval: Interval, n_scenarios: int, min_delta: float) -> Check:
-    """The mean paired reward delta's interval against `min_delta`."""
+def paired_check(interval: MeanInterval | None, n_scenarios: int, min_delta: float) -> Check:
+    """The mean paired score delta's t interval against `min_delta` (None: fewer than 2)."""
     name = "paired_reward"
-    text = f"mean delta {_ci(interval)} vs min_delta {min_delta:g}"
-    if n_scenarios < 2:
+    if interval is None:
         return Check(
             name=name,
             status="uncertain",
-            detail=f"{text}; {n_scenarios} paired scenario(s): a scenario bootstrap needs >= 2",
+            detail=f"{n_scenarios} paired scenario(s): an interval over scenarios needs >= 2",
         )
+    text = f"mean delta {_ci(interval)}, Student t over {interval.n} scenarios, vs min_delta "
+    text += f"{min_delta:g}"
     if interval.low > min_delta:
         return Check(name=name, status="pass", detail=f"{text}: lower bound clears it")
     if interval.high < min_delta:
@@ -68,13 +73,28 @@ def paired_check(interval: Interval, n_scenarios: int, min_delta: float) -> Chec
     return Check(name=name, status="uncertain", detail=f"{text}: the interval contains it")
 
 
-def regressions_check(losses: int, max_regressions: int, tie_band: float) -> Check:
-    """Scenarios lost (delta < -tie_band) against the regression cap."""
-    detail = f"{losses} scenario(s) lost by more than the tie band {tie_band:g}"
-    detail += f" (cap {max_regressions})"
-    return Check(
-        name="regressions", status="pass" if losses <= max_regressions else "fail", detail=detail
+def regressions_check(
+    regressed: int, uncertain: int, max_regressions: int, tie_band: float, confirm_repeats: int
+) -> Check:
+    """Scenarios regressed on their own runs' evidence (and those that might have) vs the cap.
+
+    Args:
+        regressed: scenarios whose sign test confirms them worse beyond the band (Holm).
+        uncertain: scenarios whose mean delta is below -band without that evidence.
+        max_regressions: the cap.
+        tie_band: the band.
+        confirm_repeats: paired runs a scenario needs before its sign test can confirm anything.
+    """
+    detail = (
+        f"{regressed} scenario(s) regressed beyond the tie band {tie_band:g} on their own paired "
+        f"runs, {uncertain} more might have (cap {max_regressions})"
     )
+    if regressed > max_regressions:
+        return Check(name="regressions", status="fail", detail=detail)
+    if regressed + uncertain > max_regressions:
+        detail += f"; at least {confirm_repeats} paired runs per scenario can confirm or clear them"
+        return Check(name="regressions", status="uncertain", detail=detail)
+    return Check(name="regressions", status="pass", detail=detail)
 
 
 def _limit_check(

@@ -31,7 +31,10 @@ from pipecat_rl.ledger.records import (
 from pipecat_rl.ledger.tables import (
     ADAPTERS,
     ELIGIBLE_SESSION,
+    GATE_RECEIPT_COLUMNS,
     INSERT_ADAPTER,
+    INSERT_GATE_RECEIPT,
+    INSERT_HELDOUT_HASH,
     INSERT_LIVE,
     INSERT_SESSION,
     INSERT_TOOL_CALL,
@@ -42,6 +45,8 @@ from pipecat_rl.ledger.tables import (
     SCORES,
     SELECT_ADAPTER,
     SELECT_ADAPTERS,
+    SELECT_GATE_RECEIPT,
+    SELECT_HELDOUT_HASHES,
     SELECT_LATENCIES,
     SELECT_LATENCIES_FOR,
     SELECT_LIVE,
@@ -541,7 +546,8 @@ class Ledger:
         """Turns that may become training rows, oldest session first.
 
         Enforced in the query itself: never a held-out session (split 'heldout', any split other
-        than 'pool' or none, or any heldout_set_id), never a gate session, never a session excluded
+        than 'pool' or none, any heldout_set_id, or a scenario hash in `heldout_hashes`), never a
+        gate session, never a session excluded
         from training or without consent; and with `require_token_exact`,
         only turns whose token ids and logprobs came from the server.
         """
@@ -748,3 +754,57 @@ class Ledger:
         for sid in ids:
             out.write(dumps(self.session_bundle(sid)) + "\n")
         return len(ids)
+
+    # -- the gate: held-out hashes and gate receipts (issue 8) ---------------------------------
+
+    def record_heldout_hashes(self, entries: Iterable[tuple[str, str, str | None]]) -> int:
+        """Remember held-out scenario hashes: (scenario_hash, scenario_id, heldout_set_id).
+
+        A hash once seen held out stays held out (the first sighting is kept), so a session of
+        that content never trains wherever its file later sits. Returns how many were new.
+        """
+        now = time.time()
+        with self._write() as conn:
+            before = conn.total_changes
+            for scenario_hash, scenario_id, set_id in entries:
+                conn.execute(INSERT_HELDOUT_HASH, (scenario_hash, scenario_id, set_id, now))
+            return conn.total_changes - before
+
+    def heldout_hashes(self) -> dict[str, dict[str, Any]]:
+        """Every held-out hash seen: hash -> {scenario_id, heldout_set_id, first_seen_at}."""
+        with self._read() as conn:
+            rows = conn.execute(SELECT_HELDOUT_HASHES).fetchall()
+        return {
+            h: {"scenario_id": sid, "heldout_set_id": set_id, "first_seen_at": seen}
+            for h, sid, set_id, seen in rows
+        }
+
+    def record_gate_receipt(
+        self,
+        *,
+        receipt_sha256: str,
+        receipt_id: str,
+        verdict: str,
+        candidate: str,
+        incumbent: str,
+        heldout_set_id: str | None,
+        path: str | None,
+    ) -> None:
+        """Record a receipt the gate wrote: the sha256 of its bytes and what it decided."""
+        values = (
+            receipt_sha256, receipt_id, verdict, candidate, incumbent, heldout_set_id, path,
+            time.time(),
+        )  # fmt: skip
+        with self._write() as conn:
+            try:
+                conn.execute(INSERT_GATE_RECEIPT, values)
+            except sqlite3.IntegrityError as e:
+                raise LedgerError(
+                    f"a receipt with sha256 {receipt_sha256} is already recorded in {self.path}"
+                ) from e
+
+    def gate_receipt(self, receipt_sha256: str) -> dict[str, Any] | None:
+        """The gate's record of a receipt by the sha256 of its bytes, or None if it has none."""
+        with self._read() as conn:
+            row = conn.execute(SELECT_GATE_RECEIPT, (receipt_sha256,)).fetchone()
+        return None if row is None else dict(zip(GATE_RECEIPT_COLUMNS, row, strict=True))

@@ -186,10 +186,33 @@ SELECT_LIVE_HISTORY = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id"
 ELIGIBLE_SESSION = (
     "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
     " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
+    # held out by content: a scenario hash ever seen held out never trains, wherever it ran
+    " AND NOT EXISTS (SELECT 1 FROM heldout_hashes h WHERE h.scenario_hash = s.scenario_hash)"
 )
 TOKEN_EXACT_TURN = (
     "t.token_exact = 1 AND t.prompt_token_ids IS NOT NULL AND t.completion_token_ids IS NOT NULL"
     " AND t.logprobs IS NOT NULL AND json_array_length(t.prompt_token_ids) > 0"
     " AND json_array_length(t.completion_token_ids) > 0"
     " AND json_array_length(t.logprobs) = json_array_length(t.completion_token_ids)"
+)
+
+# The gate (issue 8): every held-out scenario hash ever seen, and the receipts the gate wrote.
+INSERT_HELDOUT_HASH = (
+    "INSERT INTO heldout_hashes (scenario_hash, scenario_id, heldout_set_id, first_seen_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (scenario_hash) DO NOTHING"
+)
+SELECT_HELDOUT_HASHES = (
+    "SELECT scenario_hash, scenario_id, heldout_set_id, first_seen_at FROM heldout_hashes "
+    "ORDER BY first_seen_at, scenario_hash"
+)
+GATE_RECEIPT_COLUMNS = (
+    "receipt_sha256", "receipt_id", "verdict", "candidate", "incumbent", "heldout_set_id", "path",
+    "created_at",
+)  # fmt: skip
+INSERT_GATE_RECEIPT = (
+    f"INSERT INTO gate_receipts ({', '.join(GATE_RECEIPT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in GATE_RECEIPT_COLUMNS)})"
+)
+SELECT_GATE_RECEIPT = (
+    f"SELECT {', '.join(GATE_RECEIPT_COLUMNS)} FROM gate_receipts WHERE receipt_sha256 = ?"
 )

@@ -24,9 +24,10 @@ from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
+from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
-from pipecat_rl.simulator import setup_file
+from pipecat_rl.simulator import heldout, setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.botloader import (
     BotEntry,
@@ -44,7 +45,7 @@ from pipecat_rl.simulator.rewards import (
     pass_hat_k,
     reward_parts,
 )
-from pipecat_rl.simulator.scenario import HELDOUT, Scenario, ScenarioSet
+from pipecat_rl.simulator.scenario import Scenario, ScenarioSet
 from pipecat_rl.simulator.transport import EndReason, Line, LocalTransportPair
 from pipecat_rl.simulator.world import CheckResult, ToolExecution, World
 
@@ -104,7 +105,7 @@ class EpisodeResult:
 
     @property
     def passed(self) -> bool | None:
-        """Whether the verifier passed (None when the scenario verifies nothing)."""
+        """Whether the authoritative part passed (`ledger.outcome`); None when unverified."""
         return None if self.outcome in ("unverified", "error") else self.outcome == "pass"
 
     @property
@@ -162,12 +163,6 @@ async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
 
 
-def _outcome(parts: dict[str, float]) -> Outcome:
-    if "verifier" not in parts:
-        return "unverified"
-    return "pass" if parts["verifier"] == 1.0 else "fail"
-
-
 async def run_episode(
     scenario: Scenario,
     bot: BotEntry,
@@ -181,13 +176,14 @@ async def run_episode(
     seed = episode_seed(config.seed, scenario.id, repeat)
     started = time.monotonic()
     model = config.adapter or "base"
+    split, set_id = heldout.session_split(ledger, scenario, heldout_set_id)  # by content
     info = SessionInfo(
         call_id=new_call_id(),
         source=config.source,
         scenario_id=scenario.id,
         scenario_hash=scenario.content_hash(),
-        split=scenario.split,  # type: ignore[arg-type]
-        heldout_set_id=heldout_set_id if scenario.split == HELDOUT else None,
+        split=split,  # type: ignore[arg-type]
+        heldout_set_id=set_id,
         policy=model,
         seed=seed,
         repeat=repeat,
@@ -195,7 +191,7 @@ async def run_episode(
     )
     result = EpisodeResult(
         scenario_id=scenario.id,
-        split=scenario.split,
+        split=split,
         repeat=repeat,
         seed=seed,
         session_id=str(info.call_id),
@@ -263,7 +259,7 @@ async def run_episode(
     result.reward_parts = reward_parts(evidence)
     result.reward = round(sum(result.reward_parts.values()), 6)
     result.labels = failure_labels(evidence)
-    result.outcome = "error" if result.error else _outcome(result.reward_parts)
+    result.outcome = "error" if result.error else passed_outcome(result.reward_parts)
     result.duration_s = time.monotonic() - started
     _write(ledger, info, result)
     return result
@@ -431,6 +427,7 @@ async def simulate(
     started = time.monotonic()
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
+    heldout.check_against_ledger(ledger, scenarios)  # one id, one content, before any episode
     gate = asyncio.Semaphore(max(1, config.concurrency))
     jobs = [
         (scenario, repeat)

@@ -20,7 +20,8 @@ faults:                       # injected into tool executions, seeded per episod
   - {tool: find_slots, kind: timeout, on_call: 1}
   - {tool: book, kind: error, probability: 0.3, message: "database busy"}
 channel: {mode: text, asr_noise: {digits: 0.1, letters: 0.1, drop_words: 0.05}}
-split: pool                   # or heldout; defaults to the folder's name (pool/ or heldout/)
+split: pool                   # or heldout; the nearest pool/ or heldout/ folder decides
+                              # (a split: that contradicts it is an error; see `heldout`)
 script:                       # optional scripted caller (deterministic tests)
   opening: null
   rules: [{when: "name", say: "Maria Lopez"}, {when: "booked", say: "Thanks!", end_call: true}]
@@ -29,8 +30,6 @@ script:                       # optional scripted caller (deterministic tests)
 Errors name the file, the line, the field and the reason (`ScenarioError`).
 """
 
-import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -40,12 +39,11 @@ from pipecat.utils.yaml import include_loader
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.simulator import heldout
+from pipecat_rl.simulator.heldout import HELDOUT, POOL
 
 SCENARIO_SCHEMA_VERSION = 1
 """Bumped when the meaning of a scenario field changes (part of every scenario's hash)."""
-
-HELDOUT = "heldout"
-POOL = "pool"
 
 
 class _Model(BaseModel):
@@ -232,13 +230,8 @@ class Scenario(_Model):
         return (base / self.world.pack).resolve()
 
     def content_hash(self) -> str:
-        """The scenario's identity: a hash of its content and of its world pack's code."""
-        digest = hashlib.sha256(str(SCENARIO_SCHEMA_VERSION).encode())
-        digest.update(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
-        pack = self.pack_path
-        if pack is not None and pack.is_file():
-            digest.update(pack.read_bytes())
-        return digest.hexdigest()[:16]
+        """The scenario's identity: its content (not `split` or `name`) and its pack's code."""
+        return heldout.scenario_hash(self, SCENARIO_SCHEMA_VERSION)
 
 
 class ScenarioSet(_Model):
@@ -327,10 +320,6 @@ def _explain(path: Path, node: yaml.Node | None, error: ValidationError, prefix:
     return "\n".join(problems)
 
 
-def _default_split(path: Path) -> str:
-    return HELDOUT if HELDOUT in {p.lower() for p in path.parent.parts[-2:]} else POOL
-
-
 def load_scenario_file(path: str | Path) -> list[Scenario]:
     """Read one scenario file (a single scenario, or Pipecat's `scenarios:` list).
 
@@ -359,7 +348,9 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
         entries.append((data, ()))
     scenarios = []
     for raw, prefix in entries:
-        raw = {"split": _default_split(path), **raw, "source_path": path}
+        line = _line(node, (*prefix, "split"))
+        raw = {**raw, "split": heldout.resolve_split(path, raw.get("split"), line)}
+        raw["source_path"] = path
         try:
             scenarios.append(Scenario.model_validate(raw))
         except ValidationError as e:
@@ -373,14 +364,6 @@ def _files(target: Path) -> list[Path]:
     if target.is_file():
         return [target]
     raise ScenarioError(f"{target}: no such scenario file or folder")
-
-
-def heldout_set_id(files: list[Path]) -> str:
-    """`heldout-<hash>` of the files' names and bytes: the frozen identity of a held-out set."""
-    digest = hashlib.sha256()
-    for f in sorted(files, key=lambda p: p.name):
-        digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return f"heldout-{digest.hexdigest()[:16]}"
 
 
 def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
@@ -404,7 +387,9 @@ def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ScenarioError(f"duplicate scenario names: {', '.join(duplicates)}; rename one")
-    set_id = heldout_set_id(sorted(set(heldout_files))) if heldout_files else None
+    heldout.check_copies(scenarios)
+    held = [s for s in scenarios if s.split == HELDOUT]
+    set_id = heldout.heldout_set_id(held, heldout_files) if heldout_files else None
     return ScenarioSet(scenarios=scenarios, heldout_set_id=set_id)
 
 

@@ -1,0 +1,71 @@
+"""The one definition of a session's authoritative score and of "passed".
+
+Every part of a reward is stored (see `simulator.rewards`), but only one decides whether a call
+succeeded, and `simulate`, the gate and training all read it from here:
+
+1. `verifier`: the terminal checks on the world's final state, where the scenario has any;
+2. else `judge:success`: the scenario's `success` criterion as the judge decided it (Pipecat's
+   own eval outcome, for scenarios with no world to verify);
+3. else nothing: the session is unverified and has no authoritative score.
+
+`tool_credit` (+0.1 per successful tool execution, -0.1 per failed one) is shaping for training
+only: a call that fails its verifier with five successful lookups has not passed, and the gate
+never pairs a sum that tool credit can inflate.
+"""
+
+import math
+from collections.abc import Mapping
+from typing import Literal
+
+VERIFIER = "verifier"
+"""The reward part written by the world's verifier (1.0 every check passed, 0.0 any failed)."""
+JUDGED_SUCCESS = "judge:success"
+"""The reward part written by the judge for the scenario's `success` criterion (0..1)."""
+TOOL_CREDIT = "tool_credit"
+"""The shaped part: training signal only, never a pass and never a gate score."""
+
+AUTHORITATIVE_PARTS: tuple[str, ...] = (VERIFIER, JUDGED_SUCCESS)
+"""The parts that can be authoritative, in order of precedence."""
+
+PASS_SCORE = 0.5
+"""An authoritative score at or above this passed. Both authoritative parts are verdicts (0 or 1);
+a fractional judged score passes from its midpoint."""
+
+Outcome = Literal["pass", "fail", "unverified"]
+
+
+def authoritative_part(parts: Mapping[str, float]) -> str | None:
+    """The name of the part that decides this session, or None when it is unverified."""
+    return next((name for name in AUTHORITATIVE_PARTS if name in parts), None)
+
+
+def authoritative_score(parts: Mapping[str, float]) -> float | None:
+    """The deciding part's value in [0, 1], or None when the session is unverified.
+
+    Raises:
+        ValueError: the deciding part is not a finite number in [0, 1] (it names the part).
+    """
+    name = authoritative_part(parts)
+    if name is None:
+        return None
+    value = parts[name]
+    if not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= 1:
+        raise ValueError(f"reward part {name!r} is {value!r}; it must be a number in [0, 1]")
+    return float(value)
+
+
+def score_passed(score: float) -> bool:
+    """Whether an authoritative score (already chosen, e.g. a scores file's `reward`) passed."""
+    return score >= PASS_SCORE
+
+
+def passed(parts: Mapping[str, float]) -> bool | None:
+    """Whether the session passed by its authoritative part; None when it is unverified."""
+    score = authoritative_score(parts)
+    return None if score is None else score_passed(score)
+
+
+def outcome(parts: Mapping[str, float]) -> Outcome:
+    """`pass`, `fail` or `unverified`, by `passed` (a harness error is the caller's to set)."""
+    result = passed(parts)
+    return "unverified" if result is None else ("pass" if result else "fail")

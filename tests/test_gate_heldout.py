@@ -1,0 +1,156 @@
+"""Held-out sets frozen by content: every leak route is refused or excluded from training."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.errors import ScenarioError
+from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
+from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.heldout import session_split
+
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
+EXPERT = str(CLINIC / "expert.py")
+SCRIPTED = SimulationConfig(persona="scripted", concurrency=2)
+NAME = "heldout_routine_booking"
+
+
+@pytest.fixture
+def clinic(tmp_path) -> Path:
+    """A copy of the clinic's world and one held-out scenario: clinic/scenarios/heldout/x.yaml."""
+    root = tmp_path / "clinic"
+    (root / "scenarios" / "heldout").mkdir(parents=True)
+    shutil.copy(CLINIC / "world.py", root / "world.py")
+    shutil.copy(CLINIC / "scenarios" / "world.yaml", root / "scenarios" / "world.yaml")
+    shutil.copy(
+        CLINIC / "scenarios" / "heldout" / f"{NAME}.yaml",
+        root / "scenarios" / "heldout" / f"{NAME}.yaml",
+    )
+    return root
+
+
+def heldout_file(clinic: Path) -> Path:
+    return clinic / "scenarios" / "heldout" / f"{NAME}.yaml"
+
+
+def put(clinic: Path, folder: str, text: str | None = None, name: str = f"{NAME}.yaml") -> Path:
+    """Write a scenario under clinic/scenarios/<folder>/ (default: the held-out file's text)."""
+    target = clinic / "scenarios" / folder / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    depth = len(Path(folder).parts) - 1  # keep the world include and pack reachable
+    body = text if text is not None else heldout_file(clinic).read_text()
+    target.write_text(body.replace("../world.yaml", "../" * depth + "../world.yaml"))
+    return target
+
+
+def test_a_split_that_contradicts_its_folder_is_an_error_naming_file_and_line(clinic):
+    text = heldout_file(clinic).read_text() + "split: pool\n"
+    heldout_file(clinic).write_text(text)
+    with pytest.raises(ScenarioError) as e:
+        load_scenarios([clinic / "scenarios" / "heldout"])
+    line = text.splitlines().index("split: pool") + 1
+    assert f"{heldout_file(clinic)}: line {line}: split: 'pool' contradicts" in str(e.value)
+    pool = put(clinic, "pool", text.replace("split: pool", "split: heldout"))
+    with pytest.raises(ScenarioError, match="'heldout' contradicts its folder pool/"):
+        load_scenarios([pool])
+
+
+def test_a_file_nested_deep_under_heldout_is_held_out(clinic):
+    nested = put(clinic, "heldout/extra/deeper", name="deep.yaml")
+    heldout_file(clinic).unlink()
+    (scenario,) = load_scenarios([nested]).scenarios
+    assert scenario.split == "heldout"
+
+
+@pytest.mark.parametrize("folder", ["held_out", "Held-Out", "holdout", "heldout_v2", "pools"])
+def test_a_folder_that_looks_like_a_split_but_is_not_one_is_an_error(clinic, folder):
+    path = put(clinic, folder)
+    with pytest.raises(ScenarioError, match=f"the folder '{folder}' looks like a split"):
+        load_scenarios([path])
+
+
+def test_the_hash_ignores_split_and_name_and_covers_the_pack_code(clinic):
+    (held,) = load_scenarios([heldout_file(clinic)]).scenarios
+    text = heldout_file(clinic).read_text().replace(f"name: {NAME}", "name: renamed_copy")
+    (copy,) = load_scenarios([put(clinic, "pool", text, name="copy.yaml")]).scenarios
+    assert copy.split == "pool" and copy.id == "renamed_copy"
+    before = held.content_hash()
+    assert copy.content_hash() == before
+    (clinic / "world.py").write_text((clinic / "world.py").read_text() + "\n# changed\n")
+    (again,) = load_scenarios([heldout_file(clinic)]).scenarios
+    assert again.content_hash() != before
+
+
+def test_the_set_id_changes_with_includes_and_pack_code(clinic):
+    folder = clinic / "scenarios" / "heldout"
+    first = load_scenarios([folder]).heldout_set_id
+    assert load_scenarios([folder]).heldout_set_id == first
+    world = clinic / "scenarios" / "world.yaml"
+    world.write_text(world.read_text() + "\n# a comment in the included file\n")
+    second = load_scenarios([folder]).heldout_set_id
+    assert second != first
+    (clinic / "world.py").write_text((clinic / "world.py").read_text() + "\n# changed\n")
+    assert load_scenarios([folder]).heldout_set_id not in (first, second)
+
+
+async def test_a_heldout_copy_in_pool_is_simulated_as_heldout_and_never_trains(clinic, tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    held = load_scenarios([clinic / "scenarios" / "heldout"])
+    await simulate(held, load_bot(EXPERT), SCRIPTED, ledger)
+    (row,) = ledger.heldout_hashes().values()
+    assert row["scenario_id"] == NAME and row["heldout_set_id"] == held.heldout_set_id
+    # the same file copied into pool/ (and so labelled pool) is held out by its content
+    pool = load_scenarios([put(clinic, "pool")])
+    assert pool.scenarios[0].split == "pool"
+    report = await simulate(pool, load_bot(EXPERT), SCRIPTED, ledger)
+    (episode,) = report.episodes
+    session = ledger.session(episode.session_id)
+    assert (episode.split, session.split) == ("heldout", "heldout")
+    assert session.heldout_set_id == held.heldout_set_id
+    assert ledger.training_turns(require_token_exact=False) == []
+    ledger.close()
+
+
+def test_a_pool_labelled_session_of_a_heldout_hash_is_excluded_from_training(tmp_path):
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        for sid, scenario_hash in (("a", "h-held"), ("b", "h-pool")):
+            ledger.write_session(
+                SessionRecord(id=sid, source="live", started_at=1.0, split="pool",
+                              scenario_id=sid, scenario_hash=scenario_hash),
+                turns=[TurnRecord(session_id=sid, index=0, adapter="base", created_at=1.0,
+                                  request={})],
+            )  # fmt: skip
+        assert {t.session_id for t in ledger.training_turns(require_token_exact=False)} == {
+            "a", "b"
+        }  # fmt: skip
+        assert ledger.record_heldout_hashes([("h-held", "a", None)]) == 1
+        assert ledger.record_heldout_hashes([("h-held", "a", "other")]) == 0  # first kept
+        assert {t.session_id for t in ledger.training_turns(require_token_exact=False)} == {"b"}
+        assert ledger.stats()["training_eligible_turns"] == 0  # neither turn is token-exact
+
+
+async def test_one_id_with_two_contents_is_an_error_before_any_episode(clinic, tmp_path):
+    ledger = Ledger(tmp_path / "ledger.db")
+    (held,) = load_scenarios([heldout_file(clinic)]).scenarios
+    ledger.record_heldout_hashes([(held.content_hash(), held.id, "heldout-x")])
+    edited = heldout_file(clinic).read_text().replace("max_turns: 8", "max_turns: 9")
+    pool = load_scenarios([put(clinic, "pool", edited)])
+    with pytest.raises(ScenarioError, match=f"scenario '{NAME}' was held out with other content"):
+        await simulate(pool, load_bot(EXPERT), SCRIPTED, ledger)
+    assert ledger.sessions() == []
+    ledger.close()
+
+
+def test_session_split_records_heldout_hashes(clinic, tmp_path):
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        (held,) = load_scenarios([heldout_file(clinic)]).scenarios
+        assert session_split(ledger, held, "heldout-x") == ("heldout", "heldout-x")
+        assert set(ledger.heldout_hashes()) == {held.content_hash()}
+
+
+def test_a_heldout_copy_loaded_beside_it_is_an_error(clinic):
+    text = heldout_file(clinic).read_text().replace(f"name: {NAME}", "name: sneaky")
+    put(clinic, "pool", text, name="sneaky.yaml")
+    with pytest.raises(ScenarioError, match="has the content of the held-out scenario"):
+        load_scenarios([clinic / "scenarios"])
