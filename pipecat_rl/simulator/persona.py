@@ -3,9 +3,12 @@
 Its pipeline is `transport in -> persona turns -> persona LLM -> transport out -> assistant
 aggregator`. The persona LLM runs under Pipecat's own persona instruction (`EvalPersona`) plus the
 scenario's facts, which it gives only when asked, and ends the call with Pipecat's `end_call`
-tool; the call also ends on `max_turns`. The LLM persona is the default; a scripted persona
-(the scenario's `script:` rules, keyed on what the agent says, chosen with `--persona
-scripted`) replaces the LLM with a `ScriptedLLMService` for deterministic episodes.
+tool; the call also ends on `max_turns`. The LLM persona is the default; it runs on the
+scenario's persona endpoint (`--persona-llm-url`, the file's `simulator:` block, or the served
+model, see `judge.resolve_endpoint`). A scripted persona (the scenario's `script:` rules, keyed
+on what the agent says, chosen with `--persona scripted`) replaces the LLM with a
+`ScriptedLLMService` for deterministic episodes, and a Pipecat scripted scenario (`turns:`)
+always has its turns said by one (`script_turns.TurnsCaller`).
 """
 
 import re
@@ -28,6 +31,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.scenario import Scenario, Script
 from pipecat_rl.simulator.scripted import (
     ScriptedLLMService,
@@ -99,9 +103,19 @@ PersonaKind = Literal["llm", "scripted"]
 
 
 def persona_llm(
-    scenario: Scenario, kind: PersonaKind, *, llm_url: str | None, model: str = "base"
+    scenario: Scenario,
+    kind: PersonaKind,
+    *,
+    endpoint: Endpoint | None,
+    pair: LocalTransportPair | None = None,
 ) -> LLMService:
-    """The persona's LLM: the served model, or the scenario's `script:` rules."""
+    """The persona's LLM: a scripted scenario's turns, the `script:` rules, or an LLM."""
+    if scenario.scripted:
+        from pipecat_rl.simulator.script_turns import TurnsCaller, caller_turns
+
+        if pair is None:
+            raise SimulationError("a scripted scenario's caller needs the transport pair")
+        return ScriptedLLMService(TurnsCaller(caller_turns(scenario), pair))
     if kind == "scripted":
         if scenario.script is None:
             raise SimulationError(
@@ -109,16 +123,19 @@ def persona_llm(
                 "add one, or run with the LLM persona"
             )
         return ScriptedLLMService(ScriptedPersona(scenario.script))
-    if llm_url is None:
-        raise SimulationError("the LLM persona needs an LLM server: pass --llm-url")
+    if endpoint is None:
+        raise SimulationError(
+            "the LLM persona needs an LLM server: pass --llm-url (or --persona-llm-url)"
+        )
     return OpenAILLMService(
         api_key="none",
-        base_url=llm_url,
+        base_url=endpoint.url,
         settings=OpenAILLMService.Settings(
-            model=model,
+            model=endpoint.model,
             temperature=0.7,
             max_tokens=96,
             system_instruction=persona_instruction(scenario),
+            extra=dict(endpoint.extra),
         ),
     )
 
@@ -141,6 +158,11 @@ def build_persona_worker(
     """The persona caller bot, ready to run on the caller side of `pair`."""
     # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
     opening = scenario.script.opening if scenario.script else None
+    if scenario.scripted:
+        from pipecat_rl.simulator.script_turns import caller_turns, pipecat_script
+
+        opening = caller_turns(scenario)[0]
+        pair.agent_context = pipecat_script(scenario).context
     messages = [{"role": "assistant", "content": opening}] if opening else []
     context = LLMContext(messages, tools=ToolsSchema(standard_tools=[END_CALL_SCHEMA]))
 
