@@ -48,6 +48,7 @@ from typing import Any
 
 import openai
 from loguru import logger
+from pipecat.frames.frames import ErrorCategory
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameProcessor
@@ -190,9 +191,16 @@ def _world_handler(world: World) -> Callable:
 
 
 def error_recorder(errors: list[str]) -> Callable:
-    """An `on_pipeline_error` handler that appends each error to `errors`."""
+    """An `on_pipeline_error` handler that appends each error to `errors`.
+
+    A bot's own tool handler that raised (Pipecat reports it as an `APPLICATION` error, and
+    settles the call as failed) is a failed tool call, scored as one, not a broken episode.
+    """
 
     async def record(worker: PipelineWorker, frame) -> None:
+        if getattr(frame, "category", None) == ErrorCategory.APPLICATION and not frame.fatal:
+            logger.debug(f"{worker}: a tool handler failed: {frame.error}")
+            return
         errors.append(f"{worker}: {frame.error}")
 
     return record
@@ -242,6 +250,7 @@ def refusal(processor: LLMService, llm_url: str | None) -> str | None:
 def point_llm(processor: LLMService, episode: Episode) -> None:
     """Point an OpenAI Chat or Responses service (or any OpenAI client) at the served model."""
     assert episode.llm_url is not None  # checked by `refusal`
+    episode.redirected.append(type(processor).__name__)
     if isinstance(processor, OpenAIResponsesLLMService):
         # vLLM serves the Responses API over HTTP, not the WebSocket this variant opens: the
         # instance (its functions, handlers and the references a bot or Flows holds) stays.
@@ -257,7 +266,6 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
     )
     if episode.max_tokens and not capped:
         settings.max_tokens = episode.max_tokens
-    episode.redirected.append(type(processor).__name__)
 
 
 def _adapt_llms(worker: PipelineWorker, episode: Episode) -> None:

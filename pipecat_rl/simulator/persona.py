@@ -59,15 +59,18 @@ def persona_instruction(scenario: Scenario) -> str:
 class PersonaTurns(FrameProcessor):
     """Turns each agent line (a transcription from the caller transport) into a persona turn."""
 
-    def __init__(self, context: LLMContext, **kwargs):
+    def __init__(self, context: LLMContext, pair: LocalTransportPair | None = None, **kwargs):
         super().__init__(**kwargs)
         self._context = context
+        self._pair = pair
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Append an agent line to the persona's context and run the persona LLM on it."""
         await super().process_frame(frame, direction)
         if isinstance(frame, TranscriptionFrame) and direction == FrameDirection.DOWNSTREAM:
             self._context.add_message({"role": "user", "content": frame.text})
+            if self._pair is not None:
+                self._pair.caller_responding = True  # a hang-up now waits for this turn
             await self.push_frame(LLMContextFrame(self._context))
         else:
             await self.push_frame(frame, direction)
@@ -177,7 +180,7 @@ def build_persona_worker(
     pipeline = Pipeline(
         [
             transport.input(),
-            PersonaTurns(context),
+            PersonaTurns(context, pair),
             llm,
             transport.output(),
             LLMAssistantAggregator(context),

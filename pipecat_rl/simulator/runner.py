@@ -28,7 +28,7 @@ from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_rl.errors import SimulationError
+from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
@@ -279,7 +279,7 @@ async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig)
     pipeline before a frame reaches it. What the run records goes to a throwaway ledger.
 
     Raises:
-        SimulationError: naming the refused service and what to do.
+        ConfigError: naming the refused service and what to do.
     """
     pair = LocalTransportPair(max_turns=1)
     world = World(scenario, seed=0)
@@ -304,7 +304,7 @@ async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig)
             await handle.flush()
     world.close()
     if episode.refused:
-        raise SimulationError(episode.refused[0])
+        raise ConfigError(episode.refused[0])
     if not episode.prepared.is_set():
         logger.warning(
             f"pre-flight: {bot.spec} set up no pipeline within {PREFLIGHT_TIMEOUT_S:.0f} s; its "

@@ -105,6 +105,8 @@ class LocalTransportPair:
         self.agent_context: list[dict[str, Any]] | None = None
         """Messages that replace the agent's context when the caller connects (`context:`)."""
         self._given_at: list[float] = []
+        self.caller_responding = False
+        """Whether the caller's LLM is answering (set when it is asked, cleared by its turn)."""
         self.agent = AgentTransport(self)
         self.caller = CallerTransport(self)
 
@@ -135,12 +137,13 @@ class LocalTransportPair:
     def request_hang_up(self) -> None:
         """The caller wants to hang up: now, or once its current turn has been said."""
         self._hang_up_requested = True
-        if not self.caller.output().responding:
+        if not self.caller_responding and not self.caller.output().responding:
             self.end("caller_hung_up")
 
     def caller_turn(self, text: str, first_text_at: float | None) -> None:
         """A complete caller turn (maybe empty): say it, then hang up if the caller asked to."""
         del first_text_at
+        self.caller_responding = False
         self.caller_says(text)
         if self._hang_up_requested:
             self.end("caller_hung_up")
