@@ -150,3 +150,22 @@ def test_pipecat_accepts_what_we_accept_and_rejects_both_kinds_at_once(tmp_path)
     both.write_text("name: x\npersona: p\ngoal: g\nsuccess: s\nturns: [{user: hi}]\n")
     with pytest.raises(Exception, match="not both"):
         load_scenarios([both])
+
+
+def test_the_cli_names_the_flag_for_a_block_it_cannot_reach(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli.common import EXIT_USAGE
+    from tests.test_sim_episode import _cli
+
+    scenario = tmp_path / "cloud_persona.yaml"
+    scenario.write_text(
+        (SCENARIOS / "capital.yaml").read_text().replace(
+            "judge:\n  modality: text", "simulator: {service: openai, model: gpt-4o}"
+        )
+    )
+    args = ["simulate", str(scenario), "--bot", BOT, "--no-server",
+            "--ledger", str(tmp_path / "l.db")]  # fmt: skip
+    result = CliRunner().invoke(_cli(), args)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "--persona-llm-url" in result.output and "simulator.service 'openai'" in result.output
