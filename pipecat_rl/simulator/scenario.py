@@ -200,6 +200,10 @@ class Script(_Model):
     """Said when no rule matches; with none, the caller hangs up."""
 
 
+_SCRIPTED_FIELDS = ("turns", "context", "stop_on_failure")
+"""Fields added for Pipecat's scripted scenarios; left out of a hash while unset."""
+
+
 class Scenario(_Model):
     """One simulated scenario: Pipecat's keys plus facts, world, verify, faults, channel, split."""
 
@@ -270,7 +274,9 @@ class Scenario(_Model):
     def content_hash(self) -> str:
         """The scenario's identity: a hash of its content and of its world pack's code."""
         digest = hashlib.sha256(str(SCENARIO_SCHEMA_VERSION).encode())
-        digest.update(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode())
+        unset = {k for k in _SCRIPTED_FIELDS if getattr(self, k) is None}  # hashes as before
+        content = self.model_dump(mode="json", exclude=unset)
+        digest.update(json.dumps(content, sort_keys=True).encode())
         pack = self.pack_path
         if pack is not None and pack.is_file():
             digest.update(pack.read_bytes())
