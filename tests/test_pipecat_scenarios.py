@@ -129,7 +129,9 @@ def test_judge_and_simulator_blocks_pick_the_endpoint_or_name_the_flag(tmp_path)
 async def test_a_block_we_cannot_reach_stops_the_run_before_any_episode(tmp_path):
     scenario = tmp_path / "remote_judge.yaml"
     scenario.write_text(
-        (SCENARIOS / "capital.yaml").read_text().replace(
+        (SCENARIOS / "capital.yaml")
+        .read_text()
+        .replace(
             "judge:\n  modality: text",
             textwrap.dedent("""\
                 judge:
@@ -160,9 +162,9 @@ def test_the_cli_names_the_flag_for_a_block_it_cannot_reach(tmp_path):
 
     scenario = tmp_path / "cloud_persona.yaml"
     scenario.write_text(
-        (SCENARIOS / "capital.yaml").read_text().replace(
-            "judge:\n  modality: text", "simulator: {service: openai, model: gpt-4o}"
-        )
+        (SCENARIOS / "capital.yaml")
+        .read_text()
+        .replace("judge:\n  modality: text", "simulator: {service: openai, model: gpt-4o}")
     )
     args = ["simulate", str(scenario), "--bot", BOT, "--no-server",
             "--ledger", str(tmp_path / "l.db")]  # fmt: skip
