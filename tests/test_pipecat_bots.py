@@ -90,3 +90,36 @@ def test_entry_parameters_get_documented_values_or_a_clear_error(tmp_path):
     with pytest.raises(SimulationError, match="needs room_secret"):
         load_bot(f"{bots}:custom")
     assert load_bot(str(bots)).fn.__name__ == "bot"  # no run_bot: Pipecat Cloud's entry
+
+
+def test_the_caller_hears_each_text_that_would_reach_tts_in_order_and_once():
+    from pipecat.frames.frames import (
+        AggregatedTextFrame,
+        LLMFullResponseEndFrame,
+        LLMFullResponseStartFrame,
+        LLMTextFrame,
+        TTSSpeakFrame,
+        TTSTextFrame,
+    )
+
+    from pipecat_rl.simulator.transport import _PairOutput
+
+    heard: list[str] = []
+    output = _PairOutput(lambda text, first: heard.append(text))
+    output._observe(TTSSpeakFrame("Welcome."))  # a greeting spoken on its own: a turn
+    sentence = AggregatedTextFrame("Hello there.", text_type="sentence")
+    hidden = LLMTextFrame("(internal)")
+    hidden.skip_tts = True
+    frames = [
+        LLMFullResponseStartFrame(),
+        LLMTextFrame("Sure, "),
+        LLMTextFrame("one moment."),
+        sentence,
+        TTSTextFrame("Hello", text_type="word", segment_id=sentence.id),  # part of `sentence`
+        hidden,
+        TTSTextFrame("Bye.", text_type="sentence"),
+        LLMFullResponseEndFrame(),
+    ]
+    for frame in frames:
+        output._observe(frame)
+    assert heard == ["Welcome.", "Sure, one moment. Hello there. Bye."]

@@ -171,3 +171,25 @@ def test_the_cli_names_the_flag_for_a_block_it_cannot_reach(tmp_path):
     result = CliRunner().invoke(_cli(), args)
     assert result.exit_code == EXIT_USAGE, result.output
     assert "--persona-llm-url" in result.output and "simulator.service 'openai'" in result.output
+
+
+async def test_a_scripted_eval_check_without_a_judge_is_unscored_not_failed():
+    from pipecat_rl.simulator.script_turns import score_turns
+
+    (scenario,) = load_scenarios([SCENARIOS / "scripted.yaml"])
+    transcript = [
+        Line("caller", "What is the capital of Germany?", "", 1.0),
+        Line("agent", "Berlin.", "", 2.0, answers=1),
+        Line("caller", "And what is its river?", "", 3.0),
+        Line("agent", "The Spree.", "", 4.0, answers=2),
+    ]
+    parts, details = await score_turns(scenario, transcript, [], None)
+    assert parts == {
+        "metric:turn1.1.llm_started": 1.0,
+        "metric:turn1.2.llm_response": 1.0,
+        "metric:turn2.2.function_call": 1.0,
+    }  # no judge:success: the eval check could not be asked
+    assert details["judge:success"]["unjudged_checks"] == ["metric:turn2.1.llm_response"]
+    late = [line for line in transcript if line.text != "Berlin."]  # turn 1 went unanswered
+    parts, _ = await score_turns(scenario, late, [], None)
+    assert parts["metric:turn1.2.llm_response"] == 0.0 and parts["judge:success"] == 0.0

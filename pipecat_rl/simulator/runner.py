@@ -355,7 +355,8 @@ async def run_episode(
     )
     recorded = []
     try:
-        endpoint = None if scenario.scripted else persona_endpoint(scenario, config)
+        llm_persona = config.persona == "llm" and not scenario.scripted
+        endpoint = persona_endpoint(scenario, config) if llm_persona else None
         caller_llm = persona_llm(scenario, config.persona, endpoint=endpoint, pair=pair)
         persona = build_persona_worker(scenario, pair, caller_llm)
         persona_errors: list[str] = []

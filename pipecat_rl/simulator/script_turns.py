@@ -17,7 +17,8 @@ the agent said and the tools it called between that turn and the next, in text m
 skipped with a warning; `within_ms` budgets are not enforced (text mode has no real-time pacing),
 and `stop_on_failure` does not stop the call (the checks are scored after it). Each check is a
 reward part `metric:turn<T>.<N>.<event>` (1 or 0), and `judge:success` is 1 only when every
-check passed, as Pipecat passes a scripted run.
+check passed, as Pipecat passes a scripted run (an `eval:` check with no judge to ask is left
+unscored, and so is `judge:success` unless another check failed).
 """
 
 import re
@@ -128,7 +129,8 @@ class Check:
     """One expectation of one turn, scored."""
 
     part: str
-    passed: bool
+    passed: bool | None
+    """None when an `eval:` check had no judge to ask (no served model, no --judge-llm-url)."""
     reason: str
 
 
@@ -168,9 +170,12 @@ class _TurnJudge:
         self._judge: EvalJudge | None = None
         self._told = 0
 
+    @property
+    def available(self) -> bool:
+        return self._endpoint is not None
+
     async def ask(self, conversation: list[dict], criterion: str, call: Any = None) -> str:
-        if self._endpoint is None:
-            return "none"
+        assert self._endpoint is not None  # callers check `available`
         if self._judge is None:
             self._judge = EvalJudge(LLMClassifier(llm=judge_service(self._endpoint)))
         for message in conversation[self._told :]:
@@ -231,10 +236,15 @@ async def score_turns(
                 checks.append(Check(part=part, passed=passed, reason=reason))
     finally:
         await turn_judge.close()
-    parts = {SUCCESS_PART: 1.0 if all(c.passed for c in checks) else 0.0}
-    parts.update({c.part: 1.0 if c.passed else 0.0 for c in checks})
+    scored = [c for c in checks if c.passed is not None]
+    parts = {c.part: 1.0 if c.passed else 0.0 for c in scored}
+    if len(scored) == len(checks) or not all(c.passed for c in scored):
+        parts = {SUCCESS_PART: 1.0 if all(c.passed for c in scored) else 0.0, **parts}
     details = {c.part: {"passed": c.passed, "reason": c.reason} for c in checks}
-    details[SUCCESS_PART] = {"failed_checks": [c.part for c in checks if not c.passed]}
+    details[SUCCESS_PART] = {
+        "failed_checks": [c.part for c in scored if not c.passed],
+        "unjudged_checks": [c.part for c in checks if c.passed is None],
+    }
     return parts, details
 
 
@@ -247,9 +257,11 @@ async def _check(
     judge: _TurnJudge,
     *,
     said: bool,
-) -> tuple[bool, str]:
+) -> tuple[bool | None, str]:
     if not said:
         return False, "the call ended before this turn was said"
+    if e.eval and not judge.available:
+        return None, "no judge to ask (no served model and no --judge-llm-url)"
     if e.event in USER_EVENTS:
         ok = e.text_contains is None or _norm(e.text_contains) in _norm(user)
         return ok != bool(e.absent), f"the caller said {user!r}"
