@@ -58,7 +58,6 @@ from pipecat.services.openai.base_llm import BaseOpenAILLMService
 from pipecat.services.openai.responses.llm import (
     OpenAIResponsesHttpLLMService,
     OpenAIResponsesLLMService,
-    _BaseOpenAIResponsesLLMService,
 )
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
@@ -206,6 +205,9 @@ def error_recorder(errors: list[str]) -> Callable:
     return record
 
 
+_RESPONSES = (OpenAIResponsesLLMService, OpenAIResponsesHttpLLMService)
+"""OpenAI's Responses API services (WebSocket and HTTP), and any subclass of them."""
+
 _OWN_MODULES = ("pipecat.services.llm_service", "pipecat.services.ai_service")
 """Pipecat's generic LLM bases: a service built only on them is the user's own (or ours)."""
 
@@ -222,7 +224,7 @@ def _provider_class(processor: LLMService) -> type | None:
 def refusal(processor: LLMService, llm_url: str | None) -> str | None:
     """Why `processor` cannot run in a simulation, or None when it can (see `point_llm`)."""
     name = type(processor).__name__
-    redirectable = isinstance(processor, (BaseOpenAILLMService, _BaseOpenAIResponsesLLMService))
+    redirectable = isinstance(processor, (BaseOpenAILLMService, *_RESPONSES))
     client = getattr(processor, "_client", None)
     redirectable = redirectable or isinstance(client, openai.AsyncOpenAI)
     realtime = isinstance(processor, WebsocketLLMService) and not isinstance(
@@ -255,7 +257,7 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
         # vLLM serves the Responses API over HTTP, not the WebSocket this variant opens: the
         # instance (its functions, handlers and the references a bot or Flows holds) stays.
         processor.__class__ = OpenAIResponsesHttpLLMService
-    if isinstance(processor, _BaseOpenAIResponsesLLMService):
+    if isinstance(processor, _RESPONSES):
         processor._api_key = "none"
     processor._client = openai.AsyncOpenAI(api_key="none", base_url=episode.llm_url)
     settings = processor._settings
