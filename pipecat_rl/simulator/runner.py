@@ -301,6 +301,8 @@ async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig)
             for worker in episode.workers:
                 await worker.cancel()
             await _stop(bot_task, [])
+            if bot_task.done() and not bot_task.cancelled() and bot_task.exception():
+                logger.debug(f"pre-flight: the bot raised {bot_task.exception()!r}")  # episodes say
             await handle.flush()
     world.close()
     if episode.refused:
