@@ -2,11 +2,11 @@
 
 A bot in Pipecat's example convention defines `async def run_bot(transport, runner_args)`
 beside `bot(runner_args)`. Real bots vary (`run_bot(transport)`, `run_bot(transport,
-runner_args, wait_for_user)`, `run_bot(transport, handle_sigint)`), so the signature is
-inspected and each parameter is filled by its name. `--bot path/to/bot.py:name` (or
-`package.module:name`) names another entry point with the same parameters; a bot that only has
-`bot(runner_args)` must split out a `run_bot(transport, runner_args)` that builds its pipeline on
-the transport it is given, as Pipecat's examples do.
+runner_args, wait_for_user)`, `run_bot(transport, handle_sigint, testing)`), so the signature
+is inspected and each parameter is filled by its name (`FILLED_PARAMETERS`). Without a
+`run_bot`, Pipecat Cloud's `bot(runner_args)` is called with runner arguments that carry the
+local transport, which `create_transport` hands back (`install_create_transport`).
+`--bot path/to/bot.py:name` (or `package.module:name`) names another entry point.
 
 Before the bot's worker starts, the simulator's setup file (`PIPECAT_SETUP_FILES`) adapts the
 pipeline for the episode (`prepare_worker`):
