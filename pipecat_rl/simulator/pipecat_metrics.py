@@ -9,7 +9,8 @@
 - a judged metric (`criterion:`) scores the share of agent turns the judge said met it, and
   fails below its `min_score`; one without `min_score` is reported and never fails;
 - the run passes only when the judge says the goal (`success`) was achieved and no metric fell
-  short; a run that `max_turns`, `max_duration_s` or `max_silence_s` ended has not succeeded.
+  short; a run that `max_turns`, `max_duration_s` or `max_silence_s` ended has not succeeded
+  (its metrics are still scored, for what they say about the turns it had).
 
 Every metric becomes its own reward part and ledger score: `judge:<name>` for a judged one,
 `metric:<name>` for a measured one, and the run's verdict is `judge:success` (1 or 0).

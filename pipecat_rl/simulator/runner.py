@@ -255,8 +255,7 @@ async def _pipecat_parts(
         )
         return parts
     judgement = None
-    backstop = result.end_reason in ("max_turns", "max_duration", "silence")
-    if endpoint is not None and not backstop:
+    if endpoint is not None:  # a run a limit ended is judged too; it just cannot succeed
         try:
             judgement = await judge_call(scenario, result.transcript, calls, endpoint)
         except Exception as e:  # a judge that fails leaves the run unjudged, never guessed
