@@ -8,6 +8,7 @@ PipecatRLError
 ├── ServingError         the LLM server would not start, or refused an admin request
 ├── RecordingError       the recorder could not capture a turn (never raised into a pipeline)
 ├── ScenarioError        a scenario file is invalid (names file, field and reason)
+│   └── UnsupportedScenarioError  valid for Pipecat, but not runnable here (skipped, warned)
 ├── SimulationError      the simulator itself failed (a failed call is data, not this)
 ├── TrainingError        a training run cannot proceed
 └── GateError            the gate cannot decide from what it was given
@@ -43,6 +44,10 @@ class RecordingError(PipecatRLError):
 
 class ScenarioError(PipecatRLError):
     """A scenario file is invalid."""
+
+
+class UnsupportedScenarioError(ScenarioError):
+    """A scenario file Pipecat accepts that the simulator cannot run (it is skipped)."""
 
 
 class SimulationError(PipecatRLError):

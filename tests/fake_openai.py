@@ -1,13 +1,16 @@
 """A strict OpenAI-compatible server on loopback: streams fixed text and rejects fields OpenAI does
 not know (as api.openai.com does). With `vllm=True` it answers like vLLM instead: it accepts
 `return_token_ids` and returns prompt ids, per-chunk token ids and logprobs, so the recorder's
-own cost can be measured without a model's timing noise (benchmarks/recorder_overhead.py)."""
+own cost can be measured without a model's timing noise (benchmarks/recorder_overhead.py).
+`answer(body)`, when given, computes each reply's text from the request (a deterministic judge);
+`seen` collects `(path, body)` of every request; `/v1/responses` streams the same text as
+OpenAI's Responses API does."""
 
 import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -18,11 +21,38 @@ from pipecat_rl.serving import free_port
 
 KNOWN = {"model", "messages", "stream", "stream_options", "temperature", "max_tokens", "tools",
          "tool_choice", "top_p", "seed", "frequency_penalty", "presence_penalty", "logprobs",
-         "max_completion_tokens", "service_tier"}  # fmt: skip
+         "max_completion_tokens", "service_tier", "response_format"}  # fmt: skip
 
 
-def _app(pieces: list[str], vllm: bool) -> FastAPI:
+def _app(
+    pieces: list[str],
+    vllm: bool,
+    answer: Callable[[dict], str] | None = None,
+    seen: list[tuple[str, dict]] | None = None,
+) -> FastAPI:
     app = FastAPI()
+    fixed = pieces
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await request.json()
+        if seen is not None:
+            seen.append(("/v1/responses", body))
+        text = answer(body) if answer else "".join(fixed)
+
+        def event(n: int, payload: dict) -> str:
+            return f"data: {json.dumps({**payload, 'sequence_number': n})}\n\n"
+
+        async def stream():
+            yield event(0, {"type": "response.output_text.delta", "item_id": "msg_1",
+                            "output_index": 0, "content_index": 0, "delta": text,
+                            "logprobs": []})  # fmt: skip
+            done = {"id": "resp_1", "object": "response", "created_at": int(time.time()),
+                    "model": body.get("model"), "output": [], "parallel_tool_calls": False,
+                    "tool_choice": "auto", "tools": []}  # fmt: skip
+            yield event(1, {"type": "response.completed", "response": done})
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
 
     @app.get("/v1/models")
     async def models():
@@ -32,6 +62,9 @@ def _app(pieces: list[str], vllm: bool) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
+        if seen is not None:
+            seen.append(("/v1/chat/completions", body))
+        pieces = [answer(body)] if answer else fixed
         unknown = (
             set(body) - KNOWN - ({"return_token_ids", "structured_outputs"} if vllm else set())
         )
@@ -77,10 +110,17 @@ def _app(pieces: list[str], vllm: bool) -> FastAPI:
 
 
 @asynccontextmanager
-async def serve_fake_openai(pieces: list[str], *, vllm: bool = False) -> AsyncIterator[str]:
+async def serve_fake_openai(
+    pieces: list[str],
+    *,
+    vllm: bool = False,
+    answer: Callable[[dict], str] | None = None,
+    seen: list[tuple[str, dict]] | None = None,
+) -> AsyncIterator[str]:
     """Serve the fake on a free loopback port; yields its `/v1` base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_app(pieces, vllm), host="127.0.0.1", port=port,
+    app = _app(pieces, vllm, answer, seen)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning"))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

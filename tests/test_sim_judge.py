@@ -1,34 +1,54 @@
-"""Judged metrics: one constrained yes/no verdict per agent turn, the share that passed."""
+"""The judge is Pipecat's own simulation judge over an OpenAI-compatible endpoint: the goal once
+over the whole call (tool calls where they were made), each criterion once per agent turn."""
 
-from pipecat_rl.simulator.judge import judge_metrics
-from pipecat_rl.simulator.scenario import Metric
+from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, conversation, judge_call
+from pipecat_rl.simulator.scenario import Metric, Scenario
 from pipecat_rl.simulator.transport import Line
 from tests.fake_openai import serve_fake_openai
+from tests.pipecat_helpers import judge_and_agent
 
 TRANSCRIPT = [
-    Line("caller", "How much is whitening?", "How much is whitening?", 0.0),
-    Line("agent", "I can't quote prices.", "I can't quote prices.", 1.0),
-    Line("caller", "Roughly?", "Roughly?", 2.0),
-    Line("agent", "Please ask the front desk.", "Please ask the front desk.", 3.0),
+    Line("caller", "What is the capital of Germany?", "", 0.0),
+    Line("agent", "Berlin.", "", 2.0),
+    Line("caller", "You idiot.", "", 3.0),
+    Line("agent", "Goodbye.", "", 4.0),
 ]
-METRICS = [
-    Metric(name="no_price", criterion="Never states a price.", min_score=1),
-    Metric(measure="turns", max_value=10),  # measured, not judged: not the judge's business
-]
+SCENARIO = Scenario(
+    name="capital",
+    persona="a traveler",
+    goal="learn the capital",
+    success="the bot said Berlin",
+    metrics=[
+        Metric(name="courteous", criterion="the reply is courteous", min_score=1),
+        Metric(measure="turns", max_value=10),  # measured, not the judge's business
+    ],
+)
 
 
-async def test_every_agent_turn_is_judged_and_the_score_is_the_share_that_passed():
-    async with serve_fake_openai(["yes"], vllm=True) as url:
-        assert await judge_metrics(METRICS, TRANSCRIPT, llm_url=url) == {"no_price": 1.0}
-    async with serve_fake_openai(["no"], vllm=True) as url:
-        assert await judge_metrics(METRICS, TRANSCRIPT, llm_url=url) == {"no_price": 0.0}
+def test_tool_calls_sit_where_the_bot_made_them():
+    calls = [ToolCallSeen("lookup", {"q": "Germany"}, 1.0, cancelled=True)]
+    roles = [m["role"] for m in conversation(TRANSCRIPT, calls)]
+    assert roles == ["user", "tool_call", "assistant", "user", "assistant"]
 
 
-async def test_a_judge_that_refuses_leaves_the_metric_unscored():
-    async with serve_fake_openai(["yes"]) as url:  # not vLLM: rejects structured outputs
-        assert await judge_metrics(METRICS, TRANSCRIPT, llm_url=url) == {}
+async def test_goal_and_criteria_are_judged_as_pipecat_judges_them():
+    seen: list[tuple[str, dict]] = []
+    async with serve_fake_openai([], answer=judge_and_agent, seen=seen) as url:
+        judgement = await judge_call(SCENARIO, TRANSCRIPT[:2], [], Endpoint(url, "judge"))
+        assert judgement.goal.verdict == "yes"
+        (courteous,) = judgement.metrics
+        assert (courteous.name, courteous.score, courteous.passed) == ("courteous", 1.0, True)
+
+        insulted = await judge_call(SCENARIO, TRANSCRIPT, [], Endpoint(url, "judge"))
+        assert insulted.goal.verdict == "no"
+        (courteous,) = insulted.metrics
+        assert courteous.score == 0.5 and not courteous.passed  # turn 2 follows the insult
+    assert {body["model"] for _, body in seen} == {"judge"}
+    assert all(body["response_format"]["type"] == "json_schema" for _, body in seen)
 
 
-async def test_nothing_to_judge_asks_nothing():
-    assert await judge_metrics(METRICS[1:], TRANSCRIPT, llm_url="http://127.0.0.1:9/v1") == {}
-    assert await judge_metrics(METRICS, TRANSCRIPT[:1], llm_url="http://127.0.0.1:9/v1") == {}
+async def test_a_judge_that_cannot_answer_gives_no_verdict_not_a_guess():
+    async with serve_fake_openai(["not json"]) as url:
+        judgement = await judge_call(SCENARIO, TRANSCRIPT, [], Endpoint(url, "judge"))
+    assert judgement.goal.verdict == "none"
+    assert judgement.metrics[0].failure_kind == "judge_no_verdict"

@@ -42,7 +42,10 @@ async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
         )
         assert report.harness_errors == 0, [e.error for e in report.episodes]
         by_id = {e.scenario_id: e for e in report.episodes}
-        assert by_id["diner/book"].outcome == "unverified"  # Pipecat's format: no world to verify
+        # Pipecat's format, no world to verify: the served model judges `success`, which decides.
+        diner = by_id["diner/book"]
+        assert diner.reward_parts.get("judge:success") in (0.0, 1.0), diner.reward_parts
+        assert diner.outcome == ("pass" if diner.reward_parts["judge:success"] else "fail")
         # SmolLM2-135M makes no reliable tool calls: booking fails, and the verifier says so.
         booking = by_id["routine_booking"]
         assert booking.outcome == "fail" and booking.reward_parts["verifier"] == 0.0
@@ -59,3 +62,18 @@ async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
             turns = ledger.turns(episode.session_id)
             assert turns, f"no turns recorded for {episode.scenario_id}"
             assert all(t.token_exact and t.trainable for t in turns)
+
+
+async def test_a_responses_api_bot_is_served_by_vllm(vllm_server, tmp_path):
+    """`OpenAIResponsesLLMService` (WebSocket) switched to vLLM's HTTP `/v1/responses`."""
+    fixtures = ROOT / "tests" / "fixtures" / "pipecat"
+    scenarios = load_scenarios([fixtures / "scenarios" / "capital.yaml"])
+    config = SimulationConfig(llm_url=vllm_server.url, persona="scripted", max_tokens=32)
+    bot = load_bot(str(fixtures / "bots" / "responses_bot.py"))
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        report = await simulate(scenarios, bot, config, ledger)
+    (episode,) = report.episodes
+    assert episode.error is None, episode.error
+    assert episode.redirected == ["OpenAIResponsesLLMService"]
+    assert [line for line in episode.transcript if line.speaker == "agent" and line.text]
+    assert episode.reward_parts.get("judge:success") in (0.0, 1.0)

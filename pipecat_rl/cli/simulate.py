@@ -1,7 +1,9 @@
 """`pipecat-rl simulate`: run the user's bot against persona callers and record every call.
 
-Exit codes: 0 when the harness ran every episode (whatever the agent scored); 2 for bad
-scenarios or flags; 3 when episodes could not be run (harness errors) or the server failed.
+Exit codes (`cli.common`): 0 when the harness ran every episode (whatever the agent scored);
+64 for bad flags, a `simulator:`/`judge:` block we cannot reach offline, or a bot LLM service
+that cannot be served; 65 for bad scenarios; 69 when the server failed; 70 when episodes could
+not be run (harness errors).
 """
 
 import asyncio
@@ -23,6 +25,7 @@ from pipecat_rl.simulator.endpoint import llm_endpoint
 from pipecat_rl.simulator.runner import (
     SimulationConfig,
     SimulationReport,
+    check_endpoints,
     simulate,
     total_episodes,
 )
@@ -131,6 +134,28 @@ def simulate_command(
     model: Annotated[
         str, typer.Option("--model", help="Model the embedded server serves.")
     ] = "smollm2",
+    persona_llm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--persona-llm-url",
+            help="OpenAI-compatible server for the LLM persona (overrides `simulator:` blocks).",
+        ),
+    ] = None,
+    persona_model: Annotated[
+        str | None,
+        typer.Option("--persona-model", help="The persona's model (default base / the block's)."),
+    ] = None,
+    judge_llm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--judge-llm-url",
+            help="OpenAI-compatible server for the judge (overrides `judge.eval:` blocks).",
+        ),
+    ] = None,
+    judge_model: Annotated[
+        str | None,
+        typer.Option("--judge-model", help="The judge's model (default base / the block's)."),
+    ] = None,
     ledger: Annotated[
         Path | None, typer.Option("--ledger", help="Ledger file (default: $PIPECAT_RL_LEDGER).")
     ] = None,
@@ -150,7 +175,12 @@ def simulate_command(
             repeats=repeats,
             concurrency=concurrency,
             max_tokens=max_tokens,
+            persona_llm_url=persona_llm_url,
+            persona_model=persona_model,
+            judge_llm_url=judge_llm_url,
+            judge_model=judge_model,
         )
+        check_endpoints(loaded, config)  # before the server starts: a wrong block fails fast
         report = asyncio.run(
             _run(loaded, bot, config, resolve_ledger_path(ledger), model, no_server, not json_out)
         )

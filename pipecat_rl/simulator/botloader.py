@@ -2,11 +2,11 @@
 
 A bot in Pipecat's example convention defines `async def run_bot(transport, runner_args)`
 beside `bot(runner_args)`. Real bots vary (`run_bot(transport)`, `run_bot(transport,
-runner_args, wait_for_user)`, `run_bot(transport, handle_sigint)`), so the signature is
-inspected and each parameter is filled by its name. `--bot path/to/bot.py:name` (or
-`package.module:name`) names another entry point with the same parameters; a bot that only has
-`bot(runner_args)` must split out a `run_bot(transport, runner_args)` that builds its pipeline on
-the transport it is given, as Pipecat's examples do.
+runner_args, wait_for_user)`, `run_bot(transport, handle_sigint, testing)`), so the signature
+is inspected and each parameter is filled by its name (`FILLED_PARAMETERS`). Without a
+`run_bot`, Pipecat Cloud's `bot(runner_args)` is called with runner arguments that carry the
+local transport, which `create_transport` hands back (`install_create_transport`).
+`--bot path/to/bot.py:name` (or `package.module:name`) names another entry point.
 
 Before the bot's worker starts, the simulator's setup file (`PIPECAT_SETUP_FILES`) adapts the
 pipeline for the episode (`prepare_worker`):
@@ -15,17 +15,26 @@ pipeline for the episode (`prepare_worker`):
   Deepgram, Cartesia and the like never open a connection (the simulator sets placeholder
   API keys for the duration of the run so that their constructors, which insist on a key,
   succeed; nothing is ever sent with them);
-- every OpenAI-compatible LLM service (`OpenAILLMService` and its subclasses) is pointed at the
-  served model: its client is rebuilt on `--llm-url` and its model set to the adapter (or
-  `base`). A bot that hard-codes another provider (Anthropic, Google, ...) must use an
-  OpenAI-compatible service when it reads `OPENAI_BASE_URL`, or build its LLM in a factory
-  that takes the URL from `runner_args.llm_url`;
+- every LLM service is pointed at the served model or refused (`point_llm`): OpenAI Chat
+  services (`BaseOpenAILLMService` and its subclasses: Groq, Together, Ollama, ...) get a client
+  on `--llm-url` and the adapter (or `base`) as their model; OpenAI Responses services
+  (`OpenAIResponsesLLMService`, the Flows examples' default, and its HTTP variant) are served
+  over the server's `/v1/responses` (the WebSocket variant is switched to HTTP); any other
+  service whose client is an OpenAI client is pointed at it too. Any other provider's service
+  (Anthropic, Google, Bedrock, realtime services, ...) is refused: it is taken out of the
+  pipeline before a frame reaches it and the run stops with a message naming it; the way out
+  is an entry point that builds an OpenAI-compatible service (`--bot file.py:entry`). The
+  simulation environment also replaces every provider key with a placeholder and points the
+  OpenAI and Anthropic base URLs at the served model (or a closed loopback port), so a stray
+  request fails closed;
 - the world pack's tools are registered over the bot's handlers of the same name
   (`llm.register_function`), so tool calls execute against the episode's world. The world is
   also on `runner_args.world`, for a bot that passes it to its worker's `app_resources`.
 """
 
+import asyncio
 import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -37,13 +46,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 from loguru import logger
+from pipecat.frames.frames import ErrorCategory
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameProcessor
 from pipecat.runner.types import RunnerArguments
-from pipecat.services.llm_service import FunctionCallParams, LLMService
+from pipecat.services.llm_service import FunctionCallParams, LLMService, WebsocketLLMService
 from pipecat.services.openai.base_llm import BaseOpenAILLMService
+from pipecat.services.openai.responses.llm import (
+    OpenAIResponsesHttpLLMService,
+    OpenAIResponsesLLMService,
+)
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 
@@ -59,6 +74,12 @@ PLACEHOLDER_KEYS = (
 
 PLACEHOLDER = "pipecat-rl-simulated"
 
+_SECRET_SUFFIXES = ("_API_KEY", "_SECRET_KEY", "_ACCESS_KEY_ID", "_SECRET_ACCESS_KEY", "_TOKEN")
+"""Environment variables ending so are provider credentials: replaced while simulating."""
+
+CLOSED_URL = "http://127.0.0.1:9/v1"
+"""Where stray OpenAI/Anthropic SDK requests go when no model is served: a closed local port."""
+
 
 @dataclass
 class SimulationRunnerArguments(RunnerArguments):
@@ -67,6 +88,8 @@ class SimulationRunnerArguments(RunnerArguments):
     world: World | None = None
     llm_url: str | None = None
     model: str | None = None
+    transport: Any = None
+    """The local transport, for a `bot(runner_args)` entry: `create_transport` returns it."""
 
 
 @dataclass
@@ -84,6 +107,10 @@ class Episode:
     """Pipeline errors (ErrorFrames) the bot's workers reported."""
     bypassed: list[str] = field(default_factory=list)
     redirected: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    """Why each refused LLM service was refused (the run stops on the first)."""
+    prepared: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a worker of the bot has been adapted (the pre-flight check waits on it)."""
 
 
 _episode: ContextVar[Episode | None] = ContextVar("pipecat_rl_episode", default=None)
@@ -111,23 +138,37 @@ class BypassedService(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
-    """Replace STT and TTS services in `pipeline` (and nested pipelines) by pass-throughs."""
+def _replace(
+    pipeline: FrameProcessor, swap: Callable[[FrameProcessor], FrameProcessor | None]
+) -> None:
+    """Replace each processor of `pipeline` (nested too) that `swap` gives a substitute for."""
     if not isinstance(pipeline, Pipeline):
         for child in pipeline.processors:
-            _bypass_speech(child, episode)
+            _replace(child, swap)
         return
     processors = pipeline._processors  # Pipecat keeps the chain here; we relink it below
     changed = False
     for i, processor in enumerate(processors):
-        if isinstance(processor, (STTService, TTSService)):
-            processors[i] = BypassedService(processor)
-            episode.bypassed.append(type(processor).__name__)
+        substitute = swap(processor)
+        if substitute is not None:
+            processors[i] = substitute
             changed = True
         else:
-            _bypass_speech(processor, episode)
+            _replace(processor, swap)
     if changed:
         pipeline._link_processors()
+
+
+def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
+    """Replace STT and TTS services in `pipeline` (and nested pipelines) by pass-throughs."""
+
+    def swap(processor: FrameProcessor) -> FrameProcessor | None:
+        if not isinstance(processor, (STTService, TTSService)):
+            return None
+        episode.bypassed.append(type(processor).__name__)
+        return BypassedService(processor)
+
+    _replace(pipeline, swap)
 
 
 def _processors(root: FrameProcessor) -> Iterator[FrameProcessor]:
@@ -149,12 +190,101 @@ def _world_handler(world: World) -> Callable:
 
 
 def error_recorder(errors: list[str]) -> Callable:
-    """An `on_pipeline_error` handler that appends each error to `errors`."""
+    """An `on_pipeline_error` handler that appends each error to `errors`.
+
+    A bot's own tool handler that raised (Pipecat reports it as an `APPLICATION` error, and
+    settles the call as failed) is a failed tool call, scored as one, not a broken episode.
+    """
 
     async def record(worker: PipelineWorker, frame) -> None:
+        if getattr(frame, "category", None) == ErrorCategory.APPLICATION and not frame.fatal:
+            logger.debug(f"{worker}: a tool handler failed: {frame.error}")
+            return
         errors.append(f"{worker}: {frame.error}")
 
     return record
+
+
+_RESPONSES = (OpenAIResponsesLLMService, OpenAIResponsesHttpLLMService)
+"""OpenAI's Responses API services (WebSocket and HTTP), and any subclass of them."""
+
+_OWN_MODULES = ("pipecat.services.llm_service", "pipecat.services.ai_service")
+"""Pipecat's generic LLM bases: a service built only on them is the user's own (or ours)."""
+
+
+def _provider_class(processor: LLMService) -> type | None:
+    """The first class of `processor` that is a Pipecat provider service, if any."""
+    for cls in type(processor).__mro__:
+        module = cls.__module__
+        if module.startswith("pipecat.services.") and module not in _OWN_MODULES:
+            return cls
+    return None
+
+
+def refusal(processor: LLMService, llm_url: str | None) -> str | None:
+    """Why `processor` cannot run in a simulation, or None when it can (see `point_llm`)."""
+    name = type(processor).__name__
+    redirectable = isinstance(processor, (BaseOpenAILLMService, *_RESPONSES))
+    client = getattr(processor, "_client", None)
+    redirectable = redirectable or isinstance(client, openai.AsyncOpenAI)
+    realtime = isinstance(processor, WebsocketLLMService) and not isinstance(
+        processor, OpenAIResponsesLLMService
+    )
+    if redirectable and not realtime:
+        if llm_url is None:
+            return (
+                f"the bot's {name} needs the served model, and this run serves none "
+                "(--no-server): drop --no-server, or pass --llm-url"
+            )
+        return None
+    provider = _provider_class(processor)
+    if provider is None:
+        return None  # the user's own LLMService (or the simulator's scripted one)
+    return (
+        f"the bot's {name} ({provider.__module__}) cannot be pointed at the served model, and "
+        "the simulator never lets a bot call its provider. Give the simulator an entry point "
+        "that builds an OpenAI-compatible service instead (OpenAILLMService, or any service "
+        "with a base_url), e.g. `--bot file.py:entry` with an entry that passes it to your "
+        "run_bot, as examples/clinic/expert.py does"
+    )
+
+
+def point_llm(processor: LLMService, episode: Episode) -> None:
+    """Point an OpenAI Chat or Responses service (or any OpenAI client) at the served model."""
+    assert episode.llm_url is not None  # checked by `refusal`
+    episode.redirected.append(type(processor).__name__)
+    if isinstance(processor, OpenAIResponsesLLMService):
+        # vLLM serves the Responses API over HTTP, not the WebSocket this variant opens: the
+        # instance (its functions, handlers and the references a bot or Flows holds) stays.
+        processor.__class__ = OpenAIResponsesHttpLLMService
+    if isinstance(processor, _RESPONSES):
+        processor._api_key = "none"
+    processor._client = openai.AsyncOpenAI(api_key="none", base_url=episode.llm_url)
+    settings = processor._settings
+    if episode.model:
+        settings.model = episode.model
+    capped = isinstance(getattr(settings, "max_tokens", None), int) or isinstance(
+        getattr(settings, "max_completion_tokens", None), int
+    )
+    if episode.max_tokens and not capped:
+        settings.max_tokens = episode.max_tokens
+
+
+def _adapt_llms(worker: PipelineWorker, episode: Episode) -> None:
+    def swap(processor: FrameProcessor) -> FrameProcessor | None:
+        if not isinstance(processor, LLMService):
+            return None
+        reason = refusal(processor, episode.llm_url)
+        if reason is None:
+            if _provider_class(processor) is not None:
+                point_llm(processor, episode)
+            return None
+        # Out of the pipeline before any frame reaches it: it never opens a connection.
+        episode.refused.append(reason)
+        episode.errors.append(reason)
+        return BypassedService(processor)
+
+    _replace(worker.pipeline, swap)
 
 
 async def prepare_worker(worker: PipelineWorker) -> None:
@@ -166,24 +296,15 @@ async def prepare_worker(worker: PipelineWorker) -> None:
     worker.add_event_handler("on_pipeline_error", error_recorder(episode.errors))
     if episode.bypass_speech:
         _bypass_speech(worker.pipeline, episode)
+    _adapt_llms(worker, episode)
     for processor in _processors(worker.pipeline):
-        if isinstance(processor, BaseOpenAILLMService) and episode.llm_url:
-            processor._client = processor.create_client(api_key="none", base_url=episode.llm_url)
-            if episode.model:
-                processor._settings.model = episode.model
-            settings = processor._settings
-            capped = isinstance(settings.max_tokens, int) or isinstance(
-                settings.max_completion_tokens, int
-            )
-            if episode.max_tokens and not capped:
-                settings.max_tokens = episode.max_tokens
-            episode.redirected.append(type(processor).__name__)
         if isinstance(processor, LLMService) and episode.world is not None:
             handler = _world_handler(episode.world)
             for name in episode.world.tools:
                 processor.register_function(name, handler)
     if episode.bypassed:
         logger.debug(f"simulator: bypassed {', '.join(episode.bypassed)} (text mode)")
+    episode.prepared.set()
 
 
 _environment_users = 0
@@ -192,7 +313,7 @@ _saved_environment: dict[str, str] = {}
 
 @contextlib.contextmanager
 def simulation_environment(llm_url: str | None, setup_files: list[Path]) -> Iterator[None]:
-    """Environment for simulated bots: setup files, the LLM URL and placeholder provider keys.
+    """Environment for simulated bots: setup files, the LLM URL, and no real provider key.
 
     `setup_files` go first in `PIPECAT_SETUP_FILES`, before what was there. Simulations that
     overlap in one process (the gate runs two at once) share it: the first one in sets it, the
@@ -207,10 +328,14 @@ def simulation_environment(llm_url: str | None, setup_files: list[Path]) -> Iter
     os.environ["PIPECAT_SETUP_FILES"] = os.pathsep.join(
         ours + [p for p in existing if p not in ours]
     )
-    if llm_url:
-        os.environ["OPENAI_BASE_URL"] = llm_url
-    for key in PLACEHOLDER_KEYS:
-        os.environ.setdefault(key, PLACEHOLDER)
+    # Fail closed: no real provider key is in reach of a simulated bot, and the SDKs that read
+    # a base URL from the environment talk to the served model or to a closed local port.
+    for key in [k for k in os.environ if k.upper().endswith(_SECRET_SUFFIXES)]:
+        os.environ[key] = PLACEHOLDER
+    for key in PLACEHOLDER_KEYS + ("GOOGLE_APPLICATION_CREDENTIALS",):
+        os.environ[key] = PLACEHOLDER
+    os.environ["OPENAI_BASE_URL"] = llm_url or CLOSED_URL
+    os.environ["ANTHROPIC_BASE_URL"] = CLOSED_URL.removesuffix("/v1")
     try:
         yield
     finally:
@@ -224,31 +349,100 @@ def simulation_environment(llm_url: str | None, setup_files: list[Path]) -> Iter
 
 BotFn = Callable[..., Any]
 
+SIMULATED_CALLER_NUMBER = "+15555550100"
+SIMULATED_DIALED_NUMBER = "+15555550199"
 
-_FILLED = {"runner_args", "args", "handle_sigint", "handle_sigterm", "wait_for_user"}
-"""Parameters after the transport that the simulator fills by name."""
+FILLED_PARAMETERS: dict[str, str] = {
+    "runner_args": "the simulator's runner arguments (`SimulationRunnerArguments`)",
+    "args": "the same runner arguments",
+    "session_args": "the same runner arguments",
+    "handle_sigint": "False (the simulator owns the process)",
+    "handle_sigterm": "False",
+    "wait_for_user": "False",
+    "testing": "False (Pipecat's telephony examples: a real call, not their own test mode)",
+    "sample_rate": "16000 (text mode carries no audio)",
+    "audio_in_sample_rate": "16000",
+    "audio_out_sample_rate": "16000",
+    "body": "runner_args.body (the scenario, repeat and seed)",
+    "session_id": "the episode's session id",
+    "call_id": "the episode's session id",
+    "call_sid": "the episode's session id",
+    "stream_id": "the episode's session id",
+    "stream_sid": "the episode's session id",
+    "caller_id": SIMULATED_CALLER_NUMBER,
+    "from_number": SIMULATED_CALLER_NUMBER,
+    "caller_number": SIMULATED_CALLER_NUMBER,
+    "to_number": SIMULATED_DIALED_NUMBER,
+    "dialed_number": SIMULATED_DIALED_NUMBER,
+}
+"""What the simulator passes for each entry-point parameter it knows, by name (documented in the
+README). A parameter with a default that is not listed keeps its default; one without a default
+that is not listed is a clear error naming it."""
+
+_RUNNER_ARGS_NAMES = ("runner_args", "args", "session_args")
+
+
+def _parameter_values(runner_args: SimulationRunnerArguments) -> dict[str, Any]:
+    session = runner_args.session_id or ""
+    values: dict[str, Any] = {name: runner_args for name in _RUNNER_ARGS_NAMES}
+    values.update(handle_sigint=False, handle_sigterm=False, wait_for_user=False, testing=False)
+    values.update(sample_rate=16000, audio_in_sample_rate=16000, audio_out_sample_rate=16000)
+    values.update(body=runner_args.body, session_id=session, call_id=session, call_sid=session)
+    values.update(stream_id=session, stream_sid=session)
+    values.update(caller_id=SIMULATED_CALLER_NUMBER, from_number=SIMULATED_CALLER_NUMBER)
+    values.update(caller_number=SIMULATED_CALLER_NUMBER, to_number=SIMULATED_DIALED_NUMBER)
+    values.update(dialed_number=SIMULATED_DIALED_NUMBER)
+    return values
 
 
 @dataclass(frozen=True)
 class BotEntry:
-    """A bot's entry point: the transport goes first, the named parameters after it."""
+    """A bot's entry point: the transport goes first, the named parameters after it.
+
+    With `takes_runner_args` (Pipecat Cloud's `bot(runner_args)`), the runner arguments go
+    first instead and carry the transport, which `create_transport` hands back to the bot.
+    """
 
     spec: str
     fn: BotFn
     parameters: tuple[str, ...]
+    takes_runner_args: bool = False
 
     async def run(self, transport: Any, runner_args: SimulationRunnerArguments) -> None:
         """Call the entry point with the transport and whatever else it asks for."""
-        values = {
-            "runner_args": runner_args,
-            "args": runner_args,
-            "handle_sigint": False,
-            "handle_sigterm": False,
-            "wait_for_user": False,
-        }
-        result = self.fn(transport, **{name: values[name] for name in self.parameters})
+        values = _parameter_values(runner_args)
+        named = {name: values[name] for name in self.parameters}
+        if self.takes_runner_args:
+            runner_args.transport = transport
+            result = self.fn(runner_args, **named)
+        else:
+            result = self.fn(transport, **named)
         if inspect.isawaitable(result):
             await result
+
+
+def install_create_transport() -> None:
+    """Make `pipecat.runner.utils.create_transport` return the simulator's local transport.
+
+    Pipecat's runner hands a bot runner arguments whose type names its transport, and the bot
+    builds the transport with `create_transport(runner_args, params)`; for the simulator's
+    arguments it returns the local transport they carry, for any other it does what it did.
+    Installed before a bot is imported, so a bot's `from ... import create_transport` gets it.
+    """
+    from pipecat.runner import utils
+
+    original = utils.create_transport
+    if getattr(original, "pipecat_rl", False):
+        return
+
+    @functools.wraps(original)
+    async def create_transport(runner_args: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(runner_args, SimulationRunnerArguments) and runner_args.transport:
+            return runner_args.transport
+        return await original(runner_args, *args, **kwargs)
+
+    create_transport.pipecat_rl = True  # type: ignore[attr-defined]
+    utils.create_transport = create_transport
 
 
 def _import(spec: str) -> Any:
@@ -271,32 +465,60 @@ def _import(spec: str) -> Any:
     return importlib.import_module(spec)
 
 
+def _takes_runner_args(fn_name: str, first: inspect.Parameter) -> bool:
+    annotation = first.annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return first.name in _RUNNER_ARGS_NAMES or "RunnerArguments" in str(named) or (
+        fn_name == "bot" and first.name != "transport"
+    )
+
+
 def load_bot(spec: str) -> BotEntry:
-    """Load `path/to/bot.py[:name]` or `package.module[:name]`; `name` defaults to run_bot."""
+    """Load `path/to/bot.py[:name]` or `package.module[:name]`.
+
+    `name` defaults to `run_bot`, else Pipecat Cloud's `bot(runner_args)`.
+    """
     module_spec, _, fn_name = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    install_create_transport()
     try:
         module = _import(module_spec)
     except SimulationError:
         raise
     except Exception as e:
-        raise SimulationError(f"--bot {spec}: importing it failed: {type(e).__name__}: {e}") from e
-    fn_name = fn_name or "run_bot"
+        hint = ""
+        if isinstance(e, ImportError) and "daily" in str(e).lower():
+            hint = " (Daily transport: pip install 'pipecat-rl[cpu]' brings pipecat-ai[daily])"
+        raise SimulationError(
+            f"--bot {spec}: importing it failed: {type(e).__name__}: {e}{hint}"
+        ) from e
+    named = fn_name
+    if not fn_name:
+        fn_name = "run_bot" if callable(getattr(module, "run_bot", None)) else "bot"
     fn = getattr(module, fn_name, None)
     if not callable(fn):
+        wanted = f"`{fn_name}`" if named else "`run_bot` or `bot`"
         raise SimulationError(
-            f"--bot {spec}: no `{fn_name}` function; define `async def run_bot(transport, "
+            f"--bot {spec}: no {wanted} function; define `async def run_bot(transport, "
             "runner_args)` that builds the pipeline on the transport it is given (Pipecat's "
-            "example convention), or name another entry point with --bot FILE:FUNCTION"
+            "example convention) or `async def bot(runner_args)` that builds its transport with "
+            "`create_transport` (Pipecat Cloud's), or name another entry point with "
+            "--bot FILE:FUNCTION"
         )
     params = list(inspect.signature(fn).parameters.values())
     if not params:
         raise SimulationError(f"--bot {spec}: `{fn_name}` takes no transport parameter")
+    takes_runner_args = _takes_runner_args(fn_name, params[0])
     rest = params[1:]
-    missing = [p.name for p in rest if p.name not in _FILLED and p.default is p.empty]
+    missing = [p.name for p in rest if p.name not in FILLED_PARAMETERS and p.default is p.empty]
     if missing:
         raise SimulationError(
             f"--bot {spec}: `{fn_name}` needs {', '.join(missing)}, which the simulator cannot "
-            f"provide; it fills {', '.join(sorted(_FILLED))} after the transport (give the "
-            "others defaults)"
+            f"provide; it fills {', '.join(sorted(FILLED_PARAMETERS))} by name (give the "
+            "others defaults, or wrap the bot in an entry point of your own: --bot FILE:FUNCTION)"
         )
-    return BotEntry(spec=spec, fn=fn, parameters=tuple(p.name for p in rest if p.name in _FILLED))
+    return BotEntry(
+        spec=spec,
+        fn=fn,
+        parameters=tuple(p.name for p in rest if p.name in FILLED_PARAMETERS),
+        takes_runner_args=takes_runner_args,
+    )

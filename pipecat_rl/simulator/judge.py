@@ -1,72 +1,203 @@
-"""Judged metrics: an LLM, served the same way as the agent, grades each agent turn.
+"""The judge: Pipecat's own simulation judge, asked through an OpenAI-compatible endpoint.
 
-A scenario's judged metric (`name` + `criterion`, as in `pipecat.evals`) scores the share of the
-agent's turns that satisfy the criterion, as Pipecat's own simulation judge does. Each verdict is
-one short request whose answer is constrained to "yes" or "no" (vLLM structured outputs), so
-even a small model answers in the form asked. The score is a reward part, `judge:<name>`.
+A scenario's `success` and its criterion metrics are judged exactly as `pipecat eval` judges
+them (`pipecat.evals.simulation_judge.EvalSimulationJudge` over an `EvalJudge` whose classifier
+is an `LLMClassifier`): the goal is one yes/no over the whole call, the bot's tool calls shown
+where it made them; a criterion is decided for each agent turn, and its score is the share of
+turns that met it. The classifier asks for one JSON object under a JSON schema
+(`response_format`), which vLLM enforces, so even a small served model answers in the form asked.
+
+Where the judge (and the persona) run: `--judge-llm-url/--judge-model` (and
+`--persona-llm-url/--persona-model`) win; else a scenario's `judge.eval:` (`simulator:`) block
+where it names an OpenAI-compatible endpoint (`service: ollama`, with its `endpoint`, default
+`http://localhost:11434/v1`, and `model`); else the served model. A block Pipecat would build
+with a `factory` or another provider cannot run offline: `endpoint_for` says which flag to use.
 """
 
-import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from loguru import logger
-from openai import AsyncOpenAI
+import httpx
+from pipecat.classifiers.llm.classifier import LLMClassifier
+from pipecat.evals.judge import EvalJudge
+from pipecat.evals.services import DEFAULT_OLLAMA_JUDGE_MODEL
+from pipecat.evals.simulation import EvalSimulationMetric, EvalSimulationScenario
+from pipecat.evals.simulation_judge import EvalSimulationJudge, EvalSimulationJudgement
+from pipecat.services.openai.llm import OpenAILLMService
 
-from pipecat_rl.simulator.scenario import Metric
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.simulator.scenario import Scenario
 from pipecat_rl.simulator.transport import Line
 
-_INSTRUCTION = (
-    "You grade one reply of a phone agent. Read the call so far and the agent's last reply, "
-    "then answer only yes or no: does that reply satisfy the criterion?"
-)
+OLLAMA_URL = "http://localhost:11434/v1"
+"""Where Pipecat's `service: ollama` blocks go when they name no `endpoint`."""
 
 
-def _prompt(transcript: Sequence[Line], upto: int, criterion: str) -> list[dict[str, str]]:
-    call = "\n".join(f"{line.speaker}: {line.text}" for line in transcript[: upto + 1])
-    return [
-        {"role": "system", "content": _INSTRUCTION},
-        {
-            "role": "user",
-            "content": f"Criterion: {criterion}\n\nCall:\n{call}\n\nDoes the agent's last reply "
-            "satisfy the criterion? Answer yes or no.",
-        },
-    ]
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible LLM the judge or the persona runs on."""
+
+    url: str
+    model: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Top-level request parameters (a block's `extra:`, e.g. `reasoning_effort: none`)."""
+    source: str = "served model"
+    """Where it came from, for messages: a flag, a scenario's block, or the served model."""
 
 
-async def _verdict(client: AsyncOpenAI, model: str, messages: list[dict[str, str]]) -> bool:
-    response = await client.chat.completions.create(
-        model=model,
-        messages=messages,
-        max_tokens=2,
-        temperature=0.0,
-        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
-    )
-    return (response.choices[0].message.content or "").strip().lower().startswith("yes")
+def endpoint_for(
+    block: dict[str, Any] | None, *, where: str, flag: str, path: object = None
+) -> Endpoint | None:
+    """The endpoint a scenario's `simulator:` / `judge.eval:` block names, or None for none.
 
-
-async def judge_metrics(
-    metrics: Sequence[Metric], transcript: Sequence[Line], *, llm_url: str, model: str = "base"
-) -> dict[str, float]:
-    """Score every judged metric over the agent's turns.
-
-    A metric that cannot be judged (the server refused, say) is left out and logged, never
-    guessed.
+    Raises:
+        ConfigError: the block names a provider or a factory the simulator cannot run
+            offline; the message names the flag that replaces it.
     """
-    judged = [m for m in metrics if m.criterion is not None]
-    agent_turns = [i for i, line in enumerate(transcript) if line.speaker == "agent"]
-    if not judged or not agent_turns:
-        return {}
-    client = AsyncOpenAI(base_url=llm_url, api_key="none")
-    scores: dict[str, float] = {}
-    for metric in judged:
-        try:
-            verdicts = await asyncio.gather(
-                *(_verdict(client, model, _prompt(transcript, i, metric.criterion))
-                  for i in agent_turns)
-            )  # fmt: skip
-        except Exception as e:
-            logger.warning(f"judge: could not score {metric.key}: {e}")
+    if not block:
+        return None
+    model_flag = flag.replace("-llm-url", "-model")
+    fix = f"pass {flag} URL {model_flag} NAME (any OpenAI-compatible server), or drop the block"
+    if block.get("factory"):
+        raise ConfigError(
+            f"{path}: {where}.factory builds its own LLM service, which the simulator cannot run "
+            f"offline; {fix}"
+        )
+    service = str(block.get("service", "ollama")).lower()
+    if service != "ollama":
+        raise ConfigError(
+            f"{path}: {where}.service {service!r} is a provider the simulator cannot reach "
+            f"offline; {fix}"
+        )
+    extra = block.get("extra")
+    return Endpoint(
+        url=str(block.get("endpoint") or OLLAMA_URL).rstrip("/"),
+        model=str(block.get("model") or DEFAULT_OLLAMA_JUDGE_MODEL),
+        extra=dict(extra) if isinstance(extra, dict) else {},
+        source=f"{where} of {path}",
+    )
+
+
+def judge_block(scenario: Scenario) -> dict[str, Any] | None:
+    """A scenario's `judge.eval:` block (the judge LLM), if it has one."""
+    block = (scenario.judge or {}).get("eval")
+    return block if isinstance(block, dict) else None
+
+
+def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
+    """Ask each endpoint for its models once; one that does not answer is a usage error.
+
+    Raises:
+        ConfigError: naming the endpoint, where it came from, and the flag to use instead.
+    """
+    seen: set[str] = set()
+    for endpoint, flag in endpoints:
+        if endpoint.url in seen:
             continue
-        scores[metric.key] = round(sum(verdicts) / len(verdicts), 6)
-    await client.close()
-    return scores
+        seen.add(endpoint.url)
+        try:
+            httpx.get(f"{endpoint.url}/models", timeout=3.0).raise_for_status()
+        except httpx.HTTPError as e:
+            model_flag = flag.replace("-llm-url", "-model")
+            raise ConfigError(
+                f"{endpoint.source} names {endpoint.url} (model {endpoint.model}), which does "
+                f"not answer ({type(e).__name__}); start it, or pass {flag} URL {model_flag} NAME"
+            ) from e
+
+
+def judge_service(endpoint: Endpoint) -> OpenAILLMService:
+    """An OpenAI-compatible service on `endpoint`, deterministic (temperature 0)."""
+    return OpenAILLMService(
+        api_key="none",
+        base_url=endpoint.url,
+        settings=OpenAILLMService.Settings(
+            model=endpoint.model, temperature=0.0, extra=dict(endpoint.extra)
+        ),
+    )
+
+
+def pipecat_simulation(scenario: Scenario) -> EvalSimulationScenario:
+    """The scenario as Pipecat's own simulation object (what its judge reads)."""
+    return EvalSimulationScenario(
+        name=scenario.name,
+        persona=scenario.persona,
+        goal=scenario.goal,
+        success=scenario.success,
+        metrics=[
+            EvalSimulationMetric(name=m.key, criterion=m.criterion, min_score=m.min_score)
+            for m in scenario.metrics
+            if m.criterion is not None
+        ],
+        source_path=scenario.source_path,
+    )
+
+
+@dataclass(frozen=True)
+class ToolCallSeen:
+    """A tool call the bot made, as the judge and the measures see it."""
+
+    name: str
+    arguments: dict[str, Any]
+    at: float
+    cancelled: bool = False
+
+
+def conversation(transcript: Sequence[Line], calls: Sequence[ToolCallSeen]) -> list[dict]:
+    """The call as a Pipecat conversation file holds it: lines and tool calls, in time order."""
+    items: list[tuple[float, int, dict]] = []
+    for i, line in enumerate(transcript):
+        role = "user" if line.speaker == "caller" else "assistant"
+        items.append((line.at, i, {"role": role, "content": line.text}))
+    for call in calls:
+        message = {
+            "role": "tool_call",
+            "name": call.name,
+            "arguments": call.arguments,
+            "cancelled": call.cancelled,
+        }
+        items.append((call.at, -1, message))
+    return [message for _, _, message in sorted(items, key=lambda item: (item[0], item[1]))]
+
+
+async def judge_call(
+    scenario: Scenario,
+    transcript: Sequence[Line],
+    calls: Sequence[ToolCallSeen],
+    endpoint: Endpoint,
+) -> EvalSimulationJudgement:
+    """Judge one call's `success` and criterion metrics, as Pipecat's simulation judge does."""
+    judge = EvalJudge(LLMClassifier(llm=judge_service(endpoint)), explainer=None)
+    try:
+        return await EvalSimulationJudge(pipecat_simulation(scenario), judge=judge).judge(
+            conversation(transcript, calls)
+        )
+    finally:
+        await judge.close()
+
+
+def resolve_endpoint(
+    block: dict[str, Any] | None,
+    *,
+    flag_url: str | None,
+    flag_model: str | None,
+    served_url: str | None,
+    where: str,
+    flag: str,
+    path: object = None,
+) -> Endpoint | None:
+    """Where the judge (or persona) runs: the flag, the scenario's block, or the served model.
+
+    The served model answers as `base` unless `flag_model` names another; None when there is
+    neither a flag, nor a block, nor a served model.
+    """
+    if flag_url:
+        return Endpoint(flag_url.rstrip("/"), flag_model or "base", source=f"{flag} {flag_url}")
+    named = endpoint_for(block, where=where, flag=flag, path=path)
+    if named is not None:
+        return named if flag_model is None else Endpoint(
+            named.url, flag_model, named.extra, named.source
+        )
+    if served_url:
+        return Endpoint(served_url, flag_model or "base")
+    return None

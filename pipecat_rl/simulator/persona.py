@@ -3,9 +3,12 @@
 Its pipeline is `transport in -> persona turns -> persona LLM -> transport out -> assistant
 aggregator`. The persona LLM runs under Pipecat's own persona instruction (`EvalPersona`) plus the
 scenario's facts, which it gives only when asked, and ends the call with Pipecat's `end_call`
-tool; the call also ends on `max_turns`. The LLM persona is the default; a scripted persona
-(the scenario's `script:` rules, keyed on what the agent says, chosen with `--persona
-scripted`) replaces the LLM with a `ScriptedLLMService` for deterministic episodes.
+tool; the call also ends on `max_turns`. The LLM persona is the default; it runs on the
+scenario's persona endpoint (`--persona-llm-url`, the file's `simulator:` block, or the served
+model, see `judge.resolve_endpoint`). A scripted persona (the scenario's `script:` rules, keyed
+on what the agent says, chosen with `--persona scripted`) replaces the LLM with a
+`ScriptedLLMService` for deterministic episodes, and a Pipecat scripted scenario (`turns:`)
+always has its turns said by one (`script_turns.TurnsCaller`).
 """
 
 import re
@@ -28,6 +31,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.scenario import Scenario, Script
 from pipecat_rl.simulator.scripted import (
     ScriptedLLMService,
@@ -55,15 +59,18 @@ def persona_instruction(scenario: Scenario) -> str:
 class PersonaTurns(FrameProcessor):
     """Turns each agent line (a transcription from the caller transport) into a persona turn."""
 
-    def __init__(self, context: LLMContext, **kwargs):
+    def __init__(self, context: LLMContext, pair: LocalTransportPair | None = None, **kwargs):
         super().__init__(**kwargs)
         self._context = context
+        self._pair = pair
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Append an agent line to the persona's context and run the persona LLM on it."""
         await super().process_frame(frame, direction)
         if isinstance(frame, TranscriptionFrame) and direction == FrameDirection.DOWNSTREAM:
             self._context.add_message({"role": "user", "content": frame.text})
+            if self._pair is not None:
+                self._pair.caller_responding = True  # a hang-up now waits for this turn
             await self.push_frame(LLMContextFrame(self._context))
         else:
             await self.push_frame(frame, direction)
@@ -99,9 +106,19 @@ PersonaKind = Literal["llm", "scripted"]
 
 
 def persona_llm(
-    scenario: Scenario, kind: PersonaKind, *, llm_url: str | None, model: str = "base"
+    scenario: Scenario,
+    kind: PersonaKind,
+    *,
+    endpoint: Endpoint | None,
+    pair: LocalTransportPair | None = None,
 ) -> LLMService:
-    """The persona's LLM: the served model, or the scenario's `script:` rules."""
+    """The persona's LLM: a scripted scenario's turns, the `script:` rules, or an LLM."""
+    if scenario.scripted:
+        from pipecat_rl.simulator.script_turns import TurnsCaller, caller_turns
+
+        if pair is None:
+            raise SimulationError("a scripted scenario's caller needs the transport pair")
+        return ScriptedLLMService(TurnsCaller(caller_turns(scenario), pair))
     if kind == "scripted":
         if scenario.script is None:
             raise SimulationError(
@@ -109,16 +126,19 @@ def persona_llm(
                 "add one, or run with the LLM persona"
             )
         return ScriptedLLMService(ScriptedPersona(scenario.script))
-    if llm_url is None:
-        raise SimulationError("the LLM persona needs an LLM server: pass --llm-url")
+    if endpoint is None:
+        raise SimulationError(
+            "the LLM persona needs an LLM server: pass --llm-url (or --persona-llm-url)"
+        )
     return OpenAILLMService(
         api_key="none",
-        base_url=llm_url,
+        base_url=endpoint.url,
         settings=OpenAILLMService.Settings(
-            model=model,
+            model=endpoint.model,
             temperature=0.7,
             max_tokens=96,
             system_instruction=persona_instruction(scenario),
+            extra=dict(endpoint.extra),
         ),
     )
 
@@ -141,6 +161,11 @@ def build_persona_worker(
     """The persona caller bot, ready to run on the caller side of `pair`."""
     # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
     opening = scenario.script.opening if scenario.script else None
+    if scenario.scripted:
+        from pipecat_rl.simulator.script_turns import caller_turns, pipecat_script
+
+        opening = caller_turns(scenario)[0]
+        pair.agent_context = pipecat_script(scenario).context
     messages = [{"role": "assistant", "content": opening}] if opening else []
     context = LLMContext(messages, tools=ToolsSchema(standard_tools=[END_CALL_SCHEMA]))
 
@@ -155,7 +180,7 @@ def build_persona_worker(
     pipeline = Pipeline(
         [
             transport.input(),
-            PersonaTurns(context),
+            PersonaTurns(context, pair),
             llm,
             transport.output(),
             LLMAssistantAggregator(context),

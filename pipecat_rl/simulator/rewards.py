@@ -1,8 +1,10 @@
 """Rewards and failure labels of an episode; every part is kept apart so each can be replaced.
 
 reward = terminal verifier on the world (authoritative, 1 or 0) + shaped tool credit (+0.1 per
-successful tool execution, -0.1 per failed one) + optional judged metrics. `reward_parts` and
-`failure_labels` are plain functions a user can swap for their own.
+successful tool execution, -0.1 per failed one) + a Pipecat scenario's judged and measured parts
+(`pipecat_metrics`). Tool credit counts every tool execution the recorder saw: the world's tools
+and the bot's own handlers (Flows functions among them) alike (`seen_executions`).
+`reward_parts` and `failure_labels` are plain functions a user can swap for their own.
 """
 
 import difflib
@@ -13,6 +15,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipecat.services.llm_service import LLMService
+
+from pipecat_rl.ledger import ToolCallRecord
 from pipecat_rl.simulator.scenario import Scenario
 from pipecat_rl.simulator.transport import EndReason, Line
 from pipecat_rl.simulator.world import CheckResult, ToolExecution
@@ -53,19 +58,74 @@ def verifier_score(checks: Sequence[CheckResult]) -> float | None:
     return 1.0 if all(c.passed for c in checks) else 0.0
 
 
+CANCELLED = "cancelled"
+"""The recorder's error for a call the bot cancelled: it did not happen, and earns nothing."""
+
+_FAILED_RESULTS = (
+    LLMService.FUNCTION_CALL_ERROR_MESSAGE_TEMPLATE.split("{function_name}")[-1],
+    LLMService.MISSING_FUNCTION_CALL_MESSAGE_TEMPLATE.split("{function_name}")[-1],
+)
+"""How Pipecat settles a call whose handler raised, or that has no handler."""
+
+
+def _result_error(result: object) -> str | None:
+    """The error a handler's result reports (`{"error": ...}`, or Pipecat's failure text)."""
+    if isinstance(result, dict) and result.get("error"):
+        return str(result["error"])
+    if isinstance(result, str) and result.endswith(_FAILED_RESULTS):
+        return result
+    return None
+
+
+def seen_executions(
+    recorded: Sequence[ToolCallRecord], world: Sequence[ToolExecution]
+) -> list[ToolExecution]:
+    """Every tool execution the recorder saw, in time order, cancelled calls left out.
+
+    A world tool's outcome is the world's own (injected faults included); a bot handler's call
+    failed when the recorder saw an error or its result reports one. World executions the
+    recorder did not see (no recorder in this build) are kept, so nothing is lost.
+    """
+    by_id = {e.call_id: e for e in world if e.call_id}
+    out: list[ToolExecution] = []
+    for r in recorded:
+        if r.state_diff and "world" in r.state_diff:
+            continue  # the simulator's own copy of a world execution
+        if r.call_id in by_id:
+            out.append(by_id.pop(r.call_id))
+        elif r.error != CANCELLED:
+            error = r.error or _result_error(r.result)
+            out.append(
+                ToolExecution(
+                    name=r.name,
+                    arguments=dict(r.arguments),
+                    started_at=r.started_at,
+                    call_id=r.call_id,
+                    result=r.result,
+                    error=error,
+                    duration_ms=r.duration_ms or 0.0,
+                )
+            )
+    out.extend(e for e in world if e.call_id in by_id or not e.call_id)
+    return sorted(out, key=lambda e: e.started_at)
+
+
 def tool_credit(executions: Sequence[ToolExecution]) -> float:
     """+0.1 per successful tool execution, -0.1 per failed one."""
     return round(sum(TOOL_SUCCESS_CREDIT if e.ok else TOOL_FAILURE_CREDIT for e in executions), 6)
 
 
 def reward_parts(evidence: EpisodeEvidence) -> dict[str, float]:
-    """The reward's parts: `verifier` (when there are checks), `tool_credit`, `judge:<metric>`."""
+    """The reward's parts: `verifier` (when there are checks), `tool_credit`, Pipecat's parts.
+
+    Pipecat's parts (`evidence.judged`) come named: `judge:success`, `judge:<m>`, `metric:<m>`.
+    """
     parts: dict[str, float] = {}
     verifier = verifier_score(evidence.checks)
     if verifier is not None:
         parts["verifier"] = verifier
     parts["tool_credit"] = tool_credit(evidence.executions)
-    parts.update({f"judge:{name}": value for name, value in evidence.judged.items()})
+    parts.update(evidence.judged)
     return parts
 
 

@@ -4,14 +4,19 @@ An episode builds a fresh world, a transport pair and a persona caller, runs the
 the agent side inside `recording(...)` (so the recorder writes its turns token-exactly) and the
 simulator's episode context (so its worker is adapted, see `botloader`), watches the call until
 it ends (hang-up, `max_turns`, silence, `max_duration_s`), shuts both bots down, verifies the
-world, and writes the reward, its parts, the labels and the world's tool executions to the
-ledger. Episodes run concurrently (asyncio), which is what lets vLLM batch. A failed simulated
-call is data (outcome "error" with its reason), never a crash of the run.
+world, scores the scenario's `success` and `metrics` as Pipecat would (`pipecat_metrics`), and
+writes the reward, its parts (each also a ledger score), the labels and the world's tool
+executions to the ledger. Before any episode, `simulate` checks that every persona and judge
+endpoint answers and runs the bot once up to its pipeline's setup (`preflight`), so an LLM
+service that cannot be pointed at the served model stops the run before a call is made.
+Episodes run concurrently (asyncio), which is what lets vLLM batch. A failed simulated call is
+data (outcome "error" with its reason), never a crash of the run.
 """
 
 import asyncio
 import hashlib
 import statistics
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +28,7 @@ from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
+from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.ledger.store import NotInLedgerError
@@ -37,20 +43,33 @@ from pipecat_rl.simulator.botloader import (
     error_recorder,
     simulation_environment,
 )
-from pipecat_rl.simulator.judge import judge_metrics
+from pipecat_rl.simulator.judge import (
+    Endpoint,
+    ToolCallSeen,
+    check_reachable,
+    judge_block,
+    judge_call,
+    resolve_endpoint,
+)
 from pipecat_rl.simulator.persona import PersonaKind, build_persona_worker, persona_llm
+from pipecat_rl.simulator.pipecat_metrics import score_scenario
 from pipecat_rl.simulator.rewards import (
     EpisodeEvidence,
     failure_labels,
     pass_hat_k,
     reward_parts,
+    seen_executions,
 )
 from pipecat_rl.simulator.scenario import Scenario, ScenarioSet
+from pipecat_rl.simulator.script_turns import score_turns
 from pipecat_rl.simulator.transport import EndReason, Line, LocalTransportPair
 from pipecat_rl.simulator.world import CheckResult, ToolExecution, World
 
 SHUTDOWN_GRACE_S = 5.0
 """How long a bot gets to stop on its own after the call ends, before it is cancelled."""
+
+PREFLIGHT_TIMEOUT_S = 30.0
+"""How long the pre-flight run waits for the bot to set its pipeline up."""
 
 Outcome = Literal["pass", "fail", "unverified", "error"]
 
@@ -65,10 +84,15 @@ class SimulationConfig:
     """The model name the agent's requests carry: an adapter, or None for `base`."""
     persona: PersonaKind = "llm"
     """The LLM persona (default), or the scenarios' `script:` rules."""
-    persona_model: str = "base"
+    persona_model: str | None = None
+    """The persona's model (default: a `simulator:` block's, else `base` on the served model)."""
+    persona_llm_url: str | None = None
+    """Another OpenAI-compatible server for the persona (overrides `simulator:` blocks)."""
     mode: Literal["text"] = "text"
-    judge_model: str = "base"
-    """The served model that grades judged metrics (a scenario's `metrics` with a criterion)."""
+    judge_model: str | None = None
+    """The judge's model (default: a `judge.eval:` block's, else `base` on the served model)."""
+    judge_llm_url: str | None = None
+    """Another OpenAI-compatible server for the judge (overrides `judge.eval:` blocks)."""
     source: Literal["simulate", "gate"] = "simulate"
     """The ledger label of the sessions: `gate` for the gate's paired runs."""
     seed: int = 0
@@ -95,6 +119,8 @@ class EpisodeResult:
     end_reason: EndReason | None = None
     transcript: list[Line] = field(default_factory=list)
     executions: list[ToolExecution] = field(default_factory=list)
+    """Every tool execution the recorder saw: the world's tools and the bot's own handlers."""
+    world_executions: list[ToolExecution] = field(default_factory=list)
     checks: list[CheckResult] = field(default_factory=list)
     duration_s: float = 0.0
     error: str | None = None
@@ -102,6 +128,8 @@ class EpisodeResult:
     """The bot's speech services replaced by pass-throughs (text mode)."""
     redirected: list[str] = field(default_factory=list)
     """The bot's LLM services pointed at the served model."""
+    score_details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What each Pipecat score (`judge:*`, `metric:*`) carries beside its value."""
 
     @property
     def passed(self) -> bool | None:
@@ -163,6 +191,117 @@ async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
 
 
+def persona_endpoint(scenario: Scenario, config: SimulationConfig) -> Endpoint | None:
+    """Where the scenario's LLM persona runs (flag, `simulator:` block, served model)."""
+    return resolve_endpoint(
+        scenario.simulator, flag_url=config.persona_llm_url, flag_model=config.persona_model,
+        served_url=config.llm_url, where="simulator", flag="--persona-llm-url",
+        path=scenario.source_path,
+    )  # fmt: skip
+
+
+def judge_endpoint(scenario: Scenario, config: SimulationConfig) -> Endpoint | None:
+    """Where the scenario's judge runs (flag, `judge.eval:` block, served model)."""
+    return resolve_endpoint(
+        judge_block(scenario), flag_url=config.judge_llm_url, flag_model=config.judge_model,
+        served_url=config.llm_url, where="judge.eval", flag="--judge-llm-url",
+        path=scenario.source_path,
+    )  # fmt: skip
+
+
+def check_endpoints(scenarios: ScenarioSet, config: SimulationConfig) -> None:
+    """Resolve every persona and judge endpoint and check each answers, before any episode.
+
+    Raises:
+        ConfigError: a block names a provider the simulator cannot reach offline, or an
+            endpoint does not answer; the message names the flag to use.
+    """
+    named: list[tuple[Endpoint, str]] = []
+    for scenario in scenarios:
+        judge = judge_endpoint(scenario, config)
+        if judge is not None and judge.url != config.llm_url:
+            named.append((judge, "--judge-llm-url"))
+        if config.persona == "llm" and not scenario.scripted:
+            persona = persona_endpoint(scenario, config)
+            if persona is not None and persona.url != config.llm_url:
+                named.append((persona, "--persona-llm-url"))
+    check_reachable(named)
+
+
+def _calls_seen(executions: list[ToolExecution]) -> list[ToolCallSeen]:
+    return [ToolCallSeen(e.name, e.arguments, e.started_at) for e in executions]
+
+
+async def _pipecat_parts(
+    scenario: Scenario, result: "EpisodeResult", config: SimulationConfig, ended_at: float
+) -> dict[str, float]:
+    """The scenario's Pipecat parts (`judge:success`, `judge:<m>`, `metric:<m>`) for one run."""
+    endpoint = judge_endpoint(scenario, config)
+    calls = _calls_seen(result.executions)
+    if scenario.scripted:
+        parts, result.score_details = await score_turns(
+            scenario, result.transcript, calls, endpoint
+        )
+        return parts
+    judgement = None
+    if endpoint is not None:  # a run a limit ended is judged too; it just cannot succeed
+        try:
+            judgement = await judge_call(scenario, result.transcript, calls, endpoint)
+        except Exception as e:  # a judge that fails leaves the run unjudged, never guessed
+            logger.warning(f"judge: could not judge {scenario.id}: {type(e).__name__}: {e}")
+    elif endpoint is None:
+        logger.debug(f"judge: no judge for {scenario.id} (no served model): success not judged")
+    score = score_scenario(
+        scenario, result.transcript, calls, judgement=judgement,
+        end_reason=result.end_reason, ended_at=ended_at,
+    )  # fmt: skip
+    result.score_details = score.details()
+    return score.parts()
+
+
+async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig) -> None:
+    """Run the bot once up to its pipeline's setup, no caller connected, and stop it.
+
+    The setup hook adapts its pipeline as in an episode (`botloader.prepare_worker`), so an LLM
+    service the simulator would refuse is found here, before any episode, and taken out of the
+    pipeline before a frame reaches it. What the run records goes to a throwaway ledger.
+
+    Raises:
+        ConfigError: naming the refused service and what to do.
+    """
+    pair = LocalTransportPair(max_turns=1)
+    world = World(scenario, seed=0)
+    episode = Episode(world=world, llm_url=config.llm_url, model=config.adapter or "base")
+    with tempfile.TemporaryDirectory(prefix="pipecat-rl-preflight-") as folder:
+        with Ledger(Path(folder) / "preflight.db") as scratch:
+            info = SessionInfo(call_id=new_call_id(), source=config.source)
+            with recording(scratch, info) as handle, episode_context(episode):
+                runner_args = SimulationRunnerArguments(
+                    world=world, llm_url=config.llm_url, model=episode.model,
+                    session_id=handle.session_id, body={"scenario": scenario.id, "preflight": True},
+                )  # fmt: skip
+                bot_task = asyncio.create_task(bot.run(pair.agent, runner_args))
+            prepared = asyncio.create_task(episode.prepared.wait())
+            await asyncio.wait({bot_task, prepared}, timeout=PREFLIGHT_TIMEOUT_S,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            prepared.cancel()
+            pair.end("error")
+            for worker in episode.workers:
+                await worker.cancel()
+            await _stop(bot_task, [])
+            if bot_task.done() and not bot_task.cancelled() and bot_task.exception():
+                logger.debug(f"pre-flight: the bot raised {bot_task.exception()!r}")  # episodes say
+            await handle.flush()
+    world.close()
+    if episode.refused:
+        raise ConfigError(episode.refused[0])
+    if not episode.prepared.is_set():
+        logger.warning(
+            f"pre-flight: {bot.spec} set up no pipeline within {PREFLIGHT_TIMEOUT_S:.0f} s; its "
+            "LLM services will be checked as each episode starts"
+        )
+
+
 async def run_episode(
     scenario: Scenario,
     bot: BotEntry,
@@ -205,10 +344,11 @@ async def run_episode(
     episode = Episode(
         world=world, llm_url=config.llm_url, model=model, max_tokens=config.max_tokens
     )
+    recorded = []
     try:
-        caller_llm = persona_llm(
-            scenario, config.persona, llm_url=config.llm_url, model=config.persona_model
-        )
+        llm_persona = config.persona == "llm" and not scenario.scripted
+        endpoint = persona_endpoint(scenario, config) if llm_persona else None
+        caller_llm = persona_llm(scenario, config.persona, endpoint=endpoint, pair=pair)
         persona = build_persona_worker(scenario, pair, caller_llm)
         persona_errors: list[str] = []
         persona.add_event_handler("on_pipeline_error", error_recorder(persona_errors))
@@ -227,27 +367,30 @@ async def run_episode(
         await persona.cancel()
         await _stop(persona_task, [])
         await handle.flush()
+        recorded = ledger.tool_calls(handle.session_id)
         if bot_task.done() and not bot_task.cancelled() and bot_task.exception():
             error = bot_task.exception()
             result.error = f"the bot raised {type(error).__name__}: {error}"
+        elif episode.refused:
+            result.error = episode.refused[0]
         elif episode.errors or persona_errors:
             result.error = "; ".join(episode.errors + [f"persona {e}" for e in persona_errors])
     except Exception as e:  # a broken episode is data, not a crash of the run
         logger.exception(f"episode {scenario.id}#{repeat} failed")
         result.error = f"{type(e).__name__}: {e}"
+    ended_at = time.time()
     result.end_reason = pair.end_reason
     result.transcript = list(pair.transcript)
-    result.executions = list(world.executions)
+    result.world_executions = list(world.executions)
+    result.executions = seen_executions(recorded, result.world_executions)
     result.checks = world.verify()
     result.bypassed, result.redirected = episode.bypassed, episode.redirected
     world.close()
     if not episode.workers and result.error is None:
         result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
     judged = {}
-    if config.llm_url and result.error is None and any(m.criterion for m in scenario.metrics):
-        judged = await judge_metrics(
-            scenario.metrics, result.transcript, llm_url=config.llm_url, model=config.judge_model
-        )
+    if result.error is None:
+        judged = await _pipecat_parts(scenario, result, config, ended_at)
     evidence = EpisodeEvidence(
         scenario=scenario,
         executions=result.executions,
@@ -289,11 +432,11 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
         },
     )
     for name, value in result.reward_parts.items():
-        detail: dict[str, Any] = {}
+        detail: dict[str, Any] = result.score_details.get(name, {})
         if name == "verifier":
             detail = {"checks": [vars(c) for c in result.checks]}
         ledger.add_score(ScoreRecord(session_id=session_id, name=name, value=value, detail=detail))
-    for execution in result.executions:
+    for execution in result.world_executions:
         ledger.add_tool_call(
             ToolCallRecord(
                 session_id=session_id,
@@ -449,7 +592,10 @@ async def simulate(
             on_episode(result)
         return result
 
+    check_endpoints(scenarios, config)
     with simulation_environment(config.llm_url, setup_files()):
+        if jobs:
+            await preflight(bot, jobs[0][0], config)
         episodes = await asyncio.gather(*(one(s, r) for s, r in jobs))
     return SimulationReport(
         episodes=list(episodes),

@@ -4,7 +4,11 @@ Pipecat's own keys (`name`, `persona`, `goal`, `success`, `metrics`, `max_turns`
 `max_duration_s`, `max_silence_s`, `runs`, `simulator`, `user`, `judge`) mean what
 `pipecat.evals.simulation` says they mean; a file Pipecat accepts, we accept, including the
 `scenarios:` list whose file-level keys are defaults and whose scenarios are named
-`<file name>/<scenario name>`. Ours are:
+`<file name>/<scenario name>`, scripted scenarios (`turns:`, `context:`, `stop_on_failure:`,
+checked by Pipecat's own parser and run by `simulator.script_turns`), and a metric's older
+`min_quality` (read as `min_score`). A file the simulator cannot run (a manifest listing other
+files, a scripted scenario whose checks need audio or timing) is skipped with a warning naming
+it, and the others run. Ours are:
 
 ```yaml
 facts: {name: Maria Lopez, phone: "0612345678"}   # the caller gives these only when asked
@@ -35,10 +39,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from loguru import logger
 from pipecat.utils.yaml import include_loader
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipecat_rl.errors import ScenarioError
+from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
 from pipecat_rl.simulator import heldout
 from pipecat_rl.simulator.heldout import HELDOUT, POOL
 
@@ -56,10 +61,19 @@ class Metric(_Model):
     name: str | None = None
     criterion: str | None = None
     min_score: float | None = Field(default=None, ge=0, le=1)
+    min_quality: float | None = Field(default=None, ge=0, le=1, exclude=True)
+    """An older spelling of `min_score` that Pipecat still reads."""
     measure: Literal["turns", "duration", "words", "latency", "function_calls"] | None = None
     min_value: float | None = None
     max_value: float | None = None
     calls: list[str | dict[str, Any]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("min_quality") is not None:
+            data = {**data, "min_score": data.get("min_score", data["min_quality"])}
+        return data
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Metric":
@@ -184,13 +198,21 @@ class Script(_Model):
     """Said when no rule matches; with none, the caller hangs up."""
 
 
+_SCRIPTED_FIELDS = ("turns", "context", "stop_on_failure")
+"""Fields added for Pipecat's scripted scenarios; left out of a hash while unset."""
+
+
 class Scenario(_Model):
     """One simulated scenario: Pipecat's keys plus facts, world, verify, faults, channel, split."""
 
     name: str
-    persona: str
-    goal: str
-    success: str
+    persona: str | None = None
+    goal: str | None = None
+    success: str | None = None
+    turns: list[dict[str, Any]] | None = None
+    """A scripted scenario's turns (Pipecat's `turns:`), instead of a persona."""
+    context: list[dict[str, Any]] | None = None
+    stop_on_failure: bool | None = None
     metrics: list[Metric] = Field(default_factory=list)
     max_turns: int = Field(default=20, ge=1)
     max_duration_s: float = Field(default=300.0, gt=0)
@@ -211,10 +233,28 @@ class Scenario(_Model):
 
     @field_validator("name", "persona", "goal", "success")
     @classmethod
-    def _non_empty(cls, value: str) -> str:
-        if not value.strip():
+    def _non_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("must be a non-empty string")
-        return value.strip()
+        return value.strip() if value is not None else None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Scenario":
+        if self.turns is not None and self.persona is not None:
+            raise ValueError("a scenario is scripted ('turns') or simulated ('persona'), not both")
+        if self.turns is None:
+            missing = [k for k in ("persona", "goal", "success") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(
+                    f"{', '.join(missing)}: required field is missing (a simulated scenario "
+                    "has persona, goal and success; a scripted one has turns)"
+                )
+        return self
+
+    @property
+    def scripted(self) -> bool:
+        """Whether this is a scripted scenario (Pipecat's `turns:`)."""
+        return self.turns is not None
 
     @property
     def id(self) -> str:
@@ -339,6 +379,10 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
         if not isinstance(listed, list) or not listed:
             raise ScenarioError(f"{path}: scenarios: must be a non-empty list")
         defaults = {k: v for k, v in data.items() if k not in _PIPECAT_ONLY}
+        if all(isinstance(entry, str) for entry in listed):
+            raise UnsupportedScenarioError(
+                f"{path}: lists other files under 'scenarios:' (a manifest); name the files"
+            )
         for i, entry in enumerate(listed):
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 raise ScenarioError(f"{path}: scenarios.{i}: must be a mapping with a 'name:'")
@@ -355,6 +399,10 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
             scenarios.append(Scenario.model_validate(raw))
         except ValidationError as e:
             raise ScenarioError(_explain(path, node, e, prefix)) from e
+    if any(s.scripted for s in scenarios):
+        from pipecat_rl.simulator.script_turns import check_scripted  # Pipecat's own parser
+
+        check_scripted(path, scenarios)
     return scenarios
 
 
@@ -373,16 +421,23 @@ def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
     """
     scenarios: list[Scenario] = []
     heldout_files: list[Path] = []
+    skipped: list[str] = []
     for target in targets:
         for f in _files(Path(target)):
             if Path(target).is_dir() and _is_fragment(f):
                 continue
-            loaded = load_scenario_file(f)
+            try:
+                loaded = load_scenario_file(f)
+            except UnsupportedScenarioError as e:
+                logger.warning(f"skipped {e}")
+                skipped.append(str(f))
+                continue
             scenarios.extend(loaded)
             if any(s.split == HELDOUT for s in loaded):
                 heldout_files.append(f.resolve())
     if not scenarios:
-        raise ScenarioError(f"no scenario files found in {', '.join(map(str, targets))}")
+        also = f" (skipped, not runnable here: {', '.join(skipped)})" if skipped else ""
+        raise ScenarioError(f"no scenario files found in {', '.join(map(str, targets))}{also}")
     names = [s.name for s in scenarios]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -398,4 +453,4 @@ def _is_fragment(path: Path) -> bool:
         data = yaml.load(path.read_text(encoding="utf-8"), _Loader)
     except (yaml.YAMLError, OSError):
         return False  # loading it reports the error
-    return isinstance(data, dict) and "persona" not in data and "scenarios" not in data
+    return isinstance(data, dict) and not {"persona", "scenarios", "turns"} & set(data)

@@ -7,9 +7,11 @@ message that bots greet on) and `on_client_disconnected` when the caller hangs u
 
 Text mode, with no real-time pacing: each caller line reaches the agent as a finalized
 `TranscriptionFrame` (optionally through the ASR-noise model), followed by the appended user
-message and an LLM run exactly as Pipecat's eval harness does for a text turn; the agent's LLM
-text (its STT and TTS are bypassed, see `botloader`) is collected at its output transport and,
-once its turn is complete (no function call in flight), reaches the caller as a transcription.
+message and an LLM run exactly as Pipecat's eval harness does for a text turn. The caller hears
+whatever text would reach the agent's TTS (its STT and TTS are bypassed, see `botloader`),
+collected at its output transport in order and once: LLM text, aggregated text (an
+`LLMTextProcessor`'s sentences), TTS text and `TTSSpeakFrame`s, less text marked `skip_tts`;
+once its turn is complete (no function call in flight) it reaches the caller as a transcription.
 """
 
 import asyncio
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipecat.frames.frames import (
+    AggregatedTextFrame,
     CancelFrame,
     EndFrame,
     Frame,
@@ -30,9 +33,12 @@ from pipecat.frames.frames import (
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
     LLMMessagesAppendFrame,
+    LLMMessagesUpdateFrame,
     LLMTextFrame,
     StartFrame,
     TranscriptionFrame,
+    TTSSpeakFrame,
+    TTSTextFrame,
 )
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.transports.base_input import BaseInputTransport
@@ -59,6 +65,8 @@ class Line:
     at: float
     latency_ms: float | None = None
     """For an agent line: from the caller's last line reaching it to its first text."""
+    answers: int | None = None
+    """For an agent line: how many caller lines the agent had been given when it began it."""
 
 
 @dataclass
@@ -94,6 +102,11 @@ class LocalTransportPair:
         self._hang_up_requested = False
         self.caller_opening: str | None = None
         """A line the caller says as soon as it connects, before any greeting."""
+        self.agent_context: list[dict[str, Any]] | None = None
+        """Messages that replace the agent's context when the caller connects (`context:`)."""
+        self._given_at: list[float] = []
+        self.caller_responding = False
+        """Whether the caller's LLM is answering (set when it is asked, cleared by its turn)."""
         self.agent = AgentTransport(self)
         self.caller = CallerTransport(self)
 
@@ -124,15 +137,20 @@ class LocalTransportPair:
     def request_hang_up(self) -> None:
         """The caller wants to hang up: now, or once its current turn has been said."""
         self._hang_up_requested = True
-        if not self.caller.output().responding:
+        if not self.caller_responding and not self.caller.output().responding:
             self.end("caller_hung_up")
 
     def caller_turn(self, text: str, first_text_at: float | None) -> None:
         """A complete caller turn (maybe empty): say it, then hang up if the caller asked to."""
         del first_text_at
+        self.caller_responding = False
         self.caller_says(text)
         if self._hang_up_requested:
             self.end("caller_hung_up")
+
+    def given_to_agent(self) -> None:
+        """A caller line has just been handed to the agent's pipeline."""
+        self._given_at.append(time.monotonic())
 
     def agent_says(self, text: str, first_text_at: float | None) -> None:
         """A complete agent turn, to the caller; ends the call once the caller is out of turns."""
@@ -141,7 +159,9 @@ class LocalTransportPair:
         latency = None
         if first_text_at is not None and self._caller_sent_at is not None:
             latency = max(0.0, (first_text_at - self._caller_sent_at) * 1000.0)
-        self.transcript.append(Line("agent", text, text, time.time(), latency))
+        began = first_text_at if first_text_at is not None else time.monotonic()
+        answers = sum(1 for at in self._given_at if at <= began)
+        self.transcript.append(Line("agent", text, text, time.time(), latency, answers))
         self.last_activity = time.monotonic()
         if self.caller_turns >= self.max_turns:
             self.end("max_turns")
@@ -214,6 +234,7 @@ class _PairOutput(BaseOutputTransport):
         self._parts: list[str] = []
         self._first_text_at: float | None = None
         self._calls_in_flight = 0
+        self._segments: set[int] = set()
         self.responding = False
         """Whether an LLM response is between its start and end frames here."""
 
@@ -232,8 +253,18 @@ class _PairOutput(BaseOutputTransport):
         if isinstance(frame, LLMFullResponseStartFrame):
             self.responding = True
             self._first_text_at = self._first_text_at or time.monotonic()
-        elif isinstance(frame, LLMTextFrame):
-            self._parts.append(frame.text)
+        elif isinstance(frame, TTSSpeakFrame):
+            self._heard(frame.text, spaced=False)
+            if not self.responding and not self._calls_in_flight:
+                self._turn_done()  # spoken on its own (a greeting), not inside an LLM response
+        elif isinstance(frame, (LLMTextFrame, AggregatedTextFrame)):
+            if frame.skip_tts:
+                return  # never spoken
+            if isinstance(frame, TTSTextFrame) and frame.segment_id in self._segments:
+                return  # a word of a segment already heard
+            if isinstance(frame, AggregatedTextFrame):
+                self._segments.add(frame.id)
+            self._heard(frame.text, spaced=frame.includes_inter_frame_spaces)
         elif isinstance(frame, FunctionCallInProgressFrame) and self._join_tool_turns:
             self._calls_in_flight += 1
         elif isinstance(frame, (FunctionCallResultFrame, FunctionCallCancelFrame)):
@@ -241,9 +272,19 @@ class _PairOutput(BaseOutputTransport):
         elif isinstance(frame, LLMFullResponseEndFrame):
             self.responding = False
             if not self._calls_in_flight:
-                text, first = "".join(self._parts).strip(), self._first_text_at
-                self._parts, self._first_text_at = [], None
-                self._deliver(text, first)
+                self._turn_done()
+
+    def _heard(self, text: str, *, spaced: bool) -> None:
+        """Text the other side hears: LLM tokens carry their spaces, sentences do not."""
+        self._first_text_at = self._first_text_at or time.monotonic()
+        if not spaced and self._parts and text and not self._parts[-1].endswith(" "):
+            text = " " + text.lstrip()
+        self._parts.append(text)
+
+    def _turn_done(self) -> None:
+        text, first = "".join(self._parts).strip(), self._first_text_at
+        self._parts, self._first_text_at, self._segments = [], None, set()
+        self._deliver(text, first)
 
 
 class AgentInput(_PairInput):
@@ -258,6 +299,8 @@ class AgentInput(_PairInput):
         await self._transport._call_event_handler("on_client_connected", CLIENT_ID)
         if self._pair.send_client_ready:
             await self.push_frame(InputTransportMessageFrame(message=_client_ready()))
+        if self._pair.agent_context is not None:
+            await self.push_frame(LLMMessagesUpdateFrame(list(self._pair.agent_context)))
         while True:
             text = await self._side.queue.get()
             if text is None:
@@ -266,6 +309,7 @@ class AgentInput(_PairInput):
             # As Pipecat's send-text does: let the agent's last reply land in its context
             # before the new user message is appended.
             await self.pipeline_worker.flush_pipeline()
+            self._pair.given_to_agent()
             await self._push_transcription(text, CLIENT_ID)
             await self.push_frame(
                 LLMMessagesAppendFrame(messages=[{"role": "user", "content": text}], run_llm=True)
