@@ -3,6 +3,8 @@
 import asyncio
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,12 @@ def test_a_heldout_scenario_copied_into_the_pool_never_trains(tmp_path):
         assert sid not in {
             t.session_id for t in ledger.training_turns(purpose="sft")
         }  # ... never trained
+
+
+def test_training_api_imports_without_torch():
+    code = (
+        "import sys; from pipecat_rl.training import TrainConfig, TrainResult; "
+        "import pipecat_rl.processors.recorder; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

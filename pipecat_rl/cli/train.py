@@ -6,7 +6,7 @@ adapter's name (on stdout with `--json`, as part of the result). Exit codes: 0 t
 """
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -46,6 +46,13 @@ def train_command(
     temperature: Annotated[
         float, typer.Option("--temperature", help="GRPO exploration temperature.")
     ] = 1.0,
+    persona: Annotated[
+        Literal["llm", "scripted"],
+        typer.Option("--persona", help="Online GRPO: LLM persona, or the scenarios' script."),
+    ] = "llm",
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, help="Online GRPO: cap agent replies.")
+    ] = None,
     parent: Annotated[
         str | None, typer.Option("--parent", help="Adapter to continue from (default: base).")
     ] = None,
@@ -73,7 +80,7 @@ def train_command(
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
-            out_dir=out, seed=seed,
+            out_dir=out, seed=seed, persona=persona, max_tokens=max_tokens,
         )  # fmt: skip
         progress = Progress(
             TextColumn(f"training ({algo})"), BarColumn(), MofNCompleteColumn(),
