@@ -92,3 +92,12 @@ def test_adapter_names_are_versioned_and_never_reused(tmp_path: Path):
         (tmp_path / "adapters" / "clinic-grpo-v7-abc").mkdir(parents=True)
         second = next_name(ledger, tmp_path / "adapters", "clinic", "sft")
         assert second.startswith("clinic-sft-v8-") and second != first
+
+
+def test_vllm_cpu_serves_in_the_trainers_precision(tmp_path: Path):
+    from pipecat_rl.serving import VLLMServer, running_on_cpu
+
+    (tmp_path / "config.json").write_text("{}")
+    command = VLLMServer(tmp_path, port=1).command()
+    if running_on_cpu():  # bf16 by default there: ~0.15 logprob drift against the fp32 trainer
+        assert command[command.index("--dtype") + 1] == "float32"
