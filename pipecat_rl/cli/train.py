@@ -53,6 +53,10 @@ def train_command(
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", min=1, help="Online GRPO: cap agent replies.")
     ] = None,
+    opsd_loss: Annotated[
+        Literal["forward_topk", "reverse"],
+        typer.Option("--opsd-loss", help="OPSD: top-k forward KL, or sampled-token reverse KL."),
+    ] = "forward_topk",
     parent: Annotated[
         str | None, typer.Option("--parent", help="Adapter to continue from (default: base).")
     ] = None,
@@ -80,7 +84,7 @@ def train_command(
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
-            out_dir=out, seed=seed, persona=persona, max_tokens=max_tokens,
+            out_dir=out, seed=seed, persona=persona, max_tokens=max_tokens, opsd_loss=opsd_loss,
         )  # fmt: skip
         progress = Progress(
             TextColumn(f"training ({algo})"), BarColumn(), MofNCompleteColumn(),

@@ -32,6 +32,36 @@ def arm(ledger: Ledger, report: dict) -> dict:
     }
 
 
+def prefix_property(ledger: Ledger) -> dict:
+    """Merged vs split turns (served and demonstrations), and prompts re-rendered exactly."""
+    from transformers import AutoTokenizer
+
+    from pipecat_rl.models import prepare_model
+    from pipecat_rl.training.rows import TrainableTurn, build_sequences
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare_model("smollm2"))
+    turns = ledger.training_turns(purpose="sft")
+    out = {}
+    for kind, chosen in (
+        ("served", [t for t in turns if not t.demonstration]),
+        ("demonstration", [t for t in turns if t.demonstration]),
+    ):
+        rows = [TrainableTurn.from_turn(t, tokenizer) for t in chosen]
+        _, stats = build_sequences(rows)
+        out[kind] = {"turns": stats.turns, "sequences": stats.sequences, "merged": stats.merged,
+                     "split": stats.split}  # fmt: skip
+    served = [t for t in turns if not t.demonstration and t.request.get("messages")]
+    exact = 0
+    for t in served:
+        ids = tokenizer.apply_chat_template(
+            t.request["messages"], tools=t.request.get("tools") or None,
+            add_generation_prompt=True, tokenize=True,
+        )["input_ids"]  # fmt: skip
+        exact += list(ids) == t.prompt_token_ids
+    out["served_prompts_rendered_exactly"] = f"{exact}/{len(served)}"
+    return out
+
+
 def main(ledger_path: str, out: str) -> None:
     """Write summary.json beside the run's outputs."""
     out_dir = Path(out)
@@ -41,6 +71,7 @@ def main(ledger_path: str, out: str) -> None:
             path = out_dir / f"{name}.json"
             if path.is_file():
                 summary["arms"][name] = arm(ledger, json.loads(path.read_text()))
+        summary["prefix_property"] = prefix_property(ledger)
     for name in ("sft", "grpo"):
         path = out_dir / f"{name}.json"
         if path.is_file() and path.stat().st_size:
