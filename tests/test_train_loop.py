@@ -120,3 +120,22 @@ def test_hint_goes_into_the_teachers_prompt_only(smollm2_dir):
     assert teacher.endswith("<|im_start|>assistant\n" + tokenizer.decode([28, 2]))
     assert "<|im_start|>user\n" + hint + "<|im_end|>\n<|im_start|>assistant\n" in teacher
     assert hint not in tokenizer.decode(row.student_ids)
+
+
+def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+    from pipecat_rl.cli.common import EXIT_FAILURE
+
+    args = ["train", "--algo", "grpo", "--model", str(tiny_dir), "--ledger", str(ledger.path),
+            "--out", str(tmp_path)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    name = result.stdout.strip().splitlines()[-1]
+    assert name.startswith("clinic-grpo-v1-") and ledger.adapter(name).training_run["guard"]
+    for sid in ("booking-0", "booking-1", "booking-2", "booking-3", "cancel-1"):
+        ledger.update_session(sid, excluded_from_training=True)
+    failed = CliRunner().invoke(app, [*args, "--json"])
+    assert failed.exit_code == EXIT_FAILURE
+    assert "no training signal: 1 of 1 groups" in failed.output

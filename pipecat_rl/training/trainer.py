@@ -74,6 +74,21 @@ def _start_names(policy: Policy, config: TrainConfig) -> set[str]:
     return {str(config.parent)}
 
 
+def recent_policies(ledger: Ledger, policy: Policy, config: TrainConfig) -> set[str]:
+    """The starting policy and up to `max_off_policy_steps` of its ancestors.
+
+    Turns they sampled may train (importance-corrected); turns of older adapters are dropped.
+    """
+    names = set(_start_names(policy, config))
+    current = config.parent
+    for _ in range(config.max_off_policy_steps):
+        if current in (None, BASE_ADAPTER):
+            break
+        current = ledger.adapter(current).parent
+        names |= _base_names(policy) if current in (None, BASE_ADAPTER) else {current}
+    return names
+
+
 def _probe_turn(server_url: str, name: str, policy: Policy) -> TurnRecord:
     """A fresh completion sampled from the server under `name`, recorded as the tee records."""
     prompt = registry._canary_ids(policy.tokenizer)
@@ -304,7 +319,7 @@ def train(
             teacher = load_policy(config, _parent_path(ledger, config.parent), trainable=False)
             teacher.model.requires_grad_(False)
         current = config.parent or BASE_ADAPTER
-        names = _start_names(policy, config)
+        names = recent_policies(ledger, policy, config)
         used_set: set[str] = set()
         for step in range(1, config.steps + 1):
             ids = None
@@ -326,7 +341,8 @@ def train(
                     guard_result,
                 )  # fmt: skip
                 registry.load_and_verify(server_url, name, folder, policy)
-                parent, current, names = name, name, {name}
+                parent, current = name, name
+                names = {name}  # each online step trains on its own fresh episodes only
         used = sorted(used_set)
     name, folder = _new_version(
         ledger, policy, config, out_dir, parent, run_id, used, summary, guard_result
