@@ -139,3 +139,24 @@ def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
     failed = CliRunner().invoke(app, [*args, "--json"])
     assert failed.exit_code == EXIT_FAILURE
     assert "no training signal: 1 of 1 groups" in failed.output
+
+
+def test_turns_of_too_old_adapters_are_dropped(tmp_path):
+    from pipecat_rl.ledger import AdapterRecord
+    from pipecat_rl.training.policy import Policy
+    from pipecat_rl.training.trainer import recent_policies
+
+    with Ledger(tmp_path / "l.db") as store:
+        for name, parent in (("a1", None), ("a2", "a1"), ("a3", "a2")):
+            record = AdapterRecord(
+                name=name, path=str(tmp_path), base_model="m", parent=parent, created_at=0.0
+            )
+            store.register_adapter(record)
+        policy = Policy(model=None, tokenizer=None, base_dir=Path("tiny"), parent="a3")
+
+        def names(steps: int) -> set[str]:
+            config = TrainConfig(parent="a3", max_off_policy_steps=steps)
+            return recent_policies(store, policy, config)
+
+        assert names(0) == {"a3"} and names(1) == {"a3", "a2"}
+        assert names(3) == {"a3", "a2", "a1", "base", "tiny"}
