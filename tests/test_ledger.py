@@ -464,7 +464,7 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
     }
     for i, (sid, kw) in enumerate(cases.items()):
         ledger.write_session(
-            make_session(sid, started_at=float(i), **kw),
+            make_session(sid, started_at=float(i), ended_at=float(i) + 0.5, **kw),
             [
                 make_turn(sid, 0),
                 make_turn(sid, 1, exact=False),
@@ -607,7 +607,8 @@ def test_live_pointer_move_rollback_history(ledger):
 
 def test_stats(ledger):
     ledger.write_session(
-        make_session("a", split="pool"), [make_turn("a", 0), make_turn("a", 1, exact=False)]
+        make_session("a", split="pool", ended_at=1001.0),
+        [make_turn("a", 0), make_turn("a", 1, exact=False)],
     )
     ledger.write_session(make_session("b", split="heldout"), [make_turn("b", 0)])
     ledger.write_session(make_session("c", source="live"))
@@ -859,6 +860,7 @@ def test_a_version_1_file_gains_the_call_id_index(tmp_path, monkeypatch):
         store.add_session(make_session("old"))
     monkeypatch.undo()
     with Ledger(path) as store:
-        assert store.stats()["schema_version"] == schema.current_version() and store.session("old").id == "old"
+        assert store.stats()["schema_version"] == schema.current_version()
+        assert store.session("old").id == "old"
     indexes = [r[1] for r in sqlite3.connect(path).execute("PRAGMA index_list(tool_calls)")]
     assert "tool_calls_by_call_id" in indexes

@@ -15,6 +15,7 @@ from pipecat_rl.cli import llm as llm_cli
 from pipecat_rl.cli import models as models_cli
 from pipecat_rl.cli import record as record_cli
 from pipecat_rl.cli import simulate as simulate_cli
+from pipecat_rl.cli import train as train_cli
 
 app = typer.Typer(
     name="pipecat-rl",
@@ -38,7 +39,7 @@ def _options(
     logger.add(sys.stderr, level=("WARNING", "INFO", "DEBUG")[min(verbose, 2)])
 
 
-for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli):
+for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli, train_cli):
     module.register(app)
 
 

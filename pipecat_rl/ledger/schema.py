@@ -184,10 +184,16 @@ _V3 = _statements(
     """,
 )
 
+_TRAINING = _statements(
+    # Issue 10: turns of a scripted expert are demonstrations (SFT only, never RL).
+    "ALTER TABLE turns ADD COLUMN demonstration INTEGER NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
     Migration("held-out scenario hashes and gate receipts", _V3),
+    Migration("turns: demonstration flag (training)", _TRAINING),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 
