@@ -219,8 +219,9 @@ class Cycle:
 
     def run(self) -> CycleSummary:
         """Run every stage not finished yet, in order, within the budget."""
-        todo = [s for s in STAGES if s not in self.results]
-        resumed = todo[0] if todo and len(todo) < len(STAGES) else None
+        last = STAGES.index(self.config.stop_after) if self.config.stop_after else len(STAGES)
+        todo = [s for s in STAGES[: last + 1] if s not in self.results]
+        resumed = todo[0] if todo and todo[0] != STAGES[0] else None
         attempt = 1 + sum(1 for e in self.log.read() if e["event"] == "cycle_started")
         self.log.write(
             "cycle_started", attempt=attempt, resume_from=resumed, budget_s=self.config.budget_s
@@ -241,9 +242,8 @@ class Cycle:
                 self.log.write("stage_finished", stage=stage, result=result)
                 if stage == "promote" and result.get("awaiting_approval"):
                     state, reason = "awaiting_approval", result["reason"]
-                if self.config.stop_after == stage and stage != STAGES[-1]:
-                    state, reason = "stopped", f"stop_after: {stage}"
-                    break
+            if state == "finished" and any(s not in self.results for s in STAGES):
+                state, reason = "stopped", f"stop_after: {self.config.stop_after}"
         except BudgetExhausted as e:
             state, reason = "stopped", str(e)
             self.log.write("budget_exhausted", reason=reason)
