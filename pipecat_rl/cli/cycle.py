@@ -4,6 +4,7 @@ Exit codes: the gate's (0 PROMOTE, 1 REJECT, 2 INCONCLUSIVE) when the cycle reac
 0 when it stopped resumably before one (budget, `--stop-after`); the usual codes for errors.
 """
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 
 from pipecat_rl.cli.common import EXIT_OK, cli_errors, console, print_json
+from pipecat_rl.cli.ledger import LedgerOpt
 from pipecat_rl.service.loop import STAGES, load_loop_config
 
 _STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
@@ -23,8 +25,9 @@ class _Progress:
 
     def __init__(self, enabled: bool):
         self.status: dict[str, str] = {s: "·" for s in STAGES}
-        self.live = Live(self._render(), console=console, disable=not enabled, transient=False)
         self.detail = ""
+        self.enabled = enabled
+        self.live = Live(self._render(), console=console) if enabled else contextlib.nullcontext()
 
     def _render(self):
         table = Table(title="cycle", title_justify="left", show_header=False, box=None)
@@ -42,7 +45,8 @@ class _Progress:
             self.status[stage] = f"[green]done[/green] {data['result']['wall_s']:.0f} s"
         elif event in ("server_starting", "demonstrations", "train_progress"):
             self.detail = event.replace("_", " ")
-        self.live.update(self._render())
+        if self.enabled:
+            self.live.update(self._render())
 
 
 def cycle_command(
@@ -57,6 +61,7 @@ def cycle_command(
         str | None, typer.Option("--llm-url", help="A running vLLM (default: start one).")
     ] = None,
     model: Annotated[str | None, typer.Option(help="The base model (default: the file's).")] = None,
+    ledger: LedgerOpt = None,
     stop_after: Annotated[
         str | None, typer.Option(help=f"Stop, resumably, after this stage ({', '.join(STAGES)}).")
     ] = None,
@@ -67,7 +72,8 @@ def cycle_command(
         overrides = {
             k: v
             for k, v in dict(
-                budget_s=budget_s, out=out, llm_url=llm_url, model=model, stop_after=stop_after
+                budget_s=budget_s, out=out, llm_url=llm_url, model=model, stop_after=stop_after,
+                ledger=ledger,
             ).items()
             if v is not None
         }

@@ -429,10 +429,11 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         )
         passed = sum(1 for e in demos.episodes if e.outcome == "pass")
         cycle.log.write("demonstrations", episodes=len(demos.episodes), passed=passed)
-        cycle.require(passed * t.sft_epochs * t.step_s, "the SFT warm start")
+        length = {"steps": t.sft_steps} if t.sft_steps else {"epochs": t.sft_epochs}
+        steps = t.sft_steps or passed * t.sft_epochs
+        cycle.require(steps * t.step_s, f"the SFT warm start ({steps} steps)")
         t0 = time.monotonic()
-        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
-                                                 **common),
+        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, **length, **common),
                        server_url=url, progress=progress)  # fmt: skip
         runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
         parent = result.adapter

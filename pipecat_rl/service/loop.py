@@ -35,6 +35,8 @@ class TrainSettings(_Part):
     demonstrations: int = Field(default=1, ge=1)
     """Scripted-expert runs per pool scenario recorded as demonstrations for the warm start."""
     sft_epochs: int = Field(default=10, ge=1)
+    sft_steps: int | None = Field(default=None, ge=1)
+    """Optimiser steps of the warm start instead of epochs (a short, bounded run)."""
     grpo_steps: int = Field(default=0, ge=0)
     opsd_steps: int = Field(default=0, ge=0)
     group_size: int = Field(default=4, ge=2)
