@@ -464,7 +464,7 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
     }
     for i, (sid, kw) in enumerate(cases.items()):
         ledger.write_session(
-            make_session(sid, started_at=float(i), **kw),
+            make_session(sid, started_at=float(i), ended_at=float(i) + 0.5, **kw),
             [
                 make_turn(sid, 0),
                 make_turn(sid, 1, exact=False),
@@ -607,7 +607,7 @@ def test_live_pointer_move_rollback_history(ledger):
 
 def test_stats(ledger):
     ledger.write_session(
-        make_session("a", split="pool"), [make_turn("a", 0), make_turn("a", 1, exact=False)]
+        make_session("a", split="pool", ended_at=1001.0), [make_turn("a", 0), make_turn("a", 1, exact=False)]
     )
     ledger.write_session(make_session("b", split="heldout"), [make_turn("b", 0)])
     ledger.write_session(make_session("c", source="live"))

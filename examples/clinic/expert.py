@@ -2,15 +2,20 @@
 
 It runs the very same bot (`bot.run_bot`) with a `ScriptedLLMService` in place of the served
 model, so it exercises the real pipeline, the real tool plumbing and the real world. Use it for
-deterministic tests and to produce demonstration calls for warm-starting a small model:
+deterministic tests and to produce demonstration calls for warm-starting a small model (the
+recorder writes its replies as demonstration turns, which `pipecat-rl train --algo sft` renders
+with the served model's chat template):
 
-    pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/expert.py
+    pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/expert.py \
+        --persona scripted --no-server
 """
 
+import dataclasses
 import json
 import re
 
 import bot
+from pipecat.services.settings import LLMSettings
 
 from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
 
@@ -140,5 +145,16 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
     return ScriptedReply("How can I help you today?")
 
 
+def expert_llm() -> ScriptedLLMService:
+    """The expert as an LLM service, with the bot's own system prompt.
+
+    The recorder writes its replies as demonstrations with the request a served model would have
+    seen, so the system instruction must be the bot's, exactly.
+    """
+    fields = {f.name: None for f in dataclasses.fields(LLMSettings) if f.name != "extra"}
+    settings = LLMSettings(**{**fields, "model": "scripted", "system_instruction": bot.SYSTEM})
+    return ScriptedLLMService(expert_policy, settings=settings)
+
+
 async def run_bot(transport, runner_args):
-    await bot.run_bot(transport, runner_args, llm=ScriptedLLMService(expert_policy))
+    await bot.run_bot(transport, runner_args, llm=expert_llm())

@@ -78,6 +78,11 @@ class TurnRecord(_Record):
     timestamps: dict[str, float] = Field(default_factory=dict)
     """Per-stage times such as llm_request, llm_first_token, llm_done."""
     redacted: bool = False
+    demonstration: bool = False
+    """A turn of a scripted / non-served policy (an expert): may train SFT, never GRPO or OPSD.
+
+    It carries the request and the reply (text, tool calls) but no sampled ids or logprobs: the
+    trainer renders it with the served model's own chat template."""
 
     @property
     def trainable(self) -> bool:

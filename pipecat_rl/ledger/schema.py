@@ -184,6 +184,11 @@ _V3 = _statements(
     """,
 )
 
+_TRAINING = _statements(
+    # Issue 10: turns of a scripted expert are demonstrations (SFT only, never RL).
+    "ALTER TABLE turns ADD COLUMN demonstration INTEGER NOT NULL DEFAULT 0",
+)
+
 _SERVICE = _statements(
     # The side service's durable job queue (issue 13): one row per submitted job, run one at a
     # time in submission order; a job found `running` when the service starts was interrupted.
@@ -219,6 +224,7 @@ MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
     Migration("held-out scenario hashes and gate receipts", _V3),
+    Migration("turns: demonstration flag (training)", _TRAINING),
     Migration("the side service's job queue and job events", _SERVICE),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""

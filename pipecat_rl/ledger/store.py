@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from pipecat_rl.errors import LedgerError
 from pipecat_rl.ledger import schema as _schema
+from pipecat_rl.ledger.eligibility import Purpose
 from pipecat_rl.ledger.jobs import (
     JOB_COLUMNS,
     TERMINAL_STATES,
@@ -47,6 +48,7 @@ from pipecat_rl.ledger.tables import (
     LIVE,
     PUT_LATENCY,
     PUT_SCORE,
+    SAMPLED_TURN,
     SCORES,
     SELECT_ADAPTER,
     SELECT_ADAPTERS,
@@ -69,6 +71,7 @@ from pipecat_rl.ledger.tables import (
     UPSERT_TURN,
     Table,
     dumps,
+    eligible_turn,
 )
 
 DEFAULT_LEDGER_NAME = "pipecat-rl.db"
@@ -545,24 +548,30 @@ class Ledger:
         policy: str | None = None,
         source: str | None = None,
         require_token_exact: bool = True,
+        purpose: Purpose = "rl",
+        session_ids: Sequence[str] | None = None,
     ) -> list[TurnRecord]:
         """Turns that may become training rows, oldest session first.
 
-        Enforced in the query itself: never a held-out session (split 'heldout', any split other
-        than 'pool' or none, or any heldout_set_id), never a gate session, never a session excluded
-        from training or without consent; and with `require_token_exact`,
-        only turns whose token ids and logprobs came from the server.
+        Enforced in the query itself, by the one definition in `ledger.eligibility`: never a
+        held-out session (by split, held-out set or any held-out scenario hash ever seen), a gate
+        session, an excluded, non-consented, unfinished or harness-failed session; with
+        `require_token_exact`, only turns sampled token-exactly without truncation (RL), or also
+        demonstrations (`purpose="sft"`).
         """
         where = [ELIGIBLE_SESSION]
         params: list[Any] = []
         if require_token_exact:
-            where.append(TOKEN_EXACT_TURN)
+            where.append(eligible_turn(purpose))
         if policy is not None:
             where.append("s.policy = ?")
             params.append(policy)
         if source is not None:
             where.append("s.source = ?")
             params.append(source)
+        if session_ids is not None:
+            where.append("s.id IN (SELECT value FROM json_each(?))")
+            params.append(dumps(list(session_ids)))
         sql = (
             f"SELECT {TURNS.select('t')} FROM turns t JOIN sessions s ON s.id = t.session_id "
             f"WHERE {' AND '.join(where)} ORDER BY s.started_at, t.session_id, t.turn_index"
@@ -571,7 +580,7 @@ class Ledger:
             rows = conn.execute(sql, params).fetchall()
         turns: list[TurnRecord] = [TURNS.record(r) for r in rows]
         if require_token_exact:
-            turns = [t for t in turns if t.trainable]
+            turns = [t for t in turns if t.trainable or (purpose == "sft" and t.demonstration)]
         return turns
 
     # -- adapters and the live pointer ---------------------------------------------------------
@@ -696,7 +705,7 @@ class Ledger:
             ).fetchone()
             (eligible,) = conn.execute(
                 "SELECT count(*) FROM turns t JOIN sessions s ON s.id = t.session_id "
-                f"WHERE {ELIGIBLE_SESSION} AND {TOKEN_EXACT_TURN}"
+                f"WHERE {ELIGIBLE_SESSION} AND {SAMPLED_TURN}"
             ).fetchone()
             live_row = conn.execute(SELECT_LIVE).fetchone()
         return {

@@ -12,6 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+# The one definition of "may become a training row" lives in `eligibility`; re-exported for the
+# store's queries and stats.
+from pipecat_rl.ledger.eligibility import (  # noqa: F401
+    ELIGIBLE_SESSION,
+    SAMPLED_TURN,
+    TOKEN_EXACT_TURN,
+    eligible_turn,
+)
 from pipecat_rl.ledger.records import (
     AdapterRecord,
     LatencyRecord,
@@ -178,18 +186,3 @@ SELECT_ADAPTER = f"SELECT {ADAPTERS.select()} FROM adapters WHERE name = ?"
 SELECT_ADAPTERS = f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at, name"
 SELECT_LIVE = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id DESC LIMIT 1"
 SELECT_LIVE_HISTORY = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id"
-
-# The one definition of "may become a training row", used by training_turns and stats alike.
-# Split is whitelisted (NULL or 'pool'), so a misspelt held-out split is excluded, not trained on;
-# gate sessions are evaluation runs and never train. A redacted turn trains only if its session
-# consented: the recorder keeps raw ids for consented sessions and drops them otherwise.
-ELIGIBLE_SESSION = (
-    "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
-    " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
-)
-TOKEN_EXACT_TURN = (
-    "t.token_exact = 1 AND t.prompt_token_ids IS NOT NULL AND t.completion_token_ids IS NOT NULL"
-    " AND t.logprobs IS NOT NULL AND json_array_length(t.prompt_token_ids) > 0"
-    " AND json_array_length(t.completion_token_ids) > 0"
-    " AND json_array_length(t.logprobs) = json_array_length(t.completion_token_ids)"
-)

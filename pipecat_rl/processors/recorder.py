@@ -47,6 +47,7 @@ from pipecat.services.openai.base_llm import BaseOpenAILLMService
 from pipecat.services.stt_service import STTService
 
 from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord
+from pipecat_rl.processors.demonstration import collect_demonstrations, demonstration_sources
 from pipecat_rl.processors.llm_tee import LLMCall, serves_token_ids, tee_llm_service
 from pipecat_rl.processors.redaction import Redactor
 from pipecat_rl.processors.session import SessionInfo, current_recording, new_call_id
@@ -105,6 +106,7 @@ class RecorderObserver(BaseObserver):
         """Frames or calls the recorder failed to handle (the call itself went on)."""
         self._writer: LedgerWriter = writer_for(ledger)
         self._llms: list[BaseOpenAILLMService] = []
+        self._demos: list[Any] = []
         self._turns: list[_Turn] = []
         self._calls_seen = 0
         self._user_turn: _UserTurn | None = None
@@ -127,7 +129,11 @@ class RecorderObserver(BaseObserver):
             )
             tee_llm_service(llm, self._on_llm_call, token_ids=token_ids)
             self._llms.append(llm)
-        if not self._llms:
+        # A scripted / non-OpenAI LLM's replies are recorded as demonstrations when the call ends.
+        self._demos = [] if self._llms else demonstration_sources(
+            _processors(worker.pipeline, FrameProcessor)
+        )
+        if not self._llms and not self._demos:
             logger.warning(
                 "pipecat-rl: no OpenAI-compatible LLM service in this pipeline; recording "
                 "latency and tool calls only"
@@ -362,6 +368,8 @@ class RecorderObserver(BaseObserver):
 
     async def _on_pipeline_finished(self, _worker: Any, frame: Any) -> None:
         try:
+            for demo in await collect_demonstrations(self._demos, self.session_id, self.redactor):
+                self._writer.submit(lambda ledger, t=demo: ledger.add_turn(t), "demonstration")
             self._end(cancelled=isinstance(frame, CancelFrame))
         except Exception as e:
             self.errors += 1

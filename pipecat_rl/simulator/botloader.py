@@ -79,6 +79,8 @@ class Episode:
     bypass_speech: bool = True
     max_tokens: int | None = None
     """A cap on the agent's replies, when the bot sets none (keeps a rambling model bounded)."""
+    temperature: float | None = None
+    """Overrides the bot's sampling temperature (GRPO explores at its own, recorded one)."""
     workers: list[PipelineWorker] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """Pipeline errors (ErrorFrames) the bot's workers reported."""
@@ -177,6 +179,8 @@ async def prepare_worker(worker: PipelineWorker) -> None:
             )
             if episode.max_tokens and not capped:
                 settings.max_tokens = episode.max_tokens
+            if episode.temperature is not None:
+                settings.temperature = episode.temperature
             episode.redirected.append(type(processor).__name__)
         if isinstance(processor, LLMService) and episode.world is not None:
             handler = _world_handler(episode.world)

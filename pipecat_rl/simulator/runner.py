@@ -76,6 +76,8 @@ class SimulationConfig:
     concurrency: int = 4
     max_tokens: int | None = None
     """Caps the agent's replies when its bot sets no max_tokens (None: leave it as it is)."""
+    temperature: float | None = None
+    """Overrides the agent's sampling temperature (None: the bot's own, as deployed)."""
 
 
 @dataclass
@@ -207,7 +209,11 @@ async def run_episode(
         max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
     )
     episode = Episode(
-        world=world, llm_url=config.llm_url, model=model, max_tokens=config.max_tokens
+        world=world,
+        llm_url=config.llm_url,
+        model=model,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
     )
     try:
         caller_llm = persona_llm(

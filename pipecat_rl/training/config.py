@@ -1,0 +1,92 @@
+"""A training run's settings and its result: plain pydantic records, the trainer's whole surface."""
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Algo = Literal["sft", "grpo", "opsd"]
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""All seven projections of a Llama/Qwen block (never lm_head or the embeddings)."""
+
+
+class TrainConfig(BaseModel):
+    """How to train one adapter. Defaults are the recipe measured on SmolLM2 on 2 CPU cores."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    algo: Algo = "sft"
+    base_model: str = "smollm2"
+    """A packaged model name or an HF folder: the very model the server serves."""
+    parent: str | None = None
+    """The adapter to continue from (a ledger name), or None to start a fresh LoRA on the base."""
+    steps: int = Field(default=1, ge=1)
+    """GRPO / OPSD: optimiser steps (each an online round when scenarios are given)."""
+    epochs: int = Field(default=10, ge=1)
+    """SFT: passes over the rows (stopped early once the epoch loss reaches `target_loss`)."""
+    target_loss: float = 0.01
+    """SFT stops once an epoch's mean loss is at or below this (0 disables early stopping)."""
+    group_size: int = Field(default=4, ge=2)
+    """GRPO: episodes per scenario per step (the group)."""
+    rank: int = Field(default=16, ge=1)
+    alpha: int = 32
+    lr: float | None = None
+    """None picks per algorithm: 3e-4 for SFT, 2e-5 for GRPO and OPSD."""
+    temperature: float = 1.0
+    """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
+    max_seq_len: int = 4096
+    """Sequences longer than this are split at turn boundaries or dropped (counted)."""
+    seed: int = 0
+    out_dir: Path | None = None
+    """Where adapter folders go (default: <cache>/adapters)."""
+    name_prefix: str = "clinic"
+    threads: int | None = 2
+    """torch threads on CPU (None: torch's default)."""
+    # GRPO loss
+    clip_low: float = 0.8
+    clip_high: float = 1.28
+    sequence_mask_c: float = 3.0
+    """Sequences whose mean |log ratio| exceeds this are masked (TRL's sequence mask)."""
+    scale_std: bool = False
+    """Divide advantages by the group's reward std (off: it inflates ±0.1 shaping noise)."""
+    shaped_reward: bool = True
+    """Train on verifier + tool credit (True) or the verifier alone."""
+    beta: float = 0.0
+    """KL coefficient against the sampler (0: none, as the GRPO references default)."""
+    max_off_policy_steps: int = 1
+    """Turns sampled by an adapter more than this many versions old are dropped."""
+    max_grad_norm: float = 1.0
+    # OPSD
+    opsd_loss: Literal["forward_topk", "reverse"] = "forward_topk"
+    opsd_top_k: int = 20
+    # guard
+    guard_mean_threshold: float = 0.02
+    guard_max_threshold: float = 0.5
+    guard_turns: int = 16
+    """At most this many recorded turns are re-scored by the guard."""
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
+    """What the server returns (vLLM's default is raw, before temperature)."""
+
+    def learning_rate(self) -> float:
+        """The learning rate, defaulted per algorithm."""
+        if self.lr is not None:
+            return self.lr
+        return 3e-4 if self.algo == "sft" else 2e-5
+
+
+class TrainResult(BaseModel):
+    """What a run produced: the adapter's name and folder, what it trained on, how it went."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    adapter: str
+    path: Path
+    metrics_path: Path
+    session_ids: list[str]
+    guard: dict[str, Any]
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    parent: str | None = None
+    algo: Algo = "sft"
+    loaded: bool = False
+    """Whether the adapter was hot-loaded into the server and verified there."""

@@ -1,0 +1,135 @@
+"""OPSD: on-policy self-distillation from a teacher that sees a hint the student never sees.
+
+For a judged turn, the hint (the caller's next line, the verifier's failed checks, the failure
+labels) goes into the teacher's prompt as an extra user message just before the generation
+header; the teacher is the incumbent, frozen, in eval mode; both score the student's own sampled
+ids. Two losses (`loss.py`): per-sampled-token reverse KL (cheap) and top-k forward KL with a
+tail bucket over the whole distribution.
+"""
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipecat_rl.ledger import SessionRecord, TurnRecord
+from pipecat_rl.training.config import TrainConfig
+from pipecat_rl.training.loss import forward_topk_kl_loss, reverse_kl_loss
+from pipecat_rl.training.policy import Policy, score
+from pipecat_rl.training.rows import TrainableTurn
+from pipecat_rl.training.sft import grad_norm
+
+
+@dataclass
+class OPSDRow:
+    """One turn: the student's ids (no hint) and the teacher's (hint inserted), same samples."""
+
+    session_id: str
+    student_ids: list[int]
+    student_mask: list[bool]
+    teacher_ids: list[int]
+    teacher_mask: list[bool]
+
+
+def _ids(rendered: Any) -> list[int]:
+    return list(rendered["input_ids"] if not isinstance(rendered, list) else rendered)
+
+
+def hint_block(tokenizer: Any, hint: str) -> tuple[list[int], int]:
+    """(ids of a user message carrying `hint`, length of the generation header), by template.
+
+    Rendered as the difference between a chat with and without the hint message, so it works
+    with any chat template (one that adds a default system prompt included).
+    """
+    one = [{"role": "user", "content": "."}]
+    plain = _ids(tokenizer.apply_chat_template(one, tokenize=True))
+    hinted = _ids(
+        tokenizer.apply_chat_template([*one, {"role": "user", "content": hint}], tokenize=True)
+    )
+    header = _ids(tokenizer.apply_chat_template(one, add_generation_prompt=True, tokenize=True))
+    return hinted[len(plain) :], len(header) - len(plain)
+
+
+def opsd_row(turn: TrainableTurn, tokenizer: Any, hint: str) -> OPSDRow:
+    """The student's row and the teacher's hinted row of one sampled turn."""
+    block, header = hint_block(tokenizer, hint)
+    prompt = turn.prompt_ids
+    cut = len(prompt) - header
+    teacher_prompt = [*prompt[:cut], *block, *prompt[cut:]]
+    n = len(turn.sampled_ids)
+    return OPSDRow(
+        session_id=turn.session_id,
+        student_ids=[*prompt, *turn.sampled_ids],
+        student_mask=[False] * len(prompt) + [True] * n,
+        teacher_ids=[*teacher_prompt, *turn.sampled_ids],
+        teacher_mask=[False] * len(teacher_prompt) + [True] * n,
+    )
+
+
+def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int) -> str | None:
+    """What the teacher may know that the student did not, for turn `index` of `session`."""
+    parts = []
+    current = next((t for t in turns if t.index == index), None)
+    later = next((t for t in turns if t.index == index + 1), None)
+    if current is not None and later is not None:
+        seen = len(current.request.get("messages") or [])
+        following = (later.request.get("messages") or [])[seen:]
+        said = next((m.get("content") for m in following if m.get("role") == "user"), None)
+        if said:
+            parts.append(f"The caller's next line will be: {said!r}.")
+    failed = [c for c in session.metadata.get("checks") or [] if not c.get("passed", True)]
+    if failed:
+        parts.append(
+            "These checks on the clinic's records failed at the end of this call: "
+            + "; ".join(str(c.get("detail") or c.get("check") or c) for c in failed)
+            + "."
+        )
+    if session.failure_labels:
+        parts.append(f"Mistakes made in this call: {', '.join(session.failure_labels)}.")
+    return " ".join(parts) or None
+
+
+def opsd_step(
+    student: Policy,
+    teacher: Any,
+    optimizer: torch.optim.Optimizer,
+    rows: Sequence[OPSDRow],
+    config: TrainConfig,
+) -> dict[str, Any]:
+    """One optimiser step of self-distillation over `rows`; returns its metrics."""
+    started = time.monotonic()
+    num_tokens = sum(sum(r.student_mask) for r in rows)
+    optimizer.zero_grad(set_to_none=True)
+    student.model.train()
+    teacher.eval()
+    total, kls = 0.0, []
+    forward = config.opsd_loss == "forward_topk"
+    for row in rows:
+        s = score(student.model, row.student_ids, row.student_mask, keep_logits=forward)
+        with torch.no_grad():
+            t = score(teacher, row.teacher_ids, row.teacher_mask, keep_logits=forward)
+        if forward:
+            loss = forward_topk_kl_loss(
+                s.logits, t.logits, num_tokens=num_tokens, top_k=config.opsd_top_k
+            )
+        else:
+            loss = reverse_kl_loss(s.logprobs, t.logprobs, num_tokens=num_tokens)
+        loss.backward()
+        total += loss.item()
+        kls.append(float((s.logprobs - t.logprobs).detach().mean()))
+    norm = grad_norm(student)
+    torch.nn.utils.clip_grad_norm_(
+        [p for p in student.model.parameters() if p.requires_grad], config.max_grad_norm
+    )
+    optimizer.step()
+    elapsed = time.monotonic() - started
+    return {
+        "distill_loss": round(total, 6),
+        "kl": round(sum(kls) / len(kls), 6) if kls else 0.0,
+        "grad_norm": round(norm, 6),
+        "num_tokens": num_tokens,
+        "tokens_per_s": round(sum(len(r.student_ids) for r in rows) / max(elapsed, 1e-9), 1),
+        "step_time": round(elapsed, 3),
+    }

@@ -1,0 +1,339 @@
+"""The short loop: `train(ledger, config)` turns the ledger's eligible calls into a new adapter.
+
+1. Load the base model and the parent's LoRA (or a fresh one).
+2. The logprob guard: re-score recorded completions of the starting policy; fail before any update
+   if the trainer does not see what the server sampled.
+3. Rows (`rows`), then the algorithm: SFT on passed sessions and demonstrations; GRPO on groups of
+   episodes (online: simulated per step under the current adapter; offline: from the ledger);
+   OPSD on judged turns with a hinted teacher.
+4. Save under a never-reused name, register it with its lineage, data, metrics and guard, and
+   (with a server) hot-load it and verify it is served.
+"""
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from pipecat_rl.errors import TrainingError
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
+from pipecat_rl.training import registry
+from pipecat_rl.training.advantage import outcome_reward
+from pipecat_rl.training.config import TrainConfig, TrainResult
+from pipecat_rl.training.grpo import build_groups, grpo_step
+from pipecat_rl.training.guard import run_guard
+from pipecat_rl.training.opsd import opsd_row, opsd_step, session_hint
+from pipecat_rl.training.policy import Policy, load_policy, save_adapter
+from pipecat_rl.training.rows import TrainableTurn, build_sequences
+from pipecat_rl.training.sft import optimizer_for, train_sft
+
+Progress = Callable[[dict[str, Any]], None]
+"""Called with every step's metrics (and `step`, `total_steps`)."""
+
+
+class MetricsLog:
+    """One JSON line per step (TRL's names), forwarded to the progress callback."""
+
+    def __init__(self, path: Path, progress: Progress | None):
+        self.path = path
+        self.progress = progress
+        self.rows: list[dict[str, Any]] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        """Append one step's metrics and report them."""
+        row = {"time": round(time.time(), 3), **metrics}
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        if self.progress is not None:
+            self.progress(row)
+
+
+def _parent_path(ledger: Ledger, parent: str | None) -> Path | None:
+    if parent is None or parent == BASE_ADAPTER:
+        return None
+    return Path(ledger.adapter(parent).path)
+
+
+def _base_names(policy: Policy) -> set[str]:
+    return {BASE_ADAPTER, policy.base_dir.name}
+
+
+def _start_names(policy: Policy, config: TrainConfig) -> set[str]:
+    """Names the starting policy's turns were recorded under."""
+    if config.parent in (None, BASE_ADAPTER):
+        return _base_names(policy)
+    return {str(config.parent)}
+
+
+def _probe_turn(server_url: str, name: str, policy: Policy) -> TurnRecord:
+    """A fresh completion sampled from the server under `name`, recorded as the tee records."""
+    prompt = registry._canary_ids(policy.tokenizer)
+    served = registry.served_canary(server_url, name, prompt, tokens=16)
+    return TurnRecord(
+        session_id="guard-probe",
+        index=0,
+        adapter=name,
+        created_at=time.time(),
+        request={"model": name, "messages": registry.CANARY_MESSAGES, "temperature": 0.0},
+        prompt_token_ids=prompt,
+        completion_token_ids=served["token_ids"],
+        logprobs=served["logprobs"],
+        token_exact=True,
+    )
+
+
+def guard_turns(ledger: Ledger, policy: Policy, config: TrainConfig) -> list[TurnRecord]:
+    """Recorded turns of the starting policy, newest last (any session: the guard never trains)."""
+    names = _start_names(policy, config)
+    turns: list[TurnRecord] = []
+    for session in ledger.sessions(limit=200):
+        turns += [t for t in ledger.turns(session.id) if t.adapter in names]
+        if sum(t.trainable for t in turns) >= config.guard_turns:
+            break
+    return list(reversed(turns))
+
+
+def guard(
+    ledger: Ledger, policy: Policy, config: TrainConfig, server_url: str | None
+) -> dict[str, Any]:
+    """The guard over recorded turns; with none and a server, over a fresh probe of it."""
+    turns = guard_turns(ledger, policy, config)
+    if not any(t.trainable for t in turns) and server_url is not None:
+        start = config.parent or BASE_ADAPTER
+        logger.info(f"guard: no recorded turns of {start}; probing the server instead")
+        result = run_guard(
+            policy, [_probe_turn(server_url, start, policy)], config,
+            base_names=list(_base_names(policy)),
+        )  # fmt: skip
+        return {**result, "source": "probe"}
+    result = run_guard(policy, turns, config, base_names=list(_base_names(policy)))
+    return {**result, "source": "ledger"}
+
+
+# -- rows per algorithm ----------------------------------------------------------------------
+
+
+def _passed(session: SessionRecord) -> bool:
+    # The authoritative score (verifier, else judged success); see ledger.outcome on main.
+    return outcome_reward(session) == 1.0
+
+
+def sft_rows(ledger: Ledger, policy: Policy, config: TrainConfig) -> tuple[list, list[str], dict]:
+    """Sequences of every eligible turn (demonstrations included) of a session that passed."""
+    turns = ledger.training_turns(purpose="sft")
+    sessions = {sid: ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in turns)}
+    passed = {sid for sid, s in sessions.items() if _passed(s)}
+    rows = [TrainableTurn.from_turn(t, policy.tokenizer) for t in turns if t.session_id in passed]
+    sequences, stats = build_sequences(rows, max_len=config.max_seq_len)
+    info = {
+        "eligible_sessions": len(sessions),
+        "passed_sessions": len(passed),
+        "demonstration_turns": sum(r.demonstration for r in rows),
+        "sequences": stats.sequences,
+        "merged_turns": stats.merged,
+        "split_turns": stats.split,
+        "dropped_turns": stats.dropped,
+    }
+    used = sorted({s.session_id for s in sequences})
+    return sequences, used, info
+
+
+def rl_rows(
+    ledger: Ledger, names: set[str], session_ids: Sequence[str] | None, config: TrainConfig
+) -> tuple[list[TurnRecord], list[SessionRecord], int]:
+    """Sampled turns by one of `names` (older adapters' turns dropped), and their sessions."""
+    turns = ledger.training_turns(purpose="rl", session_ids=session_ids)
+    fresh = [t for t in turns if t.adapter in names]
+    sessions = [ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in fresh)]
+    return fresh, sessions, len(turns) - len(fresh)
+
+
+# -- the algorithms ----------------------------------------------------------------------------
+
+
+def _grpo_update(
+    policy: Policy,
+    optimizer: Any,
+    turns: list[TurnRecord],
+    sessions: list[SessionRecord],
+    config: TrainConfig,
+    step: int,
+    log: MetricsLog,
+    dropped_old: int,
+) -> dict[str, Any]:
+    rows = [TrainableTurn.from_turn(t) for t in turns]
+    sequences, seq_stats = build_sequences(rows, max_len=config.max_seq_len)
+    groups = build_groups(sessions, sequences, config)
+    signal = {
+        "reward": round(statistics.fmean(groups.rewards), 6) if groups.rewards else None,
+        "reward_std": round(statistics.pstdev(groups.rewards), 6) if groups.rewards else None,
+        "frac_reward_zero_std": groups.frac_reward_zero_std,
+        "frac_reward_zero_std/outcome": groups.frac_zero_std_outcome,
+        "frac_reward_zero_std/shaped": groups.frac_zero_std_shaped,
+        "groups": groups.groups,
+        "sequences": len(groups.sequences),
+        "merged_turns": seq_stats.merged,
+        "split_turns": seq_stats.split,
+        "dropped_off_policy_turns": dropped_old,
+    }
+    if not groups.sequences:
+        raise TrainingError(
+            f"no training signal: {groups.zero_std_groups} of {groups.groups} groups have equal "
+            f"rewards (frac_reward_zero_std={groups.frac_reward_zero_std}; outcome-only "
+            f"{groups.frac_zero_std_outcome}, shaped {groups.frac_zero_std_shaped}); warm-start "
+            "with --algo sft, raise --group-size or the temperature"
+        )
+    metrics = {**signal, **grpo_step(policy, optimizer, groups.sequences, config)}
+    log({"step": step, "total_steps": config.steps, **metrics})
+    return metrics
+
+
+def _opsd_update(
+    student: Policy,
+    teacher: Any,
+    optimizer: Any,
+    turns: list[TurnRecord],
+    sessions: list[SessionRecord],
+    config: TrainConfig,
+    step: int,
+    log: MetricsLog,
+) -> dict[str, Any]:
+    by_session = {s.id: s for s in sessions}
+    rows = []
+    for t in turns:
+        session = by_session[t.session_id]
+        if outcome_reward(session) is None:
+            continue  # only judged turns have a hint worth distilling
+        hint = session_hint(session, ledger_turns(turns, t.session_id), t.index)
+        if hint:
+            rows.append(opsd_row(TrainableTurn.from_turn(t), student.tokenizer, hint))
+    if not rows:
+        raise TrainingError(
+            "OPSD has no judged turns with a hint (caller's next line, failed checks or labels) "
+            "sampled by the starting policy; simulate under it first"
+        )
+    metrics = {"hinted_turns": len(rows), **opsd_step(student, teacher, optimizer, rows, config)}
+    log({"step": step, "total_steps": config.steps, **metrics})
+    return metrics
+
+
+def ledger_turns(turns: list[TurnRecord], session_id: str) -> list[TurnRecord]:
+    """The turns of one session among `turns`."""
+    return [t for t in turns if t.session_id == session_id]
+
+
+def _simulate(
+    ledger: Ledger, scenarios: Any, bot: Any, server_url: str, adapter: str, config: TrainConfig,
+    step: int,
+) -> list[str]:  # fmt: skip
+    from pipecat_rl.serving import openai_base_url
+    from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+
+    scenario_set = (
+        scenarios
+        if hasattr(scenarios, "heldout_set_id")
+        else load_scenarios([scenarios] if isinstance(scenarios, (str, Path)) else list(scenarios))
+    )
+    entry = load_bot(bot) if isinstance(bot, (str, Path)) else bot
+    sim = SimulationConfig(
+        llm_url=openai_base_url(server_url),
+        adapter=None if adapter == BASE_ADAPTER else adapter,
+        seed=config.seed * 1000 + step,
+        repeats=config.group_size,
+        temperature=config.temperature,
+    )
+    report = asyncio.run(simulate(scenario_set, entry, sim, ledger))
+    return [e.session_id for e in report.episodes]
+
+
+def _new_version(
+    ledger: Ledger, policy: Policy, config: TrainConfig, out_dir: Path, parent: str | None,
+    run_id: str, session_ids: list[str], metrics: dict, guard_result: dict,
+) -> tuple[str, Path]:  # fmt: skip
+    name = registry.next_name(ledger, out_dir, config.name_prefix, config.algo)
+    folder = out_dir / name
+    save_adapter(policy, folder)
+    registry.register(
+        ledger, name=name, folder=folder, base_model=str(policy.base_dir), parent=parent,
+        run_id=run_id, algo=config.algo, config=config.model_dump(mode="json"),
+        session_ids=session_ids, metrics=metrics, guard=guard_result,
+    )  # fmt: skip
+    return name, folder
+
+
+def train(
+    ledger: Ledger,
+    config: TrainConfig,
+    *,
+    server_url: str | None = None,
+    scenarios: Any = None,
+    bot: Any = None,
+    progress: Progress | None = None,
+) -> TrainResult:
+    """Train one adapter from the ledger (GRPO online when `scenarios`, `bot` and a server)."""
+    run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
+    log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
+    online = scenarios is not None and bot is not None
+    if config.algo == "grpo" and online and server_url is None:
+        raise TrainingError("online GRPO simulates under each new adapter: give it a server URL")
+    policy = load_policy(config, _parent_path(ledger, config.parent))
+    guard_result = guard(ledger, policy, config, server_url)
+    logger.info(f"guard passed: {guard_result}")
+    parent = config.parent if config.parent != BASE_ADAPTER else None
+    summary: dict[str, Any]
+    if config.algo == "sft":
+        sequences, used, info = sft_rows(ledger, policy, config)
+        summary = {**info, **train_sft(policy, sequences, config, on_step=log)}
+    else:
+        optimizer = optimizer_for(policy, config.learning_rate())
+        teacher = None
+        if config.algo == "opsd":
+            teacher = load_policy(config, _parent_path(ledger, config.parent), trainable=False)
+            teacher.model.requires_grad_(False)
+        current = config.parent or BASE_ADAPTER
+        names = _start_names(policy, config)
+        used_set: set[str] = set()
+        for step in range(1, config.steps + 1):
+            ids = None
+            if online:
+                ids = _simulate(ledger, scenarios, bot, server_url, current, config, step)
+            turns, sessions, dropped = rl_rows(ledger, names, ids, config)
+            used_set.update(s.id for s in sessions)
+            if config.algo == "grpo":
+                summary = _grpo_update(
+                    policy, optimizer, turns, sessions, config, step, log, dropped
+                )
+            else:
+                summary = _opsd_update(
+                    policy, teacher.model, optimizer, turns, sessions, config, step, log
+                )
+            if online and step < config.steps:
+                name, folder = _new_version(
+                    ledger, policy, config, out_dir, parent, run_id, sorted(used_set), summary,
+                    guard_result,
+                )  # fmt: skip
+                registry.load_and_verify(server_url, name, folder, policy)
+                parent, current, names = name, name, {name}
+        used = sorted(used_set)
+    name, folder = _new_version(
+        ledger, policy, config, out_dir, parent, run_id, used, summary, guard_result
+    )
+    loaded, canary = False, None
+    if server_url is not None:
+        canary = registry.load_and_verify(server_url, name, folder, policy)
+        loaded = True
+    metrics = {**summary, **({"canary": canary} if canary else {})}
+    return TrainResult(
+        adapter=name, path=folder, metrics_path=log.path, session_ids=used, guard=guard_result,
+        metrics=metrics, parent=config.parent, algo=config.algo, loaded=loaded,
+    )  # fmt: skip
