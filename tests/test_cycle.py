@@ -42,7 +42,7 @@ class FakeTraining:
             group_size: int | None = None
             rank: int = 16
             alpha: int = 32
-            lr: float = 3e-4
+            lr: float | None = None
             temperature: float = 1.0
             out_dir: Path = Path("adapters")
             seed: int = 0
@@ -70,7 +70,7 @@ class FakeTraining:
                 created_at=1.0, training_run={"id": name, "guard": guard},
             ))  # fmt: skip
             if progress:
-                progress("step", 1)
+                progress({"step": 1, "loss": 0.5})
             return TrainResult(name, folder, metrics, [], guard, {"loss": 0.5})
 
         mod.TrainConfig, mod.TrainResult, mod.train = TrainConfig, TrainResult, train

@@ -419,8 +419,8 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     common = dict(base_model=c.model, rank=t.rank, alpha=t.alpha, lr=t.lr, seed=c.seed,
                   out_dir=c.out / "adapters")  # fmt: skip
 
-    def progress(*args: Any, **kwargs: Any) -> None:
-        cycle.log.write("train_progress", detail=[str(a) for a in args], **kwargs)
+    def progress(row: dict[str, Any]) -> None:
+        cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})
 
     if warm:
         pool = cycle.scenarios("pool")

@@ -145,7 +145,7 @@ def _train(ctx: JobContext, p: TrainJob) -> dict[str, Any]:
     config = TrainConfig(out_dir=ctx.settings.data_dir / "adapters", **fields)
     result = train(
         ctx.ledger, config, server_url=ctx.settings.llm_url, scenarios=p.scenarios, bot=p.bot,
-        progress=lambda *a, **k: ctx.emit("progress", detail=[str(x) for x in a], **k),
+        progress=lambda row: ctx.emit("progress", **row),
     )  # fmt: skip
     return {"adapter": result.adapter, "path": str(result.path), "metrics": result.metrics}
 

@@ -42,7 +42,8 @@ class TrainSettings(_Part):
     group_size: int = Field(default=4, ge=2)
     rank: int = Field(default=16, ge=1)
     alpha: int = Field(default=32, ge=1)
-    lr: float = Field(default=3e-4, gt=0)
+    lr: float | None = Field(default=None, gt=0)
+    """None: the trainer's per-algorithm default (3e-4 for SFT, 2e-5 for GRPO and OPSD)."""
     temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature for GRPO/OPSD exploration."""
     step_s: float = Field(default=3.5, gt=0)
