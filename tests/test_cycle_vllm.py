@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipecat_rl.ledger import Ledger
 from pipecat_rl.service.cycle import run_cycle
 from pipecat_rl.service.loop import load_loop_config
 from tests.service_helpers import clinic_copy
@@ -38,9 +39,10 @@ def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_ser
         "bot": "clinic/bot.py", "expert_bot": "clinic/expert.py",
         "pool": "clinic/scenarios/pool", "heldout": "clinic/scenarios/heldout",
         "out": "cycle", "ledger": "ledger.db", "llm_url": vllm_server.base_url,
-        "concurrency": 4, "max_tokens": 48, "budget_s": 1200,
-        "filter": {"repeats": 1},
-        "train": {"warm_start": "always", "sft_steps": 1, "rank": 8, "alpha": 16},
+        "concurrency": 4, "max_tokens": 96, "budget_s": 1200,
+        "filter": {"repeats": 2},
+        "train": {"warm_start": "always", "sft_epochs": 1, "rank": 8, "alpha": 16,
+                  "verify_on_server": False},
         "gate": {"repeats": 1, "overrides": {"require_latency": False}},
         "promote": "never",
     }))  # fmt: skip
@@ -65,12 +67,14 @@ def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_ser
             child.kill()
         child.wait()
     recorded = [json.loads(x) for x in events.read_text().splitlines()]
-    assert not any(e.get("stage") == "evaluate" for e in recorded)
+    assert not any(e["event"] == "stage_finished" and e["stage"] == "evaluate" for e in recorded)
     candidate = next(e["result"]["candidate"] for e in recorded
                      if e["event"] == "stage_finished" and e["stage"] == "train")  # fmt: skip
 
     summary = run_cycle(load_loop_config(loop))
     assert summary.resumed_from == "evaluate"
+    with Ledger(tmp_path / "ledger.db") as ledger:  # what the kill left open was closed
+        assert all(s.ended_at is not None for s in ledger.sessions())
     assert summary.state == "finished"
     evaluated = summary.stages["evaluate"]
     assert evaluated["candidate"] == candidate and evaluated["incumbent"] == "base"

@@ -217,6 +217,19 @@ class Cycle:
 
     # -- the run -------------------------------------------------------------------------------
 
+    def _close_interrupted(self, todo: list[str]) -> None:
+        """A stage that started and never finished was killed: close the sessions it left open.
+
+        They end as harness errors (no reward), so neither training nor the gate reads them;
+        the stage then runs again from its start.
+        """
+        started = {e["stage"]: e["at"] for e in self.log.read() if e["event"] == "stage_started"}
+        for stage in todo:
+            if stage in started:
+                why = f"interrupted: the cycle's {stage} stage was killed"
+                closed = self.ledger.close_open_sessions(since=started[stage], reason=why)
+                self.log.write("stage_interrupted", stage=stage, closed_sessions=len(closed))
+
     def run(self) -> CycleSummary:
         """Run every stage not finished yet, in order, within the budget."""
         last = STAGES.index(self.config.stop_after) if self.config.stop_after else len(STAGES)
@@ -228,6 +241,7 @@ class Cycle:
         )
         if "train" in todo:
             load_training()  # refuse at once, not after an hour of simulation
+        self._close_interrupted(todo)
         state, reason = "finished", "every stage finished"
         try:
             for stage in todo:
@@ -429,12 +443,13 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         )
         passed = sum(1 for e in demos.episodes if e.outcome == "pass")
         cycle.log.write("demonstrations", episodes=len(demos.episodes), passed=passed)
-        length = {"steps": t.sft_steps} if t.sft_steps else {"epochs": t.sft_epochs}
-        steps = t.sft_steps or passed * t.sft_epochs
-        cycle.require(steps * t.step_s, f"the SFT warm start ({steps} steps)")
+        steps = passed * t.sft_epochs
+        cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
         t0 = time.monotonic()
-        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, **length, **common),
-                       server_url=url, progress=progress)  # fmt: skip
+        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
+                                                 **common),
+                       server_url=url if t.verify_on_server else None,
+                       progress=progress)  # fmt: skip
         runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
         parent = result.adapter
     files = filtered["scenario_files"]
