@@ -22,6 +22,10 @@ _EXPORTS = {
     "VLLMServer": "pipecat_rl.serving",
     "VLLMAdmin": "pipecat_rl.serving",
     "prepare_model": "pipecat_rl.models",
+    # training
+    "TrainConfig": "pipecat_rl.training",
+    "TrainResult": "pipecat_rl.training",
+    "train": "pipecat_rl.training",
     # the gate
     "GateConfig": "pipecat_rl.gate",
     "GateReceipt": "pipecat_rl.gate",

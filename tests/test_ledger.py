@@ -607,7 +607,8 @@ def test_live_pointer_move_rollback_history(ledger):
 
 def test_stats(ledger):
     ledger.write_session(
-        make_session("a", split="pool", ended_at=1001.0), [make_turn("a", 0), make_turn("a", 1, exact=False)]
+        make_session("a", split="pool", ended_at=1001.0),
+        [make_turn("a", 0), make_turn("a", 1, exact=False)],
     )
     ledger.write_session(make_session("b", split="heldout"), [make_turn("b", 0)])
     ledger.write_session(make_session("c", source="live"))

@@ -7,6 +7,7 @@ EXPECTED = {
     "Ledger", "RLRecorder", "RecorderObserver", "LiveAdapterSelector", "Redactor", "SessionInfo",
     "recording", "setup_file_path", "VLLMServer", "VLLMAdmin", "prepare_model", "GateConfig",
     "GateReceipt", "evaluate", "promote", "rollback", "PipecatRLError",
+    "TrainConfig", "TrainResult", "train",
 }  # fmt: skip
 
 

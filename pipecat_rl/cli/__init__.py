@@ -17,6 +17,7 @@ from pipecat_rl.cli import models as models_cli
 from pipecat_rl.cli import record as record_cli
 from pipecat_rl.cli import service as service_cli
 from pipecat_rl.cli import simulate as simulate_cli
+from pipecat_rl.cli import train as train_cli
 
 app = typer.Typer(
     name="pipecat-rl",
@@ -40,7 +41,7 @@ def _options(
     logger.add(sys.stderr, level=("WARNING", "INFO", "DEBUG")[min(verbose, 2)])
 
 
-for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli):
+for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli, train_cli):
     module.register(app)
 for module in (service_cli, cycle_cli):
     module.register(app)

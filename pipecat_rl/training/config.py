@@ -35,6 +35,12 @@ class TrainConfig(BaseModel):
     """None picks per algorithm: 3e-4 for SFT, 2e-5 for GRPO and OPSD."""
     temperature: float = 1.0
     """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
+    persona: Literal["llm", "scripted"] = "llm"
+    """Online GRPO: the caller the simulator plays (the scenarios' script, or the LLM persona)."""
+    max_tokens: int | None = None
+    """Online GRPO: cap on the agent's replies when the bot sets none."""
+    concurrency: int = 8
+    """Online GRPO: episodes simulated at once."""
     max_seq_len: int = 4096
     """Sequences longer than this are split at turn boundaries or dropped (counted)."""
     seed: int = 0

@@ -250,6 +250,9 @@ def _simulate(
         seed=config.seed * 1000 + step,
         repeats=config.group_size,
         temperature=config.temperature,
+        persona=config.persona,
+        max_tokens=config.max_tokens,
+        concurrency=config.concurrency,
     )
     report = asyncio.run(simulate(scenario_set, entry, sim, ledger))
     return [e.session_id for e in report.episodes]

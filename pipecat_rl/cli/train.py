@@ -1,0 +1,124 @@
+"""`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO or OPSD).
+
+Prints a progress bar while it trains, writes a metrics JSONL with TRL's names, and ends with the
+adapter's name (on stdout with `--json`, as part of the result). Exit codes: 0 trained; 64 usage;
+69 the LLM server is unavailable; 70 training could not proceed (guard, zero signal, no rows).
+"""
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipecat_rl.cli.common import EXIT_UNAVAILABLE, cli_errors, console, print_json
+from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.errors import ConfigError, ServingError
+from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.training import Algo, TrainConfig
+
+_SHOWN = ("loss", "policy_loss", "distill_loss", "reward", "frac_reward_zero_std", "grad_norm")
+
+
+def _describe(row: dict[str, Any]) -> str:
+    return "  ".join(f"{k}={row[k]:.4g}" for k in _SHOWN if isinstance(row.get(k), int | float))
+
+
+def train_command(
+    algo: Annotated[Algo, typer.Option("--algo", help="sft, grpo or opsd.")] = "sft",
+    ledger: Annotated[
+        Path | None, typer.Option("--ledger", help="Ledger file (default: $PIPECAT_RL_LEDGER).")
+    ] = None,
+    scenarios: Annotated[
+        list[Path] | None,
+        typer.Option("--scenarios", help="Online GRPO: scenario files or folders to simulate."),
+    ] = None,
+    bot: Annotated[
+        str | None, typer.Option("--bot", help="Online GRPO: the bot to simulate.")
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO / OPSD steps.")] = 1,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="SFT epochs (at most).")] = 10,
+    group_size: Annotated[
+        int, typer.Option("--group-size", min=2, help="GRPO: episodes per scenario.")
+    ] = 4,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="LoRA rank.")] = 16,
+    lr: Annotated[float | None, typer.Option("--lr", help="Learning rate.")] = None,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="GRPO exploration temperature.")
+    ] = 1.0,
+    persona: Annotated[
+        Literal["llm", "scripted"],
+        typer.Option("--persona", help="Online GRPO: LLM persona, or the scenarios' script."),
+    ] = "llm",
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", min=1, help="Online GRPO: cap agent replies.")
+    ] = None,
+    parent: Annotated[
+        str | None, typer.Option("--parent", help="Adapter to continue from (default: base).")
+    ] = None,
+    model: Annotated[str, typer.Option("--model", help="The served base model.")] = "smollm2",
+    llm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--llm-url",
+            envvar=LLM_URL_ENV,
+            help="The running server: the adapter is hot-loaded and verified there.",
+        ),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Adapter folder root.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Train a LoRA adapter on the ledger's eligible calls and print its name."""
+    from pipecat_rl.training import train
+
+    with cli_errors():
+        if (scenarios is None) != (bot is None):
+            raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
+        if scenarios is not None and algo != "grpo":
+            raise ConfigError("--scenarios and --bot are for --algo grpo")
+        config = TrainConfig(
+            algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
+            group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
+            out_dir=out, seed=seed, persona=persona, max_tokens=max_tokens,
+        )  # fmt: skip
+        progress = Progress(
+            TextColumn(f"training ({algo})"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("{task.description}"),
+            console=console, disable=json_out,
+        )  # fmt: skip
+        task = progress.add_task("", total=None)
+
+        def on_step(row: dict[str, Any]) -> None:
+            progress.update(
+                task, completed=row.get("step"), total=row.get("total_steps"),
+                description=_describe(row),
+            )  # fmt: skip
+
+        try:
+            with Ledger(resolve_ledger_path(ledger)) as store, progress:
+                result = train(
+                    store, config, server_url=llm_url, progress=on_step, bot=bot,
+                    scenarios=[str(p) for p in scenarios] if scenarios else None,
+                )  # fmt: skip
+        except ServingError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(EXIT_UNAVAILABLE) from e
+    if json_out:
+        print_json(result.model_dump(mode="json"))
+        return
+    guard = result.guard
+    console.print(
+        f"guard: passed, mean |Δlogp| {guard.get('mean_abs_diff')} over "
+        f"{guard.get('compared_tokens')} tokens ({guard.get('source')})"
+    )
+    console.print(f"metrics: {result.metrics_path}")
+    console.print(f"{len(result.session_ids)} sessions; adapter folder {result.path}")
+    if result.loaded:
+        console.print(f"loaded into {llm_url} and verified (listed, canary agrees)")
+    typer.echo(result.adapter)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level `train` command."""
+    app.command("train")(train_command)

@@ -1,0 +1,122 @@
+"""`train()` end to end on a tiny model saved as an HF folder (no vLLM): GRPO and OPSD offline
+from recorded turns, SFT from demonstrations; adapters registered with their guard and data."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.errors import TrainingError
+from pipecat_rl.gate.lineage import ledger_lineage
+from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
+from pipecat_rl.training import TrainConfig, train
+from pipecat_rl.training.opsd import opsd_row, session_hint
+from pipecat_rl.training.rows import TrainableTurn
+from tests.train_helpers import sample_turn, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """A tiny Llama with SmolLM2's tokenizer and chat template, as a servable HF folder."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _record(ledger: Ledger, model, scenario: str, repeat: int, verifier: float, **meta) -> str:
+    sid = f"{scenario}-{repeat}"
+    turn = sample_turn(model, [1, 2, 3, 4], 5, session_id=sid, seed=hash(sid) % 1000)
+    session = SessionRecord(
+        id=sid, source="simulate", started_at=float(repeat), ended_at=repeat + 0.5,
+        scenario_id=scenario, scenario_hash=f"hash-{scenario}", split="pool", policy="base",
+        outcome="pass" if verifier == 1 else "fail",
+        reward_parts={"verifier": verifier, "tool_credit": 0.1 * repeat},
+        failure_labels=[] if verifier == 1 else ["tool_error"], metadata=meta,
+    )  # fmt: skip
+    ledger.write_session(session, [turn])
+    return sid
+
+
+@pytest.fixture
+def ledger(tmp_path, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    checks = {"checks": [{"check": "exists appointments", "passed": False, "detail": "none"}]}
+    with Ledger(tmp_path / "l.db") as store:
+        for repeat, verifier in enumerate((1.0, 0.0, 1.0, 0.0)):
+            _record(store, model, "booking", repeat, verifier, **checks)
+        for repeat in range(2):  # always fails: zero variance under the outcome
+            _record(store, model, "cancel", repeat, 0.0, **checks)
+        yield store
+
+
+def test_grpo_offline_trains_registers_and_logs(ledger, tiny_dir, tmp_path):
+    config = TrainConfig(algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path / "a", steps=2)
+    result = train(ledger, config)
+    assert result.adapter.startswith("clinic-grpo-v1-") and not result.loaded
+    assert result.guard["passed"] and result.guard["source"] == "ledger"
+    rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for name in ("reward", "reward_std", "frac_reward_zero_std", "policy_loss", "kl", "clip_ratio",
+                 "sampling_logp_difference/mean", "importance_ratio/max", "grad_norm", "entropy",
+                 "num_tokens", "tokens_per_s", "step_time"):  # fmt: skip
+        assert name in rows[0], name
+    # shaped credit differs by repeat, so both groups carry gradient; outcome-only, one of two
+    assert rows[0]["frac_reward_zero_std/shaped"] == 0.0
+    assert rows[0]["frac_reward_zero_std/outcome"] == 0.5
+    assert rows[0]["importance_ratio/mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy at step 1
+    record = ledger.adapter(result.adapter)
+    assert record.training_data == sorted(result.session_ids) and len(result.session_ids) == 6
+    assert ledger_lineage(ledger, result.adapter, result.adapter).guard == "passed"
+    meta = json.loads((result.path / "pipecat-rl-adapter.json").read_text())
+    assert meta["training_run"]["guard"]["passed"] and meta["parent"] is None
+
+
+def test_outcome_only_reward_with_no_variance_stops_at_once(ledger, tiny_dir, tmp_path):
+    for sid in ("booking-1", "booking-3"):
+        ledger.update_session(sid, excluded_from_training=True)  # booking: only passes left
+    config = TrainConfig(
+        algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path, shaped_reward=False
+    )
+    with pytest.raises(TrainingError, match="2 of 2 groups have equal rewards"):
+        train(ledger, config)
+
+
+def test_opsd_offline_distils_from_hinted_teacher(ledger, tiny_dir, tmp_path):
+    config = TrainConfig(algo="opsd", base_model=str(tiny_dir), out_dir=tmp_path, lr=1e-3)
+    result = train(ledger, config)
+    rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert rows[0]["hinted_turns"] == 6 and rows[0]["grad_norm"] > 0
+    assert ledger.adapter(result.adapter).training_run["algo"] == "opsd"
+
+
+def test_hint_goes_into_the_teachers_prompt_only(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    first = TurnRecord(session_id="s", index=0, adapter="base", created_at=0, request={
+        "messages": messages})  # fmt: skip
+    later = TurnRecord(session_id="s", index=1, adapter="base", created_at=0, request={
+        "messages": [*messages, {"role": "assistant", "content": "Hello."},
+                     {"role": "user", "content": "Book me for Tuesday."}]})  # fmt: skip
+    session = SessionRecord(id="s", source="simulate", started_at=0, failure_labels=["timeout"])
+    hint = session_hint(session, [first, later], 0)
+    assert "Book me for Tuesday." in hint and "timeout" in hint
+    prompt = list(tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True)["input_ids"])  # fmt: skip
+    turn = TrainableTurn(
+        session_id="s", index=0, prompt_ids=prompt, sampled_ids=[28, 2], sampler_logprobs=[0, 0],
+        adapter="base", sampling={"temperature": 1.0},
+    )  # fmt: skip
+    row = opsd_row(turn, tokenizer, hint)
+    assert row.student_ids == [*prompt, 28, 2]
+    teacher = tokenizer.decode(row.teacher_ids)
+    assert teacher.endswith("<|im_start|>assistant\n" + tokenizer.decode([28, 2]))
+    assert "<|im_start|>user\n" + hint + "<|im_end|>\n<|im_start|>assistant\n" in teacher
+    assert hint not in tokenizer.decode(row.student_ids)

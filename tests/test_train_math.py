@@ -1,0 +1,209 @@
+"""Training maths on tiny models the tests build: GRPO, OPSD, masking, advantages, rows."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+from pipecat_rl.ledger import SessionRecord
+from pipecat_rl.training.advantage import group_advantages, outcome_reward, shaped_reward
+from pipecat_rl.training.config import TrainConfig
+from pipecat_rl.training.grpo import build_groups, grpo_step
+from pipecat_rl.training.loss import forward_topk_kl_loss, grpo_loss, reverse_kl_loss
+from pipecat_rl.training.opsd import OPSDRow, opsd_step
+from pipecat_rl.training.policy import Policy, score
+from pipecat_rl.training.rows import Sampling, TrainableTurn, build_sequences
+from pipecat_rl.training.sft import optimizer_for
+from tests.train_helpers import sequence_logprob, tiny_llama, tiny_policy
+
+PROMPT = [1, 5, 9, 11]
+
+
+def _session(sid: str, verifier: float, credit: float = 0.0, scenario: str = "h1"):
+    return SessionRecord(
+        id=sid, source="simulate", started_at=0.0, ended_at=1.0, scenario_hash=scenario,
+        reward_parts={"verifier": verifier, "tool_credit": credit},
+    )  # fmt: skip
+
+
+def _turn(sid: str, prompt: list[int], sampled: list[int], logprobs=None, index: int = 0):
+    return TrainableTurn(
+        session_id=sid, index=index, prompt_ids=prompt, sampled_ids=sampled,
+        sampler_logprobs=logprobs if logprobs is not None else [0.0] * len(sampled),
+        adapter="base", sampling=Sampling(),
+    )  # fmt: skip
+
+
+def _on_policy(policy, turn: TrainableTurn) -> TrainableTurn:
+    ids = [*turn.prompt_ids, *turn.sampled_ids]
+    mask = [False] * len(turn.prompt_ids) + [True] * len(turn.sampled_ids)
+    with torch.no_grad():
+        lp = score(policy.model, ids, mask).logprobs.tolist()
+    return turn.model_copy(update={"sampler_logprobs": lp})
+
+
+def test_grpo_step_raises_the_better_completion_and_lowers_the_worse():
+    policy = tiny_policy()
+    good = _on_policy(policy, _turn("good", PROMPT, [20, 21, 22]))
+    bad = _on_policy(policy, _turn("bad", PROMPT, [40, 41, 42]))
+    config = TrainConfig(algo="grpo", lr=2e-2)
+    sequences, _ = build_sequences([good, bad])
+    groups = build_groups([_session("good", 1.0), _session("bad", 0.0)], sequences, config)
+    assert [s.advantage for s in groups.sequences] == [0.5, -0.5]
+    before = [sequence_logprob(policy.model, s.input_ids, s.loss_mask) for s in sequences]
+    optimizer = optimizer_for(policy, config.learning_rate())
+    for _ in range(3):
+        metrics = grpo_step(policy, optimizer, groups.sequences, config)
+    after = [sequence_logprob(policy.model, s.input_ids, s.loss_mask) for s in sequences]
+    assert after[0] > before[0] and after[1] < before[1]
+    assert metrics["num_tokens"] == 6
+    assert metrics["grad_norm"] > 0
+    for name in ("policy_loss", "kl", "clip_ratio", "importance_ratio/mean", "entropy"):
+        assert name in metrics
+
+
+def test_zero_variance_groups_are_dropped_and_counted():
+    config = TrainConfig(algo="grpo")
+    turns = [_turn(sid, PROMPT, [7]) for sid in ("a1", "a2", "b1", "b2")]
+    sequences, _ = build_sequences(turns)
+    sessions = [
+        _session("a1", 1.0, 0.1, "A"), _session("a2", 1.0, 0.1, "A"),  # equal under both
+        _session("b1", 0.0, 0.0, "B"), _session("b2", 0.0, 0.2, "B"),  # equal outcome only
+    ]  # fmt: skip
+    groups = build_groups(sessions, sequences, config)
+    assert groups.groups == 2 and groups.zero_std_groups == 1
+    assert groups.frac_reward_zero_std == 0.5
+    assert groups.frac_zero_std_outcome == 1.0 and groups.frac_zero_std_shaped == 0.5
+    assert {s.session_id for s in groups.sequences} == {"b1", "b2"}
+    outcome_only = build_groups(
+        sessions, sequences, config.model_copy(update={"shaped_reward": False})
+    )
+    assert outcome_only.sequences == [] and outcome_only.frac_reward_zero_std == 1.0
+
+
+def test_masked_tokens_get_no_gradient():
+    policy = tiny_policy()
+    prompt, sampled = [1, 2, 3, 4, 5], [6, 7]
+    ids = [*prompt, *sampled]
+    mask = [False] * len(prompt) + [True] * len(sampled)
+    logits = policy.model(input_ids=torch.tensor([ids])).logits[0].detach().requires_grad_(True)
+    positions = torch.tensor([t - 1 for t, m in enumerate(mask) if m])
+    logprobs = (
+        torch.log_softmax(logits[positions], -1)
+        .gather(-1, torch.tensor(ids)[positions + 1].unsqueeze(-1))
+        .squeeze(-1)
+    )
+    loss, _ = grpo_loss(logprobs, logprobs.detach(), 1.0, num_tokens=2)
+    loss.backward()
+    rows_with_grad = {int(i) for i in torch.nonzero(logits.grad.abs().sum(-1))}
+    assert rows_with_grad == set(positions.tolist())  # only positions predicting sampled ids
+
+
+def test_grpo_loss_clips_and_masks_far_off_policy_sequences():
+    logp = torch.tensor([-1.0, -1.0], requires_grad=True)
+    far = torch.tensor([-9.0, -9.0])  # ratio e^8: clipped, and masked as a sequence
+    loss, stats = grpo_loss(logp, far, 1.0, num_tokens=2, sequence_mask_c=3.0)
+    assert stats.masked_sequence and float(loss) == 0.0
+    near = torch.tensor([-1.5, -1.0])
+    _, stats = grpo_loss(logp, near, 1.0, num_tokens=2)
+    assert not stats.masked_sequence and stats.clip_ratio == 0.5
+    assert stats.ratio_max == pytest.approx(float(torch.exp(torch.tensor(0.5))))
+
+
+def test_advantages_mean_centred_std_scaling_optional():
+    plain = group_advantages("g", [1.0, 0.0, 0.0, 1.2])
+    assert sum(plain.advantages) == pytest.approx(0.0)
+    assert plain.advantages[0] == pytest.approx(1.0 - 0.55)
+    scaled = group_advantages("g", [1.0, 0.0], scale_std=True)
+    assert scaled.advantages == [1.0, -1.0]
+    assert group_advantages("g", [0.3, 0.3]).zero_std
+    s = _session("x", 1.0, -0.2)
+    assert outcome_reward(s) == 1.0 and shaped_reward(s) == pytest.approx(0.8)
+
+
+def test_sequences_merge_only_on_the_prefix_property():
+    t0 = _turn("s", [1, 2, 3], [4, 5], [-0.1, -0.2], index=0)
+    t1 = _turn("s", [1, 2, 3, 4, 5, 9, 9], [6], [-0.3], index=1)  # extends: merged
+    t2 = _turn("s", [1, 2, 8], [7], [-0.4], index=2)  # re-rendered history: a new sequence
+    sequences, stats = build_sequences([t2, t0, t1])
+    assert (stats.merged, stats.split, stats.sequences) == (1, 1, 2)
+    first = sequences[0]
+    assert first.input_ids == [1, 2, 3, 4, 5, 9, 9, 6]
+    assert first.loss_mask == [False] * 3 + [True, True] + [False, False] + [True]
+    assert first.sampler_logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, -0.3]
+    _, capped = build_sequences([t0, t1], max_len=6)
+    assert capped.dropped == 1
+
+
+def _opsd_fixture(seed: int = 0):
+    """The incumbent answers A after the hint, A or B alike without it; the student: a LoRA on it.
+
+    As in OPSD proper, teacher and student share the incumbent's weights: the teacher is the
+    incumbent frozen with the hint in its prompt, the student a fresh LoRA on the same weights.
+    """
+    hint, question, answer_a, answer_b = 3, 5, 7, 8
+    incumbent = tiny_llama(16, seed)
+    opt = torch.optim.Adam(incumbent.parameters(), lr=3e-2)
+    examples = (
+        ([1, hint, question], answer_a),
+        ([1, question], answer_a),
+        ([1, question], answer_b),
+    )
+    for _ in range(60):
+        loss = 0
+        for ids, target in examples:
+            logits = incumbent(input_ids=torch.tensor([ids])).logits[0, -1]
+            loss = loss - torch.log_softmax(logits, -1)[target]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    teacher = copy.deepcopy(incumbent).eval().requires_grad_(False)
+    lora = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]
+    )
+    student = Policy(get_peft_model(incumbent, lora), None, Path("tiny"), None)
+    return student, teacher, (hint, question, answer_a, answer_b)
+
+
+@pytest.mark.parametrize("kind", ["forward_topk", "reverse"])
+def test_opsd_raises_the_hinted_answer_without_the_hint(kind):
+    student, teacher, (hint, question, a, _b) = _opsd_fixture()
+    config = TrainConfig(algo="opsd", lr=3e-2, opsd_loss=kind, opsd_top_k=4)
+    optimizer = optimizer_for(student, config.learning_rate())
+
+    def p_a() -> float:
+        with torch.no_grad():
+            logits = student.model(input_ids=torch.tensor([[1, question]])).logits[0, -1]
+        return float(torch.softmax(logits, -1)[a])
+
+    with torch.no_grad():
+        teacher_pa = torch.softmax(
+            teacher(input_ids=torch.tensor([[1, hint, question]])).logits[0, -1], -1
+        )[a]
+    assert teacher_pa > 0.9
+    before = p_a()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(15):
+        with torch.no_grad():
+            logits = student.model(input_ids=torch.tensor([[1, question]])).logits[0, -1]
+        samples = torch.multinomial(torch.softmax(logits, -1), 8, replacement=True, generator=gen)
+        rows = [
+            OPSDRow("s", [1, question, int(s)], [False, False, True],
+                    [1, hint, question, int(s)], [False, False, False, True])
+            for s in samples
+        ]  # fmt: skip
+        metrics = opsd_step(student, teacher, optimizer, rows, config)
+    assert 0.3 < before < 0.7  # without the hint the incumbent cannot tell A from B
+    assert p_a() > 0.85, (before, p_a())
+    assert metrics["num_tokens"] == 8
+
+
+def test_distillation_losses_are_zero_when_student_equals_teacher():
+    logits = torch.randn(3, 10)
+    assert float(forward_topk_kl_loss(logits, logits, num_tokens=3, top_k=4)) == pytest.approx(
+        0, abs=1e-6
+    )
+    lp = torch.log_softmax(logits, -1)[:, 0]
+    assert float(reverse_kl_loss(lp, lp, num_tokens=3)) == 0.0
