@@ -41,8 +41,7 @@ def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_ser
         "out": "cycle", "ledger": "ledger.db", "llm_url": vllm_server.base_url,
         "concurrency": 4, "max_tokens": 96, "budget_s": 1200,
         "filter": {"repeats": 2},
-        "train": {"warm_start": "always", "sft_epochs": 1, "rank": 8, "alpha": 16,
-                  "verify_on_server": False},
+        "train": {"warm_start": "always", "sft_epochs": 1, "rank": 8, "alpha": 16},
         "gate": {"repeats": 1, "overrides": {"require_latency": False}},
         "promote": "never",
     }))  # fmt: skip
