@@ -10,6 +10,7 @@ the snapshot's at every later stage.
 """
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -192,8 +193,6 @@ class Cycle:
             async with llm_endpoint(
                 self.url(), ledger=self.ledger, adapters=[adapter], model=c.model
             ) as url:
-                import dataclasses
-
                 cfg = dataclasses.replace(config, llm_url=url)
                 return await simulate(scenarios, entry, cfg, self.ledger)
 
@@ -475,17 +474,14 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     return {"candidate": parent, "warm_start": warm, "runs": runs}
 
 
-def _pass_rates(cycle: Cycle, receipt: Any) -> dict[str, Any]:
-    """Held-out verifier pass rate per policy, from the gate's sessions in the ledger."""
+def _pass_rates(cycle: Cycle, data: Any) -> dict[str, Any]:
+    """Held-out verifier pass rate per policy over the runs the gate decided on."""
     out: dict[str, Any] = {}
-    for role in ("candidate", "incumbent"):
-        name = getattr(receipt, role).name
-        sessions = [
-            s for s in cycle.ledger.sessions(source="gate", policy=name)
-            if s.heldout_set_id == receipt.input.heldout_set_id
-        ] if getattr(receipt.input, "heldout_set_id", None) else []  # fmt: skip
-        verified = [s for s in sessions if s.outcome in ("pass", "fail")]
-        passed = sum(1 for s in verified if s.outcome == "pass")
+    for role, name in (("candidate", data.candidate), ("incumbent", data.incumbent)):
+        ids = [r.session_id for r in data.runs if r.policy == name and r.session_id]
+        outcomes = [cycle.ledger.session(i).outcome for i in ids]
+        verified = [o for o in outcomes if o in ("pass", "fail")]
+        passed = verified.count("pass")
         out[role] = {
             "policy": name, "passed": passed, "verified": len(verified),
             "rate": round(passed / len(verified), 4) if verified else None,
@@ -495,8 +491,6 @@ def _pass_rates(cycle: Cycle, receipt: Any) -> dict[str, Any]:
 
 def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
     """Run both policies on the held-out set (same seeds, interleaved) and gate the candidate."""
-    import dataclasses
-
     from pipecat_rl.gate import evaluate, hash_scenario_files, ledger_lineage, write_receipt
     from pipecat_rl.gate.config import load_gate_config
     from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
@@ -527,7 +521,7 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
         "verdict": receipt.verdict, "reason": receipt.reason, "exit_code": receipt.exit_code,
         "candidate": candidate, "incumbent": incumbent,
         "receipt": {k: str(v) for k, v in paths.items()},
-        "pass_rate": _pass_rates(cycle, receipt),
+        "pass_rate": _pass_rates(cycle, data),
         "mean_delta": p.mean_delta, "ci95": list(p.ci95),
         "wins": p.wins, "losses": p.losses, "ties": p.ties, "n_scenarios": p.n_scenarios,
         "v2v_p95_ms": None if v2v is None else {
