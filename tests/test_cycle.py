@@ -117,7 +117,7 @@ def test_a_cycle_runs_every_stage_and_writes_its_receipt(tmp_path, world):
     filtered = summary.stages["filter"]
     # The expert solves both pool scenarios in both runs: nothing is contested.
     assert filtered["always_solved"] == ["handoff_request", "routine_booking"]
-    assert filtered["left"] == 0 and filtered["tool_calls"] > 0
+    assert filtered["left"] == 0 and filtered["tool_calls"] > 0 and filtered["tool_use"] == 1.0
     trained = summary.stages["train"]
     assert trained["warm_start"] is False  # the incumbent already calls tools
     assert [r["algo"] for r in trained["runs"]] == ["grpo"]

@@ -384,6 +384,7 @@ def filter_pool(cycle: Cycle) -> dict[str, Any]:
     failed = sorted(s for s, runs in by.items() if not any(runs))
     contested = sorted(s for s, runs in by.items() if any(runs) and not all(runs))
     tool_calls = sum(len(e.executions) for e in report.episodes)
+    using_tools = sum(1 for e in report.episodes if any(x.error is None for x in e.executions))
     drafts = draft_from_failures(cycle.ledger, [e.session_id for e in report.episodes], pool,
                                  c.drafts_dir, heldout=c.heldout)  # fmt: skip
     passed = sum(1 for e in report.episodes if e.outcome == "pass")
@@ -392,6 +393,7 @@ def filter_pool(cycle: Cycle) -> dict[str, Any]:
         "episodes": len(report.episodes), "passed": passed, "errors": report.harness_errors,
         "always_solved": solved, "always_failed": failed, "contested": contested,
         "left": len(contested), "tool_calls": tool_calls,
+        "tool_use": round(using_tools / len(report.episodes), 4) if report.episodes else 0.0,
         "drafts": [str(p) for p in drafts],
         "scenario_files": {s.id: str(s.source_path) for s in pool},
     }  # fmt: skip
@@ -425,7 +427,9 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     incumbent = cycle.incumbent()
     parent = None if incumbent == BASE_ADAPTER else incumbent
     warm = t.warm_start == "always" or (
-        t.warm_start == "auto" and filtered["tool_calls"] == 0 and c.expert_bot is not None
+        t.warm_start == "auto"
+        and filtered["tool_use"] < t.tool_use_below
+        and c.expert_bot is not None
     )
     url = cycle.url()
     runs: list[dict[str, Any]] = []
@@ -468,8 +472,9 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         parent = result.adapter
     if not runs:
         raise TrainingError(
-            "the train stage had nothing to run: the incumbent calls tools (or no expert_bot "
-            "is set) so there is no warm start, and train.grpo_steps and train.opsd_steps are 0"
+            "the train stage had nothing to run: the incumbent already calls tools (tool use "
+            f"{filtered['tool_use']:.0%} of calls) or no expert_bot is set, so there is no warm "
+            "start, and train.grpo_steps and train.opsd_steps are 0: set one of them"
         )
     return {"candidate": parent, "warm_start": warm, "runs": runs}
 

@@ -31,7 +31,10 @@ class TrainSettings(_Part):
     """What the train stage runs: an SFT warm start, then GRPO and/or OPSD steps."""
 
     warm_start: Literal["auto", "always", "never"] = "auto"
-    """`auto`: an SFT warm start when the incumbent made no tool call in the filter stage."""
+    """`auto`: an SFT warm start when the incumbent cannot call tools (see `tool_use_below`)."""
+    tool_use_below: float = Field(default=0.2, ge=0, le=1)
+    """The incumbent "cannot call tools" when fewer than this share of its filter-stage calls
+    made a successful tool execution (a stray call is not an ability)."""
     demonstrations: int = Field(default=1, ge=1)
     """Scripted-expert runs per pool scenario recorded as demonstrations for the warm start."""
     sft_epochs: int = Field(default=10, ge=1)
