@@ -77,11 +77,10 @@ def _write_draft(scenario, session, labels: tuple[str, ...], drafts_dir: Path) -
         f"# failure labels: {', '.join(labels)}",
     ]
     transcript = (session.metadata or {}).get("transcript") or []
-    caller = [t.get("text", "") for t in transcript if t.get("speaker") == "caller"][:6]
-    agent = [t.get("text", "") for t in transcript if t.get("speaker") == "agent"][:6]
-    for who, said in (("caller", caller), ("agent", agent)):
-        for line in said:
-            lines.append(f"#   {who}: {' '.join(str(line).split())[:160]}")
+    lines.append("# the call, as it went:")
+    for turn in transcript[:10]:
+        said = " ".join(str(turn.get("text", "")).split())[:160]
+        lines.append(f"#   {turn.get('speaker', '?')}: {said}")
     drafts_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + text, encoding="utf-8")
     return path
