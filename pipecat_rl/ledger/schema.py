@@ -189,11 +189,43 @@ _TRAINING = _statements(
     "ALTER TABLE turns ADD COLUMN demonstration INTEGER NOT NULL DEFAULT 0",
 )
 
+_SERVICE = _statements(
+    # The side service's durable job queue (issue 13): one row per submitted job, run one at a
+    # time in submission order; a job found `running` when the service starts was interrupted.
+    """
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        params TEXT NOT NULL DEFAULT '{}',
+        result TEXT,
+        error TEXT,
+        submitted_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        attempts INTEGER NOT NULL DEFAULT 0
+    )
+    """,
+    "CREATE INDEX jobs_state ON jobs (state, submitted_at)",
+    # Each job's progress, in order: what GET /jobs/{id}/events streams.
+    """
+    CREATE TABLE job_events (
+        job_id TEXT NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        at REAL NOT NULL,
+        event TEXT NOT NULL,
+        data TEXT NOT NULL DEFAULT '{}',
+        PRIMARY KEY (job_id, seq)
+    )
+    """,
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
     Migration("held-out scenario hashes and gate receipts", _V3),
     Migration("turns: demonstration flag (training)", _TRAINING),
+    Migration("the side service's job queue and job events", _SERVICE),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 

@@ -1,0 +1,13 @@
+"""The side service and the night loop: simulate → train → gate → promote, beside the bot.
+
+- `settings`, `security`: configuration, the bearer token, the bind rule, path confinement;
+- `models`: request and response bodies;
+- `jobs`: the durable job queue's worker and one function per job kind;
+- `routers`: one per resource (jobs, adapters, receipts, live);
+- `app`: the FastAPI app;
+- `cycle`: the night loop's stages, resumable and recorded as JSONL events.
+"""
+
+from pipecat_rl.service.settings import ServiceSettings
+
+__all__ = ["ServiceSettings"]

@@ -1,0 +1,578 @@
+"""The night loop: snapshot → preflight → filter → train → evaluate + gate → promote.
+
+Every stage appends `stage_started` / `stage_finished` events (with its result and wall time)
+to the cycle's `events.jsonl`. A cycle that was stopped (its wall-time budget, `stop_after`)
+or killed resumes from its last finished stage: finished stages are read back, never rerun.
+A stage that would overrun the budget does not start, so a budget never leaves a half-trained
+candidate behind. The pool grows from explained failures (drafted scenario files, marked for
+review, in their own folder); the held-out set never grows, and it must be byte-identical to
+the snapshot's at every later stage.
+"""
+
+import asyncio
+import dataclasses
+import json
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from loguru import logger
+from pydantic import BaseModel
+
+from pipecat_rl.errors import ConfigError, PipecatRLError, ServingError, TrainingError
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
+from pipecat_rl.service.drafts import draft_from_failures
+from pipecat_rl.service.loop import STAGES, LoopConfig
+
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+class BudgetExhausted(PipecatRLError):
+    """The next stage would overrun the cycle's wall-time budget; it stopped, resumably."""
+
+
+class CycleSummary(BaseModel):
+    """How one invocation of a cycle ended."""
+
+    state: Literal["finished", "stopped", "awaiting_approval"]
+    reason: str
+    out: str
+    stages: dict[str, dict[str, Any]]
+    """Each finished stage's result, with its `wall_s`."""
+    resumed_from: str | None = None
+    """The first stage this invocation ran, when earlier ones had finished before."""
+    verdict: str | None = None
+    receipt_html: str | None = None
+
+
+def load_training() -> tuple[Any, Any]:
+    """`(TrainConfig, train)` from `pipecat_rl.training`, or a clear error when it is missing.
+
+    Raises:
+        TrainingError: this build of pipecat-rl has no training package.
+    """
+    try:
+        from pipecat_rl.training import TrainConfig, train
+    except ImportError as e:
+        raise TrainingError(
+            f"the cycle needs pipecat_rl.training to train a candidate, and it is not "
+            f"available here ({e}); install pipecat-rl with training (pip install "
+            "'pipecat-rl[cpu]'), or run only the stages that need none with stop_after: filter"
+        ) from e
+    return TrainConfig, train
+
+
+class EventLog:
+    """The cycle's events.jsonl: appended, flushed per line, read back to resume."""
+
+    def __init__(self, path: Path, emit: Emit | None = None):
+        self.path = path
+        self._emit = emit
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every event written so far (a torn last line from a kill is skipped)."""
+        if not self.path.exists():
+            return []
+        events = []
+        for line in self.path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
+
+    def write(self, event: str, **data: Any) -> None:
+        """Append one event (and pass it on, e.g. to the service's job stream)."""
+        record = {"at": time.time(), "event": event, **data}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+            f.flush()
+        if self._emit is not None:
+            self._emit(event, json.loads(json.dumps(data, default=str)))
+
+    def finished(self) -> dict[str, dict[str, Any]]:
+        """Results of the stages that finished, by stage."""
+        return {
+            e["stage"]: e["result"] for e in self.read() if e["event"] == "stage_finished"
+        }
+
+
+class Cycle:
+    """One invocation of a cycle: its config, ledger, event log, server and budget."""
+
+    def __init__(self, config: LoopConfig, emit: Emit | None = None):
+        self.config = config
+        self.log = EventLog(config.out / "events.jsonl", emit)
+        self.results = self.log.finished()
+        self.started = time.monotonic()
+        self.deadline = self.started + config.budget_s
+        self.ledger = Ledger(resolve_ledger_path(config.ledger))
+        self._server = None
+        self._url: str | None = config.llm_url
+
+    # -- shared pieces -------------------------------------------------------------------------
+
+    @property
+    def remaining_s(self) -> float:
+        """Seconds left in this invocation's budget."""
+        return self.deadline - time.monotonic()
+
+    def require(self, seconds: float, what: str) -> None:
+        """Stop before `what` unless the budget has `seconds` left for it."""
+        if seconds > self.remaining_s:
+            raise BudgetExhausted(
+                f"{what} needs about {seconds:.0f} s and {max(0.0, self.remaining_s):.0f} s of "
+                f"the {self.config.budget_s:.0f} s budget are left; run the cycle again to "
+                "resume here (finished stages are not rerun)"
+            )
+
+    def url(self) -> str:
+        """The served model's URL, starting the embedded vLLM on first use."""
+        if self._url is None:
+            from pipecat_rl.models import prepare_model
+            from pipecat_rl.serving import VLLMServer
+
+            self.log.write("server_starting", model=self.config.model)
+            self._server = VLLMServer(
+                prepare_model(self.config.model), max_num_seqs=max(4, self.config.concurrency),
+                max_loras=2, max_lora_rank=max(16, self.config.train.rank),
+            )  # fmt: skip
+            asyncio.run(self._server.start())
+            self._url = self._server.base_url
+            pid = self._server._process.pid if self._server._process else None
+            self.log.write("server_ready", url=self._url, pid=pid)
+        return self._url
+
+    def close(self) -> None:
+        """Stop the embedded server (if this cycle started one) and close the ledger."""
+        if self._server is not None:
+            asyncio.run(self._server.stop())
+            self._server = None
+        self.ledger.close()
+
+    def incumbent(self) -> str:
+        """The policy the snapshot found live."""
+        return self.results["snapshot"]["incumbent"]
+
+    def scenarios(self, which: Literal["pool", "heldout"]):
+        """The pool or the held-out set, loaded; the held-out set must match the snapshot."""
+        from pipecat_rl.simulator.scenario import load_scenarios
+
+        loaded = load_scenarios([getattr(self.config, which)])
+        if which == "heldout":
+            frozen = self.results.get("snapshot", {}).get("heldout_set_id")
+            if frozen is not None and loaded.heldout_set_id != frozen:
+                raise ConfigError(
+                    f"the held-out set changed since this cycle's snapshot ({frozen} → "
+                    f"{loaded.heldout_set_id}); the held-out set never changes inside a cycle: "
+                    "restore it, or start a new cycle in a new out folder"
+                )
+        return loaded
+
+    def simulate(self, scenarios, adapter: str, *, repeats: int, bot: str, served: bool = True):
+        """Simulate `scenarios` with `bot` under `adapter`; returns the report."""
+        from pipecat_rl.simulator.botloader import load_bot
+        from pipecat_rl.simulator.endpoint import llm_endpoint
+        from pipecat_rl.simulator.runner import SimulationConfig, simulate
+
+        c = self.config
+        config = SimulationConfig(
+            adapter=None if adapter == BASE_ADAPTER else adapter, persona=c.persona, seed=c.seed,
+            repeats=repeats, concurrency=c.concurrency, max_tokens=c.max_tokens,
+        )  # fmt: skip
+        entry = load_bot(bot)
+
+        async def run():
+            if not served:
+                return await simulate(scenarios, entry, config, self.ledger)
+            async with llm_endpoint(
+                self.url(), ledger=self.ledger, adapters=[adapter], model=c.model
+            ) as url:
+                cfg = dataclasses.replace(config, llm_url=url)
+                return await simulate(scenarios, entry, cfg, self.ledger)
+
+        return asyncio.run(run())
+
+    def llm_busy_s(self, since: float) -> float:
+        """Wall seconds since `since` during which at least one LLM request was in flight."""
+        intervals = []
+        for s in self.ledger.sessions(since=since):
+            for t in self.ledger.turns(s.id):
+                start, end = t.timestamps.get("llm_request"), t.timestamps.get("llm_done")
+                if start is not None and end is not None and end >= start:
+                    intervals.append((start, end))
+        busy, reach = 0.0, float("-inf")
+        for start, end in sorted(intervals):
+            if end <= reach:
+                continue
+            busy += end - max(start, reach)
+            reach = end
+        return round(busy, 3)
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def _close_interrupted(self, todo: list[str]) -> None:
+        """A stage that started and never finished was killed: close the sessions it left open.
+
+        They end as harness errors (no reward), so neither training nor the gate reads them;
+        the stage then runs again from its start.
+        """
+        started = {e["stage"]: e["at"] for e in self.log.read() if e["event"] == "stage_started"}
+        for stage in todo:
+            if stage in started:
+                why = f"interrupted: the cycle's {stage} stage was killed"
+                closed = self.ledger.close_open_sessions(since=started[stage], reason=why)
+                self.log.write("stage_interrupted", stage=stage, closed_sessions=len(closed))
+
+    def run(self) -> CycleSummary:
+        """Run every stage not finished yet, in order, within the budget."""
+        last = STAGES.index(self.config.stop_after) if self.config.stop_after else len(STAGES)
+        todo = [s for s in STAGES[: last + 1] if s not in self.results]
+        resumed = todo[0] if todo and todo[0] != STAGES[0] else None
+        attempt = 1 + sum(1 for e in self.log.read() if e["event"] == "cycle_started")
+        self.log.write(
+            "cycle_started", attempt=attempt, resume_from=resumed, budget_s=self.config.budget_s
+        )
+        if "train" in todo:
+            load_training()  # refuse at once, not after an hour of simulation
+        self._close_interrupted(todo)
+        state, reason = "finished", "every stage finished"
+        try:
+            for stage in todo:
+                self.require(1.0, f"the {stage} stage")
+                self.log.write("stage_started", stage=stage)
+                t0, wall0 = time.monotonic(), time.time()
+                result = STAGE_FUNCTIONS[stage](self)
+                result = {**result, "wall_s": round(time.monotonic() - t0, 3)}
+                if stage in ("filter", "evaluate"):
+                    result["llm_busy_s"] = self.llm_busy_s(wall0)
+                self.results[stage] = result
+                self.log.write("stage_finished", stage=stage, result=result)
+                if stage == "promote" and result.get("awaiting_approval"):
+                    state, reason = "awaiting_approval", result["reason"]
+            if state == "finished" and any(s not in self.results for s in STAGES):
+                state, reason = "stopped", f"stop_after: {self.config.stop_after}"
+        except BudgetExhausted as e:
+            state, reason = "stopped", str(e)
+            self.log.write("budget_exhausted", reason=reason)
+        except BaseException as e:
+            self.log.write("cycle_failed", error=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self.close()
+        evaluated = self.results.get("evaluate", {})
+        self.log.write("cycle_ended", state=state, reason=reason)
+        return CycleSummary(
+            state=state, reason=reason, out=str(self.config.out), stages=self.results,
+            resumed_from=resumed, verdict=evaluated.get("verdict"),
+            receipt_html=evaluated.get("receipt", {}).get("html"),
+        )  # fmt: skip
+
+
+# -- the stages --------------------------------------------------------------------------------
+
+
+def snapshot(cycle: Cycle) -> dict[str, Any]:
+    """Freeze what the cycle starts from: the ledger, the live adapter, the held-out set."""
+    c = cycle.config
+    heldout = cycle.scenarios("heldout")
+    pool = cycle.scenarios("pool")
+    not_heldout = [s.id for s in heldout if s.split != "heldout"]
+    if not_heldout or heldout.heldout_set_id is None:
+        raise ConfigError(
+            f"{c.heldout} must hold only held-out scenarios (a `heldout/` folder or "
+            f"`split: heldout`); it also holds {', '.join(not_heldout[:5]) or 'nothing held out'}"
+        )
+    heldout_hashes = {s.id: s.content_hash() for s in heldout}
+    leaked = sorted(s.id for s in pool if s.content_hash() in set(heldout_hashes.values()))
+    if leaked or any(s.split == "heldout" for s in pool):
+        raise ConfigError(
+            f"the pool {c.pool} holds held-out scenarios ({', '.join(leaked) or 'split: heldout'});"
+            " a held-out scenario never trains: remove it from the pool"
+        )
+    pointer = cycle.ledger.live()
+    backup = c.out / "snapshot" / "ledger.db"
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(cycle.ledger.path) as src, sqlite3.connect(backup) as dst:
+        src.backup(dst)
+    return {
+        "incumbent": BASE_ADAPTER if pointer is None else pointer.adapter,
+        "heldout_set_id": heldout.heldout_set_id,
+        "heldout_scenarios": len(heldout),
+        "heldout_hashes": heldout_hashes,
+        "pool_scenarios": len(pool),
+        "ledger": str(cycle.ledger.path),
+        "ledger_counts": cycle.ledger.stats()["counts"],
+        "ledger_snapshot": str(backup),
+    }
+
+
+def canary(url: str) -> dict[str, Any]:
+    """One short completion with token ids and logprobs: what training and the guard rely on.
+
+    Raises:
+        ServingError: the server does not return them.
+    """
+    from pipecat_rl.serving import openai_base_url
+
+    body = {
+        "model": BASE_ADAPTER, "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 4, "temperature": 0, "logprobs": True, "return_token_ids": True,
+    }  # fmt: skip
+    try:
+        reply = httpx.post(f"{openai_base_url(url)}/chat/completions", json=body, timeout=60)
+        reply.raise_for_status()
+        data = reply.json()
+        choice = data["choices"][0]
+        ids = choice.get("token_ids") or []
+        logprobs = [t["logprob"] for t in (choice.get("logprobs") or {}).get("content") or []]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise ServingError(f"the canary request to {url} failed: {e}") from e
+    if not data.get("prompt_token_ids") or not ids or len(ids) != len(logprobs):
+        raise ServingError(
+            f"the server at {url} returned no token ids or logprobs for the canary (ids "
+            f"{len(ids)}, logprobs {len(logprobs)}); serve the model with vLLM, which returns "
+            "them with return_token_ids"
+        )
+    return {"tokens": len(ids), "mean_logprob": round(sum(logprobs) / len(logprobs), 4)}
+
+
+def preflight(cycle: Cycle) -> dict[str, Any]:
+    """Check before spending time: held-out set frozen, disk, server and model, a canary."""
+    c = cycle.config
+    heldout = cycle.scenarios("heldout")  # raises if it changed since the snapshot
+    c.out.mkdir(parents=True, exist_ok=True)
+    free_gb = shutil.disk_usage(c.out).free / 1e9
+    if free_gb < c.min_free_gb:
+        raise ConfigError(
+            f"only {free_gb:.1f} GB free under {c.out}; a cycle needs {c.min_free_gb} GB for "
+            "adapters and receipts: free some space or lower min_free_gb"
+        )
+    if c.expert_bot is None and c.train.warm_start == "always":
+        raise ConfigError("train.warm_start: always needs expert_bot (the demonstrations)")
+    from pipecat_rl.serving import VLLMAdmin
+
+    url = cycle.url()
+    models = VLLMAdmin(url).models()
+    if BASE_ADAPTER not in models:
+        raise ServingError(f"the server at {url} does not serve {BASE_ADAPTER!r}: {models}")
+    incumbent = cycle.incumbent()
+    if incumbent != BASE_ADAPTER:
+        cycle.ledger.adapter(incumbent)  # the live adapter must still be registered
+    return {
+        "url": url, "models": models, "free_gb": round(free_gb, 1),
+        "heldout_set_id": heldout.heldout_set_id, "canary": canary(url),
+    }  # fmt: skip
+
+
+def filter_pool(cycle: Cycle) -> dict[str, Any]:
+    """Simulate the pool under the incumbent; set aside what it always solves or always fails."""
+    c = cycle.config
+    pool = cycle.scenarios("pool")
+    cycle.require(len(pool) * c.filter.repeats * 2.0, "the filter stage")
+    report = cycle.simulate(pool, cycle.incumbent(), repeats=c.filter.repeats, bot=c.bot)
+    by: dict[str, list[bool]] = {}
+    for e in report.episodes:
+        if e.passed is not None:
+            by.setdefault(e.scenario_id, []).append(e.passed)
+    solved = sorted(s for s, runs in by.items() if all(runs))
+    failed = sorted(s for s, runs in by.items() if not any(runs))
+    contested = sorted(s for s, runs in by.items() if any(runs) and not all(runs))
+    tool_calls = sum(len(e.executions) for e in report.episodes)
+    using_tools = sum(1 for e in report.episodes if any(x.error is None for x in e.executions))
+    drafts = draft_from_failures(cycle.ledger, [e.session_id for e in report.episodes], pool,
+                                 c.drafts_dir, heldout=c.heldout)  # fmt: skip
+    passed = sum(1 for e in report.episodes if e.outcome == "pass")
+    logger.info(f"filter: {len(contested)} contested, {len(solved)} solved, {len(failed)} failed")
+    return {
+        "episodes": len(report.episodes), "passed": passed, "errors": report.harness_errors,
+        "always_solved": solved, "always_failed": failed, "contested": contested,
+        "left": len(contested), "tool_calls": tool_calls,
+        "tool_use": round(using_tools / len(report.episodes), 4) if report.episodes else 0.0,
+        "drafts": [str(p) for p in drafts],
+        "scenario_files": {s.id: str(s.source_path) for s in pool},
+    }  # fmt: skip
+
+
+def _copy_metrics(cycle: Cycle, result: Any) -> str | None:
+    source = getattr(result, "metrics_path", None)
+    if not source or not Path(source).is_file():
+        return None
+    target = cycle.config.out / "metrics" / f"{result.adapter}.jsonl"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    return str(target)
+
+
+def _run_record(cycle: Cycle, algo: str, result: Any, wall_s: float) -> dict[str, Any]:
+    metrics = getattr(result, "metrics", None)
+    return {
+        "algo": algo, "adapter": result.adapter, "path": str(result.path),
+        "metrics_jsonl": _copy_metrics(cycle, result),
+        "sessions": len(getattr(result, "session_ids", []) or []),
+        "guard": getattr(result, "guard", None), "metrics": metrics, "wall_s": round(wall_s, 3),
+    }  # fmt: skip
+
+
+def train_stage(cycle: Cycle) -> dict[str, Any]:
+    """SFT warm start when the incumbent cannot call tools, then GRPO / OPSD on the contested."""
+    TrainConfig, train = load_training()
+    c, t = cycle.config, cycle.config.train
+    filtered = cycle.results["filter"]
+    incumbent = cycle.incumbent()
+    parent = None if incumbent == BASE_ADAPTER else incumbent
+    warm = t.warm_start == "always" or (
+        t.warm_start == "auto"
+        and filtered["tool_use"] < t.tool_use_below
+        and c.expert_bot is not None
+    )
+    url = cycle.url()
+    runs: list[dict[str, Any]] = []
+    common = dict(base_model=c.model, rank=t.rank, alpha=t.alpha, lr=t.lr, seed=c.seed,
+                  out_dir=c.out / "adapters")  # fmt: skip
+
+    def progress(row: dict[str, Any]) -> None:
+        cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})
+
+    if warm:
+        pool = cycle.scenarios("pool")
+        demos = cycle.simulate(
+            pool, BASE_ADAPTER, repeats=t.demonstrations, bot=c.expert_bot, served=False
+        )
+        passed = sum(1 for e in demos.episodes if e.outcome == "pass")
+        cycle.log.write("demonstrations", episodes=len(demos.episodes), passed=passed)
+        steps = passed * t.sft_epochs
+        cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
+        t0 = time.monotonic()
+        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
+                                                 **common),
+                       server_url=url if t.verify_on_server else None,
+                       progress=progress)  # fmt: skip
+        runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
+        parent = result.adapter
+    files = filtered["scenario_files"]
+    contested = [files[s] for s in filtered["contested"]] or list(files.values())
+    for algo, steps in (("grpo", t.grpo_steps), ("opsd", t.opsd_steps)):
+        if steps == 0:
+            continue
+        per_step = len(contested) * t.group_size * t.episode_s / c.concurrency + t.step_s
+        cycle.require(steps * per_step, f"{steps} {algo.upper()} step(s)")
+        t0 = time.monotonic()
+        result = train(cycle.ledger, TrainConfig(algo=algo, parent=parent, steps=steps,
+                                                 group_size=t.group_size,
+                                                 temperature=t.temperature, **common),
+                       server_url=url, scenarios=contested, bot=c.bot,
+                       progress=progress)  # fmt: skip
+        runs.append(_run_record(cycle, algo, result, time.monotonic() - t0))
+        parent = result.adapter
+    if not runs:
+        raise TrainingError(
+            "the train stage had nothing to run: the incumbent already calls tools (tool use "
+            f"{filtered['tool_use']:.0%} of calls) or no expert_bot is set, so there is no warm "
+            "start, and train.grpo_steps and train.opsd_steps are 0: set one of them"
+        )
+    return {"candidate": parent, "warm_start": warm, "runs": runs}
+
+
+def _pass_rates(cycle: Cycle, data: Any) -> dict[str, Any]:
+    """Held-out verifier pass rate per policy over the runs the gate decided on."""
+    out: dict[str, Any] = {}
+    for role, name in (("candidate", data.candidate), ("incumbent", data.incumbent)):
+        ids = [r.session_id for r in data.runs if r.policy == name and r.session_id]
+        outcomes = [cycle.ledger.session(i).outcome for i in ids]
+        verified = [o for o in outcomes if o in ("pass", "fail")]
+        passed = verified.count("pass")
+        out[role] = {
+            "policy": name, "passed": passed, "verified": len(verified),
+            "rate": round(passed / len(verified), 4) if verified else None,
+        }  # fmt: skip
+    return out
+
+
+def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
+    """Run both policies on the held-out set (same seeds, interleaved) and gate the candidate."""
+    from pipecat_rl.gate import evaluate, hash_scenario_files, ledger_lineage, write_receipt
+    from pipecat_rl.gate.config import load_gate_config
+    from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
+
+    c = cycle.config
+    cycle.scenarios("heldout")  # frozen check
+    candidate, incumbent = cycle.results["train"]["candidate"], cycle.incumbent()
+    settings = load_gate_config(c.gate.config, **c.gate.overrides)
+    run = PairedRun(
+        c.bot, llm_url=cycle.url(), model=c.model, concurrency=c.concurrency,
+        max_tokens=c.max_tokens, persona=c.persona, seed=settings.seed,
+    )  # fmt: skip
+    data = run_paired_simulations(
+        cycle.ledger, c.heldout, candidate, incumbent, c.gate.repeats, "text", run,
+        judged=settings.judged_metrics,
+    )
+    data = dataclasses.replace(
+        data,
+        source=data.source.model_copy(update={"scenario_files": hash_scenario_files(c.heldout)}),
+    )
+    receipt = evaluate(
+        data, settings, ledger_lineage(cycle.ledger, candidate, candidate),
+        ledger_lineage(cycle.ledger, incumbent, incumbent),
+    )  # fmt: skip
+    paths = write_receipt(receipt, c.out / "receipt", cycle.ledger)  # promote checks it there
+    p, lat, cost = receipt.paired, receipt.latency, receipt.cost
+    v2v = lat.v2v_p95
+    return {
+        "verdict": receipt.verdict, "reason": receipt.reason, "exit_code": receipt.exit_code,
+        "candidate": candidate, "incumbent": incumbent,
+        "receipt": {k: str(v) for k, v in paths.items()},
+        "pass_rate": _pass_rates(cycle, data),
+        "mean_delta": p.mean_delta, "ci95": list(p.ci95),
+        "wins": p.wins, "losses": p.losses, "ties": p.ties, "n_scenarios": p.n_scenarios,
+        "v2v_p95_ms": None if v2v is None else {
+            "candidate": v2v.candidate.estimate, "incumbent": v2v.incumbent.estimate,
+            "difference": [v2v.difference.low, v2v.difference.high],
+        },
+        "cost_per_success_usd": {
+            "candidate": cost.candidate.per_success_usd if cost.candidate else None,
+            "incumbent": cost.incumbent.per_success_usd if cost.incumbent else None,
+        },
+    }  # fmt: skip
+
+
+def promote_stage(cycle: Cycle) -> dict[str, Any]:
+    """Promote a PROMOTE verdict (automatically, or after approval); anything else stays put."""
+    from pipecat_rl.gate import promote
+    from pipecat_rl.serving import VLLMAdmin
+
+    c = cycle.config
+    evaluated = cycle.results["evaluate"]
+    receipt = Path(evaluated["receipt"]["json"])
+    if evaluated["verdict"] != "PROMOTE":
+        return {"promoted": False, "reason": f"the gate said {evaluated['verdict']}"}
+    if c.promote == "never":
+        return {"promoted": False, "reason": "promote: never"}
+    if c.promote == "approve":
+        return {
+            "promoted": False, "awaiting_approval": True,
+            "reason": f"awaiting approval: pipecat-rl promote {receipt}",
+        }  # fmt: skip
+    url = c.bot_llm_url or c.llm_url or cycle.url()
+    move = promote(receipt, cycle.ledger, VLLMAdmin(url))
+    return {"promoted": True, "reason": "PROMOTE", "move": move.model_dump(mode="json")}
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[Cycle], dict[str, Any]]] = {
+    "snapshot": snapshot,
+    "preflight": preflight,
+    "filter": filter_pool,
+    "train": train_stage,
+    "evaluate": evaluate_stage,
+    "promote": promote_stage,
+}
+
+
+def run_cycle(config: LoopConfig, emit: Emit | None = None) -> CycleSummary:
+    """Run (or resume) the cycle `config` describes."""
+    return Cycle(config, emit).run()

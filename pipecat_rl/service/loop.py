@@ -1,0 +1,147 @@
+"""`loop.yaml`: what one night-loop cycle runs, as a pydantic model.
+
+Paths in the file are taken relative to the file's own folder, so a loop file travels with the
+project it describes.
+"""
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipecat_rl.errors import ConfigError
+
+STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
+"""The cycle's stages, in order; each is recorded and never rerun once finished."""
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FilterSettings(_Part):
+    """How the pool is simulated under the incumbent to find the contested scenarios."""
+
+    repeats: int = Field(default=2, ge=1)
+    """Runs per pool scenario: one always solved or always failed in all of them is set aside."""
+
+
+class TrainSettings(_Part):
+    """What the train stage runs: an SFT warm start, then GRPO and/or OPSD steps."""
+
+    warm_start: Literal["auto", "always", "never"] = "auto"
+    """`auto`: an SFT warm start when the incumbent cannot call tools (see `tool_use_below`)."""
+    tool_use_below: float = Field(default=0.2, ge=0, le=1)
+    """The incumbent "cannot call tools" when fewer than this share of its filter-stage calls
+    made a successful tool execution (a stray call is not an ability)."""
+    demonstrations: int = Field(default=1, ge=1)
+    """Scripted-expert runs per pool scenario recorded as demonstrations for the warm start."""
+    sft_epochs: int = Field(default=10, ge=1)
+    verify_on_server: bool = True
+    """Let the trainer hot-load the SFT adapter and check a canary's served logprobs against its
+    own (issue 10's registry check). Off: the SFT runs offline from the ledger and the adapter is
+    loaded by name for evaluation, verified only by `/v1/models`."""
+    grpo_steps: int = Field(default=0, ge=0)
+    opsd_steps: int = Field(default=0, ge=0)
+    group_size: int = Field(default=4, ge=2)
+    rank: int = Field(default=16, ge=1)
+    alpha: int = Field(default=32, ge=1)
+    lr: float | None = Field(default=None, gt=0)
+    """None: the trainer's per-algorithm default (3e-4 for SFT, 2e-5 for GRPO and OPSD)."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature for GRPO/OPSD exploration."""
+    step_s: float = Field(default=3.5, gt=0)
+    """Expected seconds per optimiser step (2 CPU cores, SmolLM2): the budget check uses it."""
+    episode_s: float = Field(default=20.0, gt=0)
+    """Expected seconds per simulated episode of an online step, for the same check."""
+
+
+class GateSettings(_Part):
+    """How the candidate is evaluated and gated on the held-out set."""
+
+    repeats: int = Field(default=2, ge=1)
+    config: Path | None = None
+    """A gate thresholds file (as for `pipecat-rl gate --config`)."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Gate thresholds set here win over the file (e.g. `p95_budget_ms`)."""
+
+
+class LoopConfig(_Part):
+    """One cycle: the bot, its scenarios, where it is served, the budget and the stages."""
+
+    bot: str
+    """The bot as `pipecat-rl simulate --bot` takes it."""
+    pool: Path
+    heldout: Path
+    out: Path
+    """The cycle's folder: events.jsonl, metrics, the receipt, drafted scenarios."""
+    expert_bot: str | None = None
+    """A scripted expert agent whose verified calls are the warm start's demonstrations."""
+    ledger: Path | None = None
+    model: str = "smollm2"
+    """The base model served (a packaged name or an HF folder)."""
+    llm_url: str | None = None
+    """A running vLLM server; without one the cycle starts the embedded server."""
+    bot_llm_url: str | None = None
+    """The bot's own vLLM, where a promotion loads the adapter (default: `llm_url`)."""
+    persona: Literal["scripted", "llm"] = "scripted"
+    """The scenarios' scripted callers (the embedded default), or an LLM persona."""
+    concurrency: int = Field(default=8, ge=1)
+    max_tokens: int | None = Field(default=96, ge=1)
+    seed: int = 0
+    budget_s: float = Field(default=1800.0, gt=0)
+    """Wall-time budget of one invocation: a stage that would overrun it does not start."""
+    min_free_gb: float = Field(default=1.0, ge=0)
+    filter: FilterSettings = Field(default_factory=FilterSettings)
+    train: TrainSettings = Field(default_factory=TrainSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+    promote: Literal["auto", "approve", "never"] = "auto"
+    """`auto` promotes a PROMOTE verdict; `approve` waits for `pipecat-rl promote`."""
+    drafts: Path | None = None
+    """Where scenarios drafted from explained failures go for review (default: out/drafts)."""
+    stop_after: Literal[STAGES] | None = None  # type: ignore[valid-type]
+    """Stop (resumably) once this stage has finished."""
+
+    @property
+    def drafts_dir(self) -> Path:
+        """The folder for drafted scenarios."""
+        return self.drafts or self.out / "drafts"
+
+
+def _rebase(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Paths in the file, taken from the file's folder."""
+    out = dict(data)
+    for key in ("pool", "heldout", "out", "ledger", "drafts"):
+        if isinstance(out.get(key), str):
+            out[key] = str((base / out[key]).resolve())
+    for key in ("bot", "expert_bot"):
+        value = out.get(key)
+        if isinstance(value, str) and (".py" in value or "/" in value):
+            out[key] = str((base / value).resolve()) if not value.startswith("/") else value
+    gate = out.get("gate")
+    if isinstance(gate, dict) and isinstance(gate.get("config"), str):
+        out["gate"] = {**gate, "config": str((base / gate["config"]).resolve())}
+    return out
+
+
+def load_loop_config(path: Path, **overrides: Any) -> LoopConfig:
+    """Read a loop.yaml; `overrides` (CLI flags) win over the file.
+
+    Raises:
+        ConfigError: the file cannot be read or does not describe a cycle.
+    """
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read the loop file {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a loop file is a mapping of settings")
+    data = {**_rebase(data, path.resolve().parent), **overrides}
+    try:
+        return LoopConfig.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from e

