@@ -18,7 +18,7 @@ browser:
 cycle: setup
 	.venv/bin/pipecat-rl cycle --config examples/clinic/loop.yaml
 
-# The clinic bot against the scripted callers of its 19 pool scenarios (SmolLM2 as an LLM persona
+# The clinic bot against the scripted callers of its 21 pool scenarios (SmolLM2 as an LLM persona
 # writes word salad); the calls land token-exactly in ./pipecat-rl.db.
 simulate: setup
 	.venv/bin/pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/bot.py \

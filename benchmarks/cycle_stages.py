@@ -35,8 +35,11 @@ def main(path: Path) -> dict:
             "training": round(training / total, 3) if total else None,
             "harness": round((total - llm - training) / total, 3) if total else None,
         },
-        "seconds": {"llm_generation": round(llm, 1), "training": round(training, 1),
-                    "harness": round(total - llm - training, 1)},  # fmt: skip
+        "seconds": {
+            "llm_generation": round(llm, 1),
+            "training": round(training, 1),
+            "harness": round(total - llm - training, 1),
+        },  # fmt: skip
     }
 
 

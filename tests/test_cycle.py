@@ -121,7 +121,7 @@ def test_a_cycle_runs_every_stage_and_writes_its_receipt(tmp_path, world):
     trained = summary.stages["train"]
     assert trained["warm_start"] is False  # the incumbent already calls tools
     assert [r["algo"] for r in trained["runs"]] == ["grpo"]
-    (grpo_config, scenarios, bot), = training.calls
+    ((grpo_config, scenarios, bot),) = training.calls
     assert grpo_config.steps == 1 and grpo_config.parent is None and len(scenarios) == 2
     assert Path(trained["runs"][0]["metrics_jsonl"]).is_file()
     evaluated = summary.stages["evaluate"]
@@ -219,9 +219,12 @@ def test_explained_failures_become_drafts_for_review(tmp_path):
     clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"], heldout=[])
     pool = load_scenarios([clinic / "scenarios" / "pool"])
     with Ledger(tmp_path / "ledger.db") as ledger:
-        for sid, outcome, labels in (("s1", "fail", ["misheard_slot", "tool_error"]),
-                                     ("s2", "fail", ["misheard_slot", "tool_error"]),
-                                     ("s3", "fail", []), ("s4", "pass", ["recovered"])):
+        for sid, outcome, labels in (
+            ("s1", "fail", ["misheard_slot", "tool_error"]),
+            ("s2", "fail", ["misheard_slot", "tool_error"]),
+            ("s3", "fail", []),
+            ("s4", "pass", ["recovered"]),
+        ):
             ledger.add_session(SessionRecord(
                 id=sid, source="simulate", started_at=1.0, ended_at=2.0,
                 scenario_id="routine_booking", split="pool", policy="base", outcome=outcome,

@@ -132,9 +132,7 @@ def test_two_jobs_run_in_order_and_stream_their_events(client, tmp_path):
     assert ja["result"]["episodes"] == 4 and ja["result"]["passed"] == 4
     assert [j["id"] for j in client.get("/jobs", headers=AUTH).json()] == [a, b]
     # Resuming a stream after an event id sends only what came after it.
-    with client.stream(
-        "GET", f"/jobs/{b}/events", headers={**AUTH, "Last-Event-ID": "2"}
-    ) as r:
+    with client.stream("GET", f"/jobs/{b}/events", headers={**AUTH, "Last-Event-ID": "2"}) as r:
         ids = [int(line[4:]) for line in r.iter_lines() if line.startswith("id: ")]
     assert ids and ids[0] == 3
     assert client.get("/jobs/job-nope", headers=AUTH).status_code == 404

@@ -72,7 +72,11 @@ def cycle_command(
         overrides = {
             k: v
             for k, v in dict(
-                budget_s=budget_s, out=out, llm_url=llm_url, model=model, stop_after=stop_after,
+                budget_s=budget_s,
+                out=out,
+                llm_url=llm_url,
+                model=model,
+                stop_after=stop_after,
                 ledger=ledger,
             ).items()
             if v is not None

@@ -32,7 +32,8 @@ def service_command(
     llm_url: Annotated[
         str | None,
         typer.Option(
-            "--llm-url", envvar=LLM_URL_ENV,
+            "--llm-url",
+            envvar=LLM_URL_ENV,
             help="The bot's vLLM: promotions load adapters there (else jobs start their own).",
         ),
     ] = None,

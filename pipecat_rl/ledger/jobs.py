@@ -44,9 +44,7 @@ class JobEventRecord(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-JOB_COLUMNS = (
-    "id, kind, state, params, result, error, submitted_at, started_at, ended_at, attempts"
-)
+JOB_COLUMNS = "id, kind, state, params, result, error, submitted_at, started_at, ended_at, attempts"
 
 
 def job_from_row(row: sqlite3.Row | tuple) -> JobRecord:

@@ -97,9 +97,7 @@ class EventLog:
 
     def finished(self) -> dict[str, dict[str, Any]]:
         """Results of the stages that finished, by stage."""
-        return {
-            e["stage"]: e["result"] for e in self.read() if e["event"] == "stage_finished"
-        }
+        return {e["stage"]: e["result"] for e in self.read() if e["event"] == "stage_finished"}
 
 
 class Cycle:

@@ -66,8 +66,9 @@ def _write_draft(scenario, session, labels: tuple[str, ...], drafts_dir: Path) -
     pool_dir = Path(scenario.source_path).parent.resolve()
     text = re.sub(
         r"!include\s+(\S+)",
-        lambda m: "!include "
-        + os.path.relpath((pool_dir / m.group(1)).resolve(), drafts_dir.resolve()),
+        lambda m: (
+            "!include " + os.path.relpath((pool_dir / m.group(1)).resolve(), drafts_dir.resolve())
+        ),
         text,
     )
     lines = [

@@ -70,8 +70,8 @@ def confine_params(data_dir: Path, request: Any) -> Any:
         if value is None:
             continue
         fix = confine_bot if name == "bot" else lambda d, v: str(confine(d, v))
-        changes[name] = [fix(data_dir, v) for v in value] if isinstance(value, list) else fix(
-            data_dir, value
+        changes[name] = (
+            [fix(data_dir, v) for v in value] if isinstance(value, list) else fix(data_dir, value)
         )
     return request.model_copy(update=changes)
 
