@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from pydantic import ValidationError
 
-from pipecat_rl.errors import LedgerError
+from pipecat_rl.errors import LedgerError, LedgerLockedError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.records import (
     BASE_ADAPTER,
@@ -71,10 +71,6 @@ LEDGER_ENV = "PIPECAT_RL_LEDGER"
 
 BUSY_TIMEOUT_S = 5.0
 """How long a write waits for another process's write lock before failing."""
-
-
-class NotInLedgerError(LedgerError):
-    """A session, turn or adapter asked for by id is not in the ledger (a usage error)."""
 
 
 def resolve_ledger_path(explicit: str | Path | None = None) -> Path:
