@@ -8,7 +8,7 @@ import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
@@ -33,9 +33,12 @@ from pipecat_rl.gate import (
     unknown_lineage,
     write_receipt,
 )
-from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.simulator.scenario import MAX_RUNS
+
+if TYPE_CHECKING:
+    from pipecat_rl.gate.simulate import PairedRun
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 _SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"
@@ -70,7 +73,7 @@ def _load(
     ledger: Path | None,
     heldout_set: str | None,
     source: Literal["gate", "simulate"] | None,
-    paired: PairedRun | None = None,
+    paired: "PairedRun | None" = None,
 ) -> tuple[GateData, Lineage, Lineage]:
     """The runs to decide from, and both policies' lineage, from whichever input was chosen."""
     if from_ledger and scores is not None:
@@ -95,6 +98,8 @@ def _load(
             "--scenarios PATH --bot BOT, or decide from recorded runs with --from-ledger or "
             "--scores FILE.jsonl."
         )
+    from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
+
     with Ledger(resolve_ledger_path(ledger)) as store:
         names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
         data = run_paired_simulations(store, scenarios, *names, repeats, mode, paired)
@@ -114,7 +119,9 @@ def gate(
         Path | None,
         typer.Option(help="Held-out scenario file or folder (run it, or hash it into receipts)."),
     ] = None,
-    repeats: Annotated[int, typer.Option(min=1, help="Runs per scenario and policy.")] = 8,
+    repeats: Annotated[
+        int, typer.Option(min=1, max=MAX_RUNS, help=f"Runs per scenario and policy (<= {MAX_RUNS}).")
+    ] = 8,
     bot: Annotated[
         str | None,
         typer.Option(help="The bot to simulate (as for `pipecat-rl simulate --bot`)."),
@@ -209,14 +216,18 @@ def gate(
             require_guard=require_guard,
             require_latency=require_latency,
         )
+        paired = None
+        if bot:
+            from pipecat_rl.gate.simulate import PairedRun  # imports Pipecat: only to simulate
+
+            paired = PairedRun(
+                bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
+                persona=persona, seed=settings.seed,
+            )  # fmt: skip
         data, cand, inc = _load(
             candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
             from_ledger=from_ledger, scores=scores, ledger=ledger, heldout_set=heldout_set,
-            source=source,
-            paired=PairedRun(
-                bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
-                persona=persona, seed=settings.seed,
-            ) if bot else None,
+            source=source, paired=paired,
         )  # fmt: skip
         if scenarios is not None:
             files = hash_scenario_files(scenarios)

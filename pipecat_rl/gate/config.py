@@ -55,7 +55,7 @@ class GateConfig(BaseModel):
     p95_budget_ms: float = Field(1500.0, gt=0)
     p95_margin_ms: float = Field(100.0, ge=0)
     pass_threshold: float = 0.5
-    resamples: int = Field(10_000, ge=10_000)
+    resamples: int = Field(10_000, ge=10_000, le=1_000_000)  # more only costs memory
     seed: int = 0
     require_guard: bool = False
     require_latency: bool = True

@@ -186,6 +186,8 @@ SELECT_LIVE_HISTORY = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id"
 ELIGIBLE_SESSION = (
     "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
     " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
+    # a call that did not run to its end (store.UNTRAINABLE_OUTCOMES) never trains
+    " AND (s.outcome IS NULL OR s.outcome NOT IN ('interrupted', 'error', 'not_run'))"
 )
 TOKEN_EXACT_TURN = (
     "t.token_exact = 1 AND t.prompt_token_ids IS NOT NULL AND t.completion_token_ids IS NOT NULL"

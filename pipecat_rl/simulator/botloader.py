@@ -47,7 +47,9 @@ from pipecat.services.openai.base_llm import BaseOpenAILLMService
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 
+from pipecat_rl import compat
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.world import World
 
 PLACEHOLDER_KEYS = (
@@ -114,25 +116,20 @@ class BypassedService(FrameProcessor):
 def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
     """Replace STT and TTS services in `pipeline` (and nested pipelines) by pass-throughs."""
     if not isinstance(pipeline, Pipeline):
-        for child in pipeline.processors:
+        for child in compat.child_processors(pipeline):
             _bypass_speech(child, episode)
         return
-    processors = pipeline._processors  # Pipecat keeps the chain here; we relink it below
-    changed = False
-    for i, processor in enumerate(processors):
+    for i, processor in enumerate(compat.pipeline_chain(pipeline)):
         if isinstance(processor, (STTService, TTSService)):
-            processors[i] = BypassedService(processor)
+            compat.replace_processor(pipeline, i, BypassedService(processor))
             episode.bypassed.append(type(processor).__name__)
-            changed = True
         else:
             _bypass_speech(processor, episode)
-    if changed:
-        pipeline._link_processors()
 
 
 def _processors(root: FrameProcessor) -> Iterator[FrameProcessor]:
     yield root
-    for child in root.processors:
+    for child in compat.child_processors(root):
         yield from _processors(child)
 
 
@@ -168,10 +165,10 @@ async def prepare_worker(worker: PipelineWorker) -> None:
         _bypass_speech(worker.pipeline, episode)
     for processor in _processors(worker.pipeline):
         if isinstance(processor, BaseOpenAILLMService) and episode.llm_url:
-            processor._client = processor.create_client(api_key="none", base_url=episode.llm_url)
+            compat.redirect_llm(processor, base_url=episode.llm_url, api_key=client_api_key())
+            settings = compat.llm_settings(processor)
             if episode.model:
-                processor._settings.model = episode.model
-            settings = processor._settings
+                settings.model = episode.model
             capped = isinstance(settings.max_tokens, int) or isinstance(
                 settings.max_completion_tokens, int
             )

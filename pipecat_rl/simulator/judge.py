@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from loguru import logger
 from openai import AsyncOpenAI
 
+from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.scenario import Metric
 from pipecat_rl.simulator.transport import Line
 
@@ -56,7 +57,7 @@ async def judge_metrics(
     agent_turns = [i for i, line in enumerate(transcript) if line.speaker == "agent"]
     if not judged or not agent_turns:
         return {}
-    client = AsyncOpenAI(base_url=llm_url, api_key="none")
+    client = AsyncOpenAI(base_url=llm_url, api_key=client_api_key())
     scores: dict[str, float] = {}
     for metric in judged:
         try:

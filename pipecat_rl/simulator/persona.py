@@ -28,6 +28,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.scenario import Scenario, Script
 from pipecat_rl.simulator.scripted import (
     ScriptedLLMService,
@@ -112,7 +113,7 @@ def persona_llm(
     if llm_url is None:
         raise SimulationError("the LLM persona needs an LLM server: pass --llm-url")
     return OpenAILLMService(
-        api_key="none",
+        api_key=client_api_key(),
         base_url=llm_url,
         settings=OpenAILLMService.Settings(
             model=model,
