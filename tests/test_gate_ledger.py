@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_USAGE
 from pipecat_rl.errors import GateError
 from pipecat_rl.gate import load_ledger_runs
 from pipecat_rl.ledger import (
@@ -264,5 +265,5 @@ def test_a_missing_ledger_is_a_usage_error(tmp_path):
         app,
         ["gate", "--from-ledger", "--ledger", str(tmp_path / "none.db"), "--candidate", "v2"],
     )
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert not (tmp_path / "none.db").exists()

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_USAGE
 from pipecat_rl.gate import load_receipt
 
 SCENARIOS, REPEATS, TURNS = 12, 4, 3
@@ -228,7 +229,7 @@ def test_a_bad_config_field_is_a_usage_error(tmp_path):
     config = tmp_path / "gate.json"
     config.write_text('{"resamples": 100}')
     result, _ = _gate(tmp_path, scores, "--config", str(config))
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "resamples" in result.stderr
 
 
@@ -281,11 +282,11 @@ def test_running_simulations_needs_scenarios_and_a_bot(tmp_path):
     result = CliRunner().invoke(
         app, ["gate", "--candidate", "cand", "--scenarios", str(tmp_path / "heldout")]
     )
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "--bot BOT" in result.stderr
     assert "--from-ledger" in result.stderr
     result = CliRunner().invoke(app, ["gate", "--candidate", "cand"])
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "--scenarios" in result.stderr
 
 

@@ -26,7 +26,7 @@ from pipecat_rl.simulator.yaml_safe import MAX_NODES
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
-EXPERT = str(ROOT / "examples" / "clinic" / "expert_bot.py")
+EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
 GOOD = "name: ok\npersona: a caller\ngoal: book\nsuccess: booked\n"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n"

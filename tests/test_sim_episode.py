@@ -7,6 +7,7 @@ import typer
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import simulate as simulate_cli
+from pipecat_rl.cli.common import EXIT_DATA, EXIT_FAILURE
 from pipecat_rl.errors import SimulationError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
@@ -177,7 +178,7 @@ def test_cli_json_and_exit_codes(tmp_path, no_keys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\npersona: p\n")
     result = CliRunner().invoke(_cli(), ["simulate", str(bad), "--bot", EXPERT, "--no-server"])
-    assert result.exit_code == 2 and "goal" in result.output
+    assert result.exit_code == EXIT_DATA and "goal" in result.output
 
     result = CliRunner().invoke(
         _cli(),
@@ -191,7 +192,7 @@ def test_cli_json_and_exit_codes(tmp_path, no_keys):
             str(tmp_path / "l.db"),
         ],  # fmt: skip
     )
-    assert result.exit_code == 3 and "could not run" in result.output  # LLM persona, no server
+    assert result.exit_code == EXIT_FAILURE and "could not run" in result.output  # LLM persona, no server
 
 
 async def test_overlapping_simulations_restore_the_environment(monkeypatch):
