@@ -66,6 +66,7 @@ _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     (LedgerError, EXIT_IO),
     (PipecatRLError, EXIT_FAILURE),
     (OSError, EXIT_IO),
+    (ImportError, EXIT_UNAVAILABLE),  # an optional extra is not installed
 )
 
 verbosity = 0
@@ -156,7 +157,7 @@ def _click_error(error: TyperException) -> int:
 def _unexpected(error: Exception) -> int:
     if verbosity >= 2:
         traceback.print_exception(error, file=sys.stderr)
-    if isinstance(error, PipecatRLError | OSError):
+    if isinstance(error, PipecatRLError | OSError | ImportError):
         error_line(_describe(error))
     else:
         hint = "" if verbosity >= 2 else "; run with -vv for the traceback"
