@@ -1,15 +1,18 @@
-"""Every reliance on a private Pipecat name, in one place, each with a test (`tests/test_compat.py`).
+"""Every reliance on a private Pipecat name, in one place, each tested in `tests/test_compat.py`.
 
 Pipecat gives no public way to do these few things, so we reach into it here and nowhere else:
 when an upgrade renames one, this module (and its test) is the one place that breaks.
 
-| reliance | used by |
-|---|---|
-| `Pipeline._processors` + `Pipeline._link_processors()`: swap a processor in place | simulator (text mode bypasses STT/TTS) |
-| `BaseOpenAILLMService._client` / `create_client()`: the service's OpenAI client | recorder (vLLM probe), simulator (redirect) |
-| `BaseOpenAILLMService._settings`: the live settings object a request is built from | simulator (model, max_tokens) |
-| `BaseObject._register_event_handler` / `_call_event_handler`: our own events | recorder, live adapter, transport |
-| `get_chat_completions` calls `build_chat_completion_params` per streamed request, and both are looked up on the instance: the tee replaces them there | recorder (`llm_tee`) |
+- `Pipeline._processors` and `Pipeline._link_processors()`: swap a processor in place
+  (the simulator's text mode bypasses STT/TTS).
+- `BaseOpenAILLMService._client` and `create_client()`: the service's OpenAI client (the
+  recorder's vLLM probe; the simulator points a bot's LLM at the served model).
+- `BaseOpenAILLMService._settings`: the live settings a request is built from (the simulator
+  sets the model and caps max_tokens).
+- `BaseObject._register_event_handler` / `_call_event_handler`: our own events (recorder, live
+  adapter, local transport).
+- `get_chat_completions` calls `build_chat_completion_params` for each streamed request, and
+  both are looked up on the instance: the recorder's tee replaces them there (`llm_tee`).
 
 Nothing here imports Pipecat at module level: the functions take Pipecat objects.
 """

@@ -34,9 +34,10 @@ def test_llm_client_base_url_and_key():
     llm = _llm("http://127.0.0.1:9/v1", "k-1")
     assert compat.llm_base_url(llm) == "http://127.0.0.1:9/v1"
     assert compat.llm_api_key(llm) == "k-1"
-    assert compat.llm_client(llm).base_url == llm.create_client(
-        api_key="x", base_url="http://127.0.0.1:9/v1"
-    ).base_url
+    assert (
+        compat.llm_client(llm).base_url
+        == llm.create_client(api_key="x", base_url="http://127.0.0.1:9/v1").base_url
+    )
 
 
 def test_redirect_llm_swaps_the_client_it_sends_with():

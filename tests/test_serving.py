@@ -8,6 +8,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from pipecat_rl.cli.common import EXIT_UNAVAILABLE
 from pipecat_rl.errors import ModelError, ServingError
 from pipecat_rl.serving import BASE_ALIAS, VLLMAdmin, VLLMServer
 

@@ -120,7 +120,8 @@ def gate(
         typer.Option(help="Held-out scenario file or folder (run it, or hash it into receipts)."),
     ] = None,
     repeats: Annotated[
-        int, typer.Option(min=1, max=MAX_RUNS, help=f"Runs per scenario and policy (<= {MAX_RUNS}).")
+        int,
+        typer.Option(min=1, max=MAX_RUNS, help=f"Runs per scenario and policy (<= {MAX_RUNS})."),
     ] = 8,
     bot: Annotated[
         str | None,

@@ -96,8 +96,8 @@ async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
             )
             if not is_loopback(server.host):
                 console.print(
-                    f"[yellow]reachable beyond this machine[/yellow]: every /v1 route needs the "
-                    f"API key; /health and /metrics do not"
+                    "[yellow]reachable beyond this machine[/yellow]: every /v1 route needs the "
+                    "API key; /health and /metrics do not"
                 )
             console.print("Ctrl-C stops it.")
         while not stop.is_set() and server.running:

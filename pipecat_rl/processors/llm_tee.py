@@ -55,8 +55,11 @@ class LLMCall:
 
     @property
     def token_exact(self) -> bool:
-        """True when the server gave prompt ids, one logprob per sampled id, and as many sampled
-        ids as its usage counted (a mismatch means chunks were lost or merged)."""
+        """True when the server gave prompt ids, one logprob per sampled id, and usage agrees.
+
+        A sampled-id count that differs from `usage.completion_tokens` means chunks were lost
+        or merged, so the ids are not the sample.
+        """
         counted = self.usage.get("completion_tokens")
         return (
             self.token_ids_requested

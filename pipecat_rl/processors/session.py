@@ -58,7 +58,8 @@ def writer_identity() -> dict[str, Any]:
     """This process as a session's writer: pid, host and the process's start time."""
     from pipecat_rl.ledger.store import process_started
 
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": process_started(os.getpid())}
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "started": process_started(pid)}
 
 
 def new_call_id() -> str:

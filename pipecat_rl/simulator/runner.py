@@ -105,7 +105,9 @@ class EpisodeResult:
     @property
     def passed(self) -> bool | None:
         """Whether the verifier passed (None when the scenario verifies nothing)."""
-        return None if self.outcome in ("unverified", "error", "not_run") else self.outcome == "pass"
+        if self.outcome in ("unverified", "error", "not_run"):
+            return None
+        return self.outcome == "pass"
 
     @property
     def latencies_ms(self) -> list[float]:
