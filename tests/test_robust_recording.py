@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -31,9 +30,7 @@ from pipecat_rl.processors.llm_tee import LLMCall, tee_llm_service
 from pipecat_rl.serving import free_port
 from tests.fake_openai import serve_fake_openai
 from tests.recording_helpers import Call, vllm_llm
-
-ROOT = Path(__file__).resolve().parents[1]
-CLINIC = ROOT / "examples" / "clinic"
+from tests.robust_helpers import CLINIC, cli_env, long_scenario, recorded_turns, start_fake_vllm
 
 
 def _writer_threads() -> list[threading.Thread]:
@@ -183,38 +180,22 @@ def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
             assert {t.session_id for t in ledger.training_turns()} == {"elsewhere"}
 
 
-def _scenario(folder: Path) -> Path:
-    """A call that goes on for a long time: the caller always has more to say."""
-    path = folder / "pool" / "long_call.yaml"
-    path.parent.mkdir(parents=True)
-    path.write_text(
-        f"name: long_call\npersona: a caller\ngoal: talk\nsuccess: talked\nmax_turns: 400\n"
-        f"world: {{pack: {CLINIC / 'world.py'}}}\n"
-        "script:\n  opening: Hello?\n  fallback: Go on, please.\n"
-    )
-    return path
-
-
 def test_sigkill_mid_simulation_leaves_sessions_that_reopen_interrupted(tmp_path):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PIPECAT_RL_LLM_API_KEY": ""}
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_openai", "--port", str(port), "--vllm"],
-        cwd=ROOT, env=env,
-    )  # fmt: skip
+    env = cli_env()
+    fake = start_fake_vllm(port, env)
     ledger_path = tmp_path / "ledger.db"
     sim = None
     try:
-        _wait_listening(port)
         sim = subprocess.Popen(
             [sys.executable, "-c", "from pipecat_rl.cli import main; main()", "simulate",
-             str(_scenario(tmp_path)), "--bot", str(CLINIC / "bot.py"), "--persona", "scripted",
+             str(long_scenario(tmp_path)), "--bot", str(CLINIC / "bot.py"), "--persona", "scripted",
              "--llm-url", f"http://127.0.0.1:{port}/v1", "--repeats", "2", "--ledger",
              str(ledger_path)],
             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 120
-        while _recorded_turns(ledger_path) < 4:  # both calls are under way
+        while recorded_turns(ledger_path) < 4:  # both calls are under way
             assert sim.poll() is None, "the simulation ended before it could be killed"
             assert time.monotonic() < deadline, "no turns were recorded"
             time.sleep(0.1)
@@ -237,26 +218,6 @@ def test_sigkill_mid_simulation_leaves_sessions_that_reopen_interrupted(tmp_path
         assert not interrupted & {t.session_id for t in ledger.training_turns()}
     with sqlite3.connect(ledger_path) as raw:
         assert raw.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-
-
-def _wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert time.monotonic() < deadline, "the fake server did not start"
-        time.sleep(0.05)
-
-
-def _recorded_turns(path: Path) -> int:
-    if not path.exists():
-        return 0
-    try:
-        with sqlite3.connect(path, timeout=1) as raw:
-            return raw.execute("SELECT count(*) FROM turns").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 def test_a_locked_ledger_fails_the_episode_and_the_run(tmp_path, monkeypatch):

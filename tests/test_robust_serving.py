@@ -25,9 +25,14 @@ from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE
 from pipecat_rl.errors import ConfigError, ServingError
 from pipecat_rl.serving import API_KEY_ENV, VLLMAdmin, VLLMServer, free_port, guarded
-
-ROOT = Path(__file__).resolve().parents[1]
-CLINIC = ROOT / "examples" / "clinic"
+from tests.robust_helpers import (
+    CLINIC,
+    ROOT,
+    cli_env,
+    long_scenario,
+    recorded_turns,
+    start_fake_vllm,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -176,41 +181,21 @@ def test_admin_sends_the_key_and_refuses_to_replace_a_served_name(
     assert "new-v2" in json.loads(ok.stdout)["models"]
 
 
-def _long_scenario(folder: Path) -> Path:
-    path = folder / "pool" / "long_call.yaml"
-    path.parent.mkdir(parents=True)
-    path.write_text(
-        "name: long_call\npersona: a caller\ngoal: talk\nsuccess: talked\nmax_turns: 400\n"
-        f"world: {{pack: {CLINIC / 'world.py'}}}\n"
-        "script:\n  opening: Hello?\n  fallback: Go on, please.\n"
-    )
-    return path
-
-
 def test_a_run_whose_server_dies_stops_launching_episodes(tmp_path):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop(API_KEY_ENV, None)
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_openai", "--port", str(port), "--vllm"],
-        cwd=ROOT,
-        env=env,
-    )
+    env = cli_env()
+    fake = start_fake_vllm(port, env)
     ledger = tmp_path / "ledger.db"
     try:
-        deadline = time.monotonic() + 30
-        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
         sim = subprocess.Popen(
             [sys.executable, "-c", "from pipecat_rl.cli import main; main()", "simulate",
-             str(_long_scenario(tmp_path)), "--bot", str(CLINIC / "bot.py"), "--persona",
+             str(long_scenario(tmp_path)), "--bot", str(CLINIC / "bot.py"), "--persona",
              "scripted", "--llm-url", f"http://127.0.0.1:{port}/v1", "--repeats", "6", "-c", "1",
              "--ledger", str(ledger), "--json"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         deadline = time.monotonic() + 120
-        while not _turns(ledger):
+        while not recorded_turns(ledger):
             assert sim.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         fake.kill()  # the model server dies in the middle of the first episode
@@ -229,18 +214,6 @@ def test_a_run_whose_server_dies_stops_launching_episodes(tmp_path):
         sessions = store.sessions()
         assert len(sessions) == 6 - outcomes.count("not_run")  # nothing written for those
         assert not store.training_turns()  # the errored episode's turns do not train
-
-
-def _turns(path: Path) -> int:
-    import sqlite3
-
-    if not path.exists():
-        return 0
-    try:
-        with sqlite3.connect(path, timeout=1) as raw:
-            return raw.execute("SELECT count(*) FROM turns").fetchone()[0]
-    except sqlite3.Error:
-        return 0
 
 
 @pytest.mark.slow
