@@ -159,8 +159,12 @@ class VLLMAdmin:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover (runs in the child between fork and exec)
-    """Ask Linux to SIGTERM this process when the thread that started it dies (prctl)."""
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the thread that started it dies (prctl).
+
+    Called by the guard itself once it runs (not in a `preexec_fn`, which is unsafe in a
+    threaded parent), so a parent that dies before this is caught by the guard's first check.
+    """
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -173,25 +177,28 @@ def guarded(command: list[str]) -> tuple[list[str], dict]:
     it forked at once) and ends that whole group when this process dies, however it dies: a
     parent-death signal when started from the main thread, and a check of its parent either way.
     """
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    popen = {"start_new_session": True}
-    if in_main_thread:  # the signal follows the starting *thread*: only the main one is safe
-        popen["preexec_fn"] = _die_with_parent
-    guard = [sys.executable, "-m", "pipecat_rl.serving", "--guard", str(os.getpid()), "--"]
-    return [*guard, *command], popen
+    # The signal follows the starting *thread*: ask for it only from the main thread, whose end
+    # is the process's; from any other thread the guard's check of its parent does the job.
+    signal_too = "1" if threading.current_thread() is threading.main_thread() else "0"
+    guard = [sys.executable, "-m", "pipecat_rl.serving", "--guard", str(os.getpid()), signal_too]
+    return [*guard, "--", *command], {"start_new_session": True}
 
 
-def _guard(parent: int, command: list[str]) -> int:  # pragma: no cover (a separate process)
+def _guard(parent: int, parent_signal: bool, command: list[str]) -> int:  # pragma: no cover
     """Run `command` in this process group; end the group when it exits or our parent dies."""
-    group = os.getpgid(0)
-    child = subprocess.Popen(command)
     ending = threading.Event()
 
     def end(*_: object) -> None:
         ending.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, end)
+        signal.signal(sig, end)  # before the parent-death signal can arrive
+    if parent_signal:
+        _die_with_parent()
+    if os.getppid() != parent or ending.is_set():
+        return 1  # the parent died before we could watch it: start nothing
+    group = os.getpgid(0)
+    child = subprocess.Popen(command)
     while child.poll() is None and not ending.is_set():
         if os.getppid() != parent:
             break
@@ -428,4 +435,4 @@ class VLLMServer:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--guard"]:  # `guarded()`'s process
-    sys.exit(_guard(int(sys.argv[2]), sys.argv[4:]))
+    sys.exit(_guard(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[5:]))
