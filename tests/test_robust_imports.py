@@ -39,17 +39,7 @@ def _run(*args: str, cwd: Path) -> tuple[int, list[str], str]:
         ("llm", "models", "--llm-url", "http://127.0.0.1:9"),
         ("models", "list"),
         ("--help",),
-        (
-            "gate",
-            "--candidate",
-            "a",
-            "--incumbent",
-            "b",
-            "--scores",
-            "scores.jsonl",
-            "--out",
-            "receipt",
-        ),
+        (*"gate --candidate a --incumbent b --scores scores.jsonl --out receipt".split(),),
     ],  # fmt: skip
     ids=["ledger", "llm", "models", "help", "gate-from-scores"],
 )

@@ -72,6 +72,10 @@ def _files(tmp: Path) -> dict[str, Path]:
     put("scores_text.jsonl", '{"scenario": "s", "policy": "a", "run": 0, "reward": "high"}\n')
     put("gate.yaml", "resamples: 1000000000\n")
     put("not_sqlite.db", "not a database\n" * 50)
+    put("scores_latin1.jsonl", b'{"scenario": "s", "policy": "a", "run": 0, "reward": 1}\n\xff\n')
+    put("gate_latin1.yaml", b"resamples: \xff\n")
+    put("include_dir.yaml", GOOD + "facts: !include no_persona\n")
+    put("pack_missing.yaml", GOOD + "world: {pack: nowhere.py}\n")
     put("a_file", "x")
     return made
 
@@ -82,6 +86,8 @@ def _ledger(tmp: Path) -> Path:
         store.add_session(SessionRecord(id="s1", source="live", started_at=1.0))
     return path
 
+
+GATE_AB = ["gate", "--candidate", "a", "--incumbent", "b", "--scores"]
 
 # (case id, argv built from the files, expected exit code, text the one line must contain)
 CASES = [
@@ -190,29 +196,13 @@ CASES = [
     ),
     (
         "gate-inf-reward",
-        lambda f, d: [
-            "gate",
-            "--candidate",
-            "a",
-            "--incumbent",
-            "b",
-            "--scores",
-            f["scores_inf.jsonl"],
-        ],  # fmt: skip
+        lambda f, d: [*GATE_AB, f["scores_inf.jsonl"]],
         EXIT_DATA,
         "reward",
     ),
     (
         "gate-text-reward",
-        lambda f, d: [
-            "gate",
-            "--candidate",
-            "a",
-            "--incumbent",
-            "b",
-            "--scores",
-            f["scores_text.jsonl"],
-        ],  # fmt: skip
+        lambda f, d: [*GATE_AB, f["scores_text.jsonl"]],
         EXIT_DATA,
         "reward",
     ),
@@ -239,6 +229,26 @@ CASES = [
         lambda f, d: ["gate", "--candidate", "a", "--incumbent", "b", "--scores", d / "no.jsonl"],
         EXIT_DATA,
         "no.jsonl",
+    ),
+    ("include-a-folder", lambda f, d: ["simulate", f["include_dir.yaml"]], EXIT_DATA, "no_persona"),
+    ("pack-missing", lambda f, d: ["simulate", f["pack_missing.yaml"]], EXIT_DATA, "world.pack"),
+    (
+        "scores-not-utf8",
+        lambda f, d: [*GATE_AB, f["scores_latin1.jsonl"]],
+        EXIT_DATA,
+        "not UTF-8",
+    ),
+    (
+        "gate-config-not-utf8",
+        lambda f, d: _gate_scores(d) + ["--config", f["gate_latin1.yaml"]],
+        EXIT_USAGE,
+        "not UTF-8",
+    ),
+    (
+        "receipt-not-utf8",
+        lambda f, d: ["promote", f["gate_latin1.yaml"], "--ledger", _ledger(d)],
+        EXIT_DATA,
+        "not UTF-8",
     ),
     ("models-unknown", lambda f, d: ["models", "prepare", "gpt-99"], EXIT_DATA, "gpt-99"),
     (
@@ -276,7 +286,7 @@ def _gate_scores(tmp: Path) -> list:
         for p in ("a", "b")
     ]
     scores.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return ["gate", "--candidate", "a", "--incumbent", "b", "--scores", scores]
+    return [*GATE_AB, scores]
 
 
 @pytest.mark.parametrize(

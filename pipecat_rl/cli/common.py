@@ -66,6 +66,7 @@ _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     (LedgerError, EXIT_IO),
     (PipecatRLError, EXIT_FAILURE),
     (OSError, EXIT_IO),
+    (UnicodeDecodeError, EXIT_DATA),  # an input file that is not UTF-8 text
     (ImportError, EXIT_UNAVAILABLE),  # an optional extra is not installed
 )
 
@@ -159,6 +160,8 @@ def _unexpected(error: Exception) -> int:
         traceback.print_exception(error, file=sys.stderr)
     if isinstance(error, PipecatRLError | OSError | ImportError):
         error_line(_describe(error))
+    elif isinstance(error, UnicodeDecodeError):
+        error_line(f"an input file is not UTF-8 text ({error}); save it as UTF-8")
     else:
         hint = "" if verbosity >= 2 else "; run with -vv for the traceback"
         error_line(f"unexpected {type(error).__name__}: {error}{hint} (please report it)")

@@ -28,6 +28,7 @@ from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.simulator.scenario import MAX_RUNS, ScenarioSet, load_scenarios
+from pipecat_rl.simulator.world import World
 
 if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs
     from pipecat_rl.simulator.runner import SimulationConfig, SimulationReport
@@ -152,6 +153,8 @@ def simulate_command(
         if mode != "text":
             raise ConfigError("--mode audio is not available yet; use --mode text")
         loaded = load_scenarios(list(scenarios))
+        for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
+            World(scenario).close()
         from pipecat_rl.simulator.runner import SimulationConfig
 
         config = SimulationConfig(

@@ -91,8 +91,9 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     """Read a YAML or JSON file (JSON is YAML) holding a mapping, optionally under `gate:`."""
     try:
         text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read gate config {path}: {e.strerror}; check the path.") from e
+    except (OSError, UnicodeDecodeError) as e:  # a non-UTF-8 file too
+        why = getattr(e, "strerror", None) or "not UTF-8 text"
+        raise ConfigError(f"cannot read gate config {path}: {why}; check the path.") from e
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:

@@ -23,6 +23,7 @@ from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
+from pipecat_rl.errors import LedgerError
 from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
@@ -272,7 +273,11 @@ async def run_episode(
     result.labels = failure_labels(evidence)
     result.outcome = "error" if result.error else _outcome(result.reward_parts)
     result.duration_s = time.monotonic() - started
-    _write(ledger, info, result)
+    try:
+        _write(ledger, info, result)
+    except LedgerError as e:  # after the ledger's own retries: the run must not say "pass"
+        result.outcome = "error"
+        result.error = f"the ledger could not record this episode ({e}): it is not fully written"
     return result
 
 
