@@ -50,3 +50,23 @@ def test_every_branch_has_a_documented_exit_code():
     for cls in _tree().values():
         assert exit_code_for(cls("x")) in documented
     assert exit_code_for(RuntimeError("bug")) == EXIT_FAILURE
+
+
+def test_an_unexpected_error_is_one_line_and_70_unless_asked_for_the_traceback(monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+    from pipecat_rl.cli import models as models_cli
+
+    def broken(*_: object) -> dict:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(models_cli, "PACKAGED_MODELS", type("M", (), {"items": broken})())
+    quiet = CliRunner().invoke(app, ["models", "list"])
+    assert quiet.exit_code == EXIT_FAILURE
+    assert quiet.stderr.strip().splitlines() == [
+        "error: unexpected RuntimeError: a bug; run with -vv for the traceback (please report it)"
+    ]
+    loud = CliRunner().invoke(app, ["-vv", "models", "list"])
+    assert loud.exit_code == EXIT_FAILURE
+    assert "Traceback" in loud.stderr and "a bug" in loud.stderr
