@@ -756,6 +756,11 @@ class Ledger:
 
     # -- crash safety: write retries and reconciling sessions left open (issue 9) -------------
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called (a writer must not keep using a closed ledger)."""
+        return self._conn is None
+
     def _begin(self, conn: sqlite3.Connection, write: bool) -> None:
         """Start a transaction; a write retries a busy file with backoff before giving up."""
         pause = RETRY_BACKOFF_S

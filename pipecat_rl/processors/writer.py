@@ -118,7 +118,7 @@ def acquire_writer(ledger: Ledger | str | Path) -> LedgerWriter:
     key = _key(path)
     with _lock:
         writer = _writers.get(key)
-        if writer is None or not writer.alive:
+        if writer is None or not writer.alive or writer.ledger.closed:
             if isinstance(ledger, Ledger):
                 writer = LedgerWriter(ledger)
             else:
