@@ -136,9 +136,8 @@ def load_scores(path: Path, candidate: str, incumbent: str) -> GateData:
     _distinct(candidate, incumbent)
     try:
         text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:  # a non-UTF-8 file too
-        why = getattr(e, "strerror", None) or "not UTF-8 text"
-        raise GateError(f"cannot read the scores file {path}: {why}; check the path.") from e
+    except OSError as e:
+        raise GateError(f"cannot read the scores file {path}: {e.strerror}; check the path.") from e
     runs: list[RunResult] = []
     seen: dict[tuple[str, str, int], int] = {}
     others: dict[str, int] = {}

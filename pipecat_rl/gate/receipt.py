@@ -114,9 +114,8 @@ def load_receipt(path: Path) -> GateReceipt:
     file = path / "receipt.json" if path.is_dir() else path
     try:
         return GateReceipt.model_validate_json(file.read_text())
-    except (OSError, UnicodeDecodeError) as e:  # a non-UTF-8 file too
-        why = getattr(e, "strerror", None) or "not UTF-8 text"
-        raise GateError(f"cannot read the receipt {file}: {why}; check the path.") from e
+    except OSError as e:
+        raise GateError(f"cannot read the receipt {file}: {e.strerror}; check the path.") from e
     except ValidationError as e:
         raise GateError(
             f"{file} is not a gate receipt of schema version {SCHEMA_VERSION} ({e.error_count()} "
