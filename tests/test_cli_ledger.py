@@ -4,6 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_IO, EXIT_USAGE
 from pipecat_rl.ledger import (
     LatencyRecord,
     Ledger,
@@ -165,7 +166,7 @@ def test_default_ledger_in_cwd(ledger_path, monkeypatch):
 def test_missing_ledger_file_is_a_usage_error(tmp_path):
     missing = tmp_path / "nope.db"
     result = invoke("stats", "--ledger", str(missing))
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert str(missing) in result.output
     assert not missing.exists()
 
@@ -197,7 +198,7 @@ def test_sessions_table(ledger_path):
 
 def test_sessions_bad_split_is_a_usage_error(ledger_path):
     result = invoke("sessions", "--ledger", str(ledger_path), "--split", "held-out")
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "pool, heldout" in result.output
 
 
@@ -247,9 +248,9 @@ def test_show_json(ledger_path):
     assert data["scores"][0]["value"] == 0.8
 
 
-def test_show_missing_session_exits_2(ledger_path):
+def test_show_missing_session_is_a_usage_error(ledger_path):
     result = invoke("show", "no-such-id", "--ledger", str(ledger_path))
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "no-such-id" in result.output
     assert "pipecat-rl ledger sessions" in result.output
 
@@ -273,15 +274,15 @@ def test_export_stdout_and_file(ledger_path, tmp_path):
 
 def test_export_errors(ledger_path):
     result = invoke("export", "--ledger", str(ledger_path), "--format", "csv")
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     result = invoke("export", "--ledger", str(ledger_path), "--session", "ghost")
-    assert result.exit_code == 2
+    assert result.exit_code == EXIT_USAGE
     assert "ghost" in result.output
 
 
-def test_corrupt_ledger_exits_3(tmp_path):
+def test_corrupt_ledger_is_an_io_error(tmp_path):
     path = tmp_path / "bad.db"
     path.write_text("not sqlite at all\n" * 20)
     result = invoke("stats", "--ledger", str(path))
-    assert result.exit_code == 3
+    assert result.exit_code == EXIT_IO
     assert str(path) in result.output

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_DATA
 from pipecat_rl.errors import ModelError
 from pipecat_rl.models import MARKER, chat_template, prepare_model
 
@@ -60,7 +61,7 @@ def test_cli_prints_the_path(smollm2_dir):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["path"] == str(smollm2_dir)
     bad = CliRunner().invoke(app, ["models", "prepare", "nope"])
-    assert bad.exit_code == 3 and "unknown model" in bad.output
+    assert bad.exit_code == EXIT_DATA and "unknown model" in bad.output
 
 
 def test_template_separates_several_tool_calls_and_results(smollm2_dir):

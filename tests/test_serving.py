@@ -8,6 +8,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from pipecat_rl.cli.common import EXIT_UNAVAILABLE
 from pipecat_rl.errors import ModelError, ServingError
 from pipecat_rl.serving import BASE_ALIAS, VLLMAdmin, VLLMServer
 
@@ -160,4 +161,4 @@ def test_cli_adapter_verbs(vllm_server, random_lora):
     unloaded = cli.invoke(app, ["llm", "unload-adapter", "cli-a", *url, "--json"])
     assert unloaded.exit_code == 0 and "cli-a" not in json.loads(unloaded.stdout)["models"]
     gone = cli.invoke(app, ["llm", "models", "--llm-url", "http://127.0.0.1:9"])
-    assert gone.exit_code == 3 and "cannot reach the LLM server" in gone.output
+    assert gone.exit_code == EXIT_UNAVAILABLE and "cannot reach the LLM server" in gone.output

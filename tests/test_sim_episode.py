@@ -192,7 +192,7 @@ def test_cli_json_and_exit_codes(tmp_path, no_keys):
             str(tmp_path / "l.db"),
         ],  # fmt: skip
     )
-    # the LLM persona, and no server
+    # the LLM persona with no server: the episodes cannot run
     assert result.exit_code == EXIT_FAILURE and "could not run" in result.output
 
 

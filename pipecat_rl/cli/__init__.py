@@ -1,7 +1,9 @@
 """The `pipecat-rl` command: one Typer app, each verb group registered from its own module.
 
 Exit codes (one table for every verb, `pipecat_rl.cli.common`): 0 success or PROMOTE, 1 REJECT,
-2 INCONCLUSIVE, 64 usage, 65 bad input file, 69 service unavailable, 70 harness failure, 74 I/O.
+2 INCONCLUSIVE, 64 usage, 65 bad input file, 69 service unavailable, 70 harness failure, 74 I/O,
+130 interrupted. No verb shows a traceback unless run with -vv (`CLIGroup`). Verbs import
+Pipecat only when they build a pipeline, so `ledger`, `llm` and `models` start fast.
 """
 
 import sys
@@ -9,6 +11,7 @@ import sys
 import typer
 from loguru import logger
 
+from pipecat_rl.cli import common
 from pipecat_rl.cli import cycle as cycle_cli
 from pipecat_rl.cli import gate as gate_cli
 from pipecat_rl.cli import ledger as ledger_cli
@@ -25,8 +28,8 @@ app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    cls=common.CLIGroup,
 )
-
 
 
 @app.callback()
@@ -36,9 +39,16 @@ def _options(
     ),
 ) -> None:
     """Record, simulate, train and gate Pipecat voice agents."""
-    # Pipecat logs every frame-level step at DEBUG; a CLI user wants warnings unless asked.
+    # Pipecat logs every frame-level step at DEBUG; a CLI user wants warnings unless asked,
+    # and logged exceptions carry their traceback only under -vv.
+    common.verbosity = verbose
     logger.remove()
-    logger.add(sys.stderr, level=("WARNING", "INFO", "DEBUG")[min(verbose, 2)])
+    logger.add(sys.stderr, level=("WARNING", "INFO", "DEBUG")[min(verbose, 2)], format=_log_format)
+
+
+def _log_format(record: dict) -> str:
+    line = "<level>{level: <8}</level> | {message}\n"
+    return line + "{exception}" if common.verbosity >= 2 else line
 
 
 for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli, train_cli):
@@ -48,5 +58,5 @@ for module in (service_cli, cycle_cli):
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: every outcome is an exit code from the one table."""
     app()

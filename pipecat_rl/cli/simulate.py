@@ -2,41 +2,44 @@
 
 Exit codes (`cli.common`): 0 when the harness ran every episode (whatever the agent scored);
 64 for bad flags, a `simulator:`/`judge:` block we cannot reach offline, or a bot LLM service
-that cannot be served; 65 for bad scenarios; 69 when the server failed; 70 when episodes could
-not be run (harness errors).
+that cannot be served; 65 for bad scenario files; 69 when the LLM server failed or went away
+mid-run (the episodes not yet started are reported `not_run`); 70 when episodes could not run to
+their end (harness errors, or a session the ledger could not fully write).
 """
 
 import asyncio
 import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipecat_rl.cli.common import EXIT_FAILURE, cli_errors, console, print_json
+from pipecat_rl.cli.common import (
+    EXIT_FAILURE,
+    EXIT_UNAVAILABLE,
+    cli_errors,
+    console,
+    error_line,
+    print_json,
+)
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
-from pipecat_rl.simulator.botloader import load_bot
-from pipecat_rl.simulator.endpoint import llm_endpoint
-from pipecat_rl.simulator.runner import (
-    SimulationConfig,
-    SimulationReport,
-    check_endpoints,
-    simulate,
-    total_episodes,
-)
-from pipecat_rl.simulator.scenario import ScenarioSet, load_scenarios
+from pipecat_rl.simulator.scenario import MAX_RUNS, ScenarioSet, load_scenarios
+from pipecat_rl.simulator.world import World
+
+if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs
+    from pipecat_rl.simulator.runner import SimulationConfig, SimulationReport
 
 
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.0f}"
 
 
-def _table(report: SimulationReport) -> Table:
+def _table(report: "SimulationReport") -> Table:
     table = Table(title="simulation", title_justify="left")
     for column in ("scenario", "split", "pass", "mean reward", "P50 ms", "P95 ms", "labels"):
         table.add_column(column, justify="right" if column in ("pass", "mean reward") else "left")
@@ -55,12 +58,16 @@ def _table(report: SimulationReport) -> Table:
 async def _run(
     scenarios: ScenarioSet,
     bot: str,
-    config: SimulationConfig,
+    config: "SimulationConfig",
     ledger_path: Path,
     model: str,
     no_server: bool,
     show_progress: bool,
-) -> SimulationReport:
+) -> "SimulationReport":
+    from pipecat_rl.simulator.botloader import load_bot
+    from pipecat_rl.simulator.endpoint import llm_endpoint
+    from pipecat_rl.simulator.runner import simulate, total_episodes
+
     entry = load_bot(bot)
     async with contextlib.AsyncExitStack() as stack:
         ledger = stack.enter_context(Ledger(ledger_path))
@@ -98,10 +105,13 @@ def simulate_command(
     ],
     repeats: Annotated[
         int | None,
-        typer.Option("--repeats", "-k", min=1, help="Runs per scenario (default: its `runs`)."),
+        typer.Option(
+            "--repeats", "-k", min=1, max=MAX_RUNS,
+            help=f"Runs per scenario, at most {MAX_RUNS} (default: its `runs`).",
+        ),
     ] = None,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", min=1, help="Episodes at once.")
+        int, typer.Option("--concurrency", "-c", min=1, max=256, help="Episodes at once.")
     ] = 4,
     adapter: Annotated[
         str | None, typer.Option("--adapter", help="Adapter the agent is served (default base).")
@@ -166,6 +176,10 @@ def simulate_command(
         if mode != "text":
             raise ConfigError("--mode audio is not available yet; use --mode text")
         loaded = load_scenarios(list(scenarios))
+        for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
+            World(scenario).close()
+        from pipecat_rl.simulator.runner import SimulationConfig, check_endpoints
+
         config = SimulationConfig(
             llm_url=llm_url,
             adapter=adapter,
@@ -191,6 +205,12 @@ def simulate_command(
         if loaded.heldout_set_id:
             console.print(f"held-out set: {loaded.heldout_set_id}")
         console.print(f"{len(report.episodes)} episodes in {report.wall_s:.1f} s")
+    if report.server_gone:
+        error_line(
+            f"{report.server_gone}; {report.not_run} episode(s) not run (nothing was written "
+            "for them); start the server again and re-run"
+        )
+        raise typer.Exit(EXIT_UNAVAILABLE)
     if report.harness_errors:
         first = next(e for e in report.episodes if e.outcome == "error")
         console.print(

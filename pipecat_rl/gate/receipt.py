@@ -297,8 +297,8 @@ def write_receipt(
     accepts only a receipt whose bytes the gate recorded.
 
     Raises:
-        GateError: a statistic is not finite (it would be written as `null`), or `out_dir` is
-            not a writable folder.
+        GateError: a statistic is not finite (it would be written as `null`).
+        OSError: `out_dir` is not a writable folder (the message says to pass --out FOLDER).
     """
     from pipecat_rl.gate.report_html import render_html  # matplotlib only when a page is written
 
@@ -316,8 +316,8 @@ def write_receipt(
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         paths["json"].write_text(receipt.model_dump_json(indent=2) + "\n")
-    except OSError as e:
-        raise GateError(f"cannot write the receipt into {out_dir}: {e}; pass --out FOLDER.") from e
+    except OSError as e:  # an I/O error (exit 74), naming the folder and what to pass instead
+        raise OSError(e.errno, f"{e.strerror}; pass --out FOLDER", str(out_dir)) from e
     if ledger is not None:
         ledger.record_gate_receipt(
             receipt_sha256=receipt_sha256(paths["json"]),

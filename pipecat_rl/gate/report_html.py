@@ -10,7 +10,13 @@ Plots (drawn with matplotlib's object API, never pyplot, so nothing global chang
 import html
 import io
 
-from matplotlib.figure import Figure
+try:
+    from matplotlib.figure import Figure
+except ImportError as e:  # an extra: a bot that only records does not install it
+    raise ImportError(
+        "the receipt's HTML page draws its plots with matplotlib, which is not installed; "
+        "install it with: pip install 'pipecat-rl[report]'"
+    ) from e
 
 from pipecat_rl.gate.latency import STAGES
 from pipecat_rl.gate.receipt import GateReceipt, ci_text

@@ -7,6 +7,7 @@ transaction, so a crash loses at most the write in flight.
 
 import json
 import os
+import socket
 import sqlite3
 import threading
 import time
@@ -15,9 +16,10 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+from loguru import logger
 from pydantic import ValidationError
 
-from pipecat_rl.errors import LedgerError
+from pipecat_rl.errors import LedgerError, LedgerLockedError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.eligibility import Purpose
 from pipecat_rl.ledger.jobs import (
@@ -88,9 +90,13 @@ LEDGER_ENV = "PIPECAT_RL_LEDGER"
 BUSY_TIMEOUT_S = 5.0
 """How long a write waits for another process's write lock before failing."""
 
+WRITE_RETRIES = 3
+"""Further attempts at a write that found the file locked past the busy timeout."""
+RETRY_BACKOFF_S = 0.5
+"""The first pause before a retry; each later pause doubles it."""
 
-class NotInLedgerError(LedgerError):
-    """A session, turn or adapter asked for by id is not in the ledger (a usage error)."""
+UNTRAINABLE_OUTCOMES = ("interrupted", "error", "not_run")
+"""Session outcomes whose turns never train and never pair: the call did not run to its end."""
 
 
 def resolve_ledger_path(explicit: str | Path | None = None) -> Path:
@@ -146,6 +152,7 @@ class Ledger:
             conn.close()
             raise
         self._conn = conn
+        self.reconcile_open_sessions()
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> "Ledger":
@@ -247,10 +254,7 @@ class Ledger:
             conn = self._conn
             if conn is None:
                 raise LedgerError(f"the ledger {self.path} is closed; open it again to use it")
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as e:
-                raise LedgerError(f"cannot start a transaction on {self.path}: {e}") from e
+            self._begin(conn, write)
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -962,3 +966,87 @@ class Ledger:
                     },
                 )
         return ids
+    # -- crash safety: write retries and reconciling sessions left open (issue 9) -------------
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called (a writer must not keep using a closed ledger)."""
+        return self._conn is None
+
+    def _begin(self, conn: sqlite3.Connection, write: bool) -> None:
+        """Start a transaction; a write retries a busy file with backoff before giving up."""
+        pause = RETRY_BACKOFF_S
+        for attempt in range(WRITE_RETRIES + 1 if write else 1):
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                return
+            except sqlite3.OperationalError as e:
+                busy = "locked" in str(e) or "busy" in str(e)
+                if not (write and busy):
+                    raise LedgerError(f"cannot start a transaction on {self.path}: {e}") from e
+                if attempt == WRITE_RETRIES:
+                    raise LedgerLockedError(
+                        f"the ledger {self.path} stayed locked by another process through "
+                        f"{WRITE_RETRIES + 1} attempts ({BUSY_TIMEOUT_S:g} s each); find the "
+                        "process holding it (a long export, a stuck writer) and retry"
+                    ) from e
+                time.sleep(pause)
+                pause *= 2
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot start a transaction on {self.path}: {e}") from e
+
+    def reconcile_open_sessions(self) -> list[str]:
+        """Mark sessions left open by a process that is gone as `interrupted`; returns their ids.
+
+        A session names its writer (pid, host, process start) in its metadata; one whose writer
+        is on this host and no longer runs will never be ended by it. Sessions of live
+        processes, of other hosts, or without a writer are left as they are. Best effort: a
+        ledger that cannot be written now is reconciled by a later open.
+        """
+        host, now, closed = socket.gethostname(), time.time(), []
+        try:
+            with self._read() as conn:
+                rows = conn.execute(
+                    "SELECT id, metadata FROM sessions WHERE ended_at IS NULL AND outcome IS NULL"
+                ).fetchall()
+            for session_id, metadata in rows:
+                writer = (json.loads(metadata) if metadata else {}).get("writer") or {}
+                if writer.get("host") != host or not isinstance(writer.get("pid"), int):
+                    continue
+                started = process_started(writer["pid"])
+                if started is not None and started == writer.get("started"):
+                    continue  # its writer still runs
+                self.end_session(
+                    session_id,
+                    ended_at=now,
+                    outcome="interrupted",
+                    metadata_update={"reconciled_at": now, "reconciled_by": os.getpid()},
+                )
+                closed.append(session_id)
+        except (LedgerError, ValueError) as e:
+            logger.warning(f"pipecat-rl: could not reconcile open sessions in {self.path}: {e}")
+        if closed:
+            logger.warning(
+                f"pipecat-rl: {len(closed)} session(s) in {self.path} were left open by a process "
+                "that is gone; marked interrupted (never trained on or paired)"
+            )
+        return closed
+
+
+def process_started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, Linux), or None if it is not running.
+
+    With the pid, this names a process uniquely: a pid reused by another process differs here.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return 0
+        return 0  # alive, start unknown (no /proc)
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])

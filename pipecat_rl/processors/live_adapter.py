@@ -21,6 +21,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.llm_service import LLMService
 from pipecat.services.settings import LLMSettings
 
+from pipecat_rl import compat
 from pipecat_rl.errors import LedgerError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 
@@ -59,7 +60,7 @@ class LiveAdapterSelector(FrameProcessor):
             configured if isinstance(configured, str) else BASE_ADAPTER
         )
         self._adapter: str | None = None
-        self._register_event_handler("on_adapter_selected")
+        compat.register_event(self, "on_adapter_selected")
 
     @property
     def adapter(self) -> str | None:
@@ -78,7 +79,7 @@ class LiveAdapterSelector(FrameProcessor):
             await self.push_frame(
                 LLMUpdateSettingsFrame(delta=LLMSettings(model=model), service=self._llm)
             )
-            await self._call_event_handler("on_adapter_selected", self._adapter, model)
+            await compat.call_event(self, "on_adapter_selected", self._adapter, model)
 
     def _read_live(self) -> str | None:
         """The live adapter's name (`base` when none was promoted), or None if unreadable."""

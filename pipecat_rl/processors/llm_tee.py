@@ -6,17 +6,26 @@ two methods of the service *instance*: `build_chat_completion_params`, to ask vL
 (only when the server is vLLM: other providers reject unknown fields), and
 `get_chat_completions`, to hand the service a stream that yields the very same chunk objects,
 in the same order and at the same time, while it copies what it needs. The bot sees no change.
+
+The parameters of a request are handed from the one method to the other in a context variable
+owned by the streaming call's task, never on the service: Pipecat's own non-streaming inference
+(context summaries) builds its parameters with the same method, possibly at the same time.
 """
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from loguru import logger
 from pipecat.services.openai.base_llm import BaseOpenAILLMService
+
+from pipecat_rl import compat
+from pipecat_rl.serving import llm_api_key
 
 _VLLM_PROBES: dict[str, bool] = {}
 
@@ -46,12 +55,18 @@ class LLMCall:
 
     @property
     def token_exact(self) -> bool:
-        """True when the server gave prompt ids and one logprob per sampled id."""
+        """True when the server gave prompt ids, one logprob per sampled id, and usage agrees.
+
+        A sampled-id count that differs from `usage.completion_tokens` means chunks were lost
+        or merged, so the ids are not the sample.
+        """
+        counted = self.usage.get("completion_tokens")
         return (
             self.token_ids_requested
             and bool(self.prompt_token_ids)
             and bool(self.token_ids)
             and len(self.token_ids) == len(self.logprobs)
+            and (counted is None or counted == len(self.token_ids))
         )
 
     def add(self, chunk: Any) -> None:
@@ -141,7 +156,17 @@ def _jsonable(params: dict[str, Any]) -> dict[str, Any]:
 class _TeeState:
     on_call: Callable[[LLMCall], None]
     token_ids: bool
-    last_params: dict[str, Any] | None = None
+
+
+@dataclass
+class _Pending:
+    """The parameters of the one streaming request its task is building."""
+
+    task: asyncio.Task | None
+    params: dict[str, Any] | None = None
+
+
+_pending: ContextVar[_Pending | None] = ContextVar("pipecat_rl_llm_request", default=None)
 
 
 def tee_llm_service(
@@ -158,38 +183,67 @@ def tee_llm_service(
         return
     state = _TeeState(on_call, token_ids)
     llm._pipecat_rl_tee = state
-    build, get = llm.build_chat_completion_params, llm.get_chat_completions
 
-    def build_chat_completion_params(params_from_context: Any) -> dict:
-        params = build(params_from_context)
-        if state.token_ids:
-            params["logprobs"] = True
-            params["extra_body"] = {**(params.get("extra_body") or {}), "return_token_ids": True}
-        state.last_params = params
-        return params
+    def wrap_build(build: Callable) -> Callable:
+        def build_chat_completion_params(params_from_context: Any) -> dict:
+            params = build(params_from_context)
+            pending = _pending.get()
+            if pending is None or pending.task is not _current_task():
+                return params  # not our streaming request (e.g. Pipecat's own inference)
+            if state.token_ids:
+                params["logprobs"] = True
+                params["extra_body"] = {
+                    **(params.get("extra_body") or {}),
+                    "return_token_ids": True,
+                }
+            pending.params = params
+            return params
 
-    async def get_chat_completions(context: Any) -> Any:
-        started = time.time()
-        stream = await get(context)
-        try:
-            request = _jsonable(state.last_params or {})
-        except Exception as e:
-            logger.error(f"pipecat-rl: could not copy the LLM request: {e}")
-            request = {}
-        call = LLMCall(request=request, started_at=started, token_ids_requested=state.token_ids)
-        return _TeeStream(stream, call, state.on_call)
+        return build_chat_completion_params
 
-    llm.build_chat_completion_params = build_chat_completion_params
-    llm.get_chat_completions = get_chat_completions
+    def wrap_get(get: Callable) -> Callable:
+        async def get_chat_completions(context: Any) -> Any:
+            started = time.time()
+            pending = _Pending(_current_task())
+            token = _pending.set(pending)
+            try:
+                stream = await get(context)
+            finally:
+                _pending.reset(token)
+            try:
+                request = _jsonable(pending.params or {})
+            except Exception as e:
+                logger.error(f"pipecat-rl: could not copy the LLM request: {e}")
+                request = {}
+            call = LLMCall(request=request, started_at=started, token_ids_requested=state.token_ids)
+            return _TeeStream(stream, call, state.on_call)
+
+        return get_chat_completions
+
+    compat.replace_method(llm, "build_chat_completion_params", wrap_build)
+    compat.replace_method(llm, "get_chat_completions", wrap_get)
+
+
+def _current_task() -> asyncio.Task | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop
+        return None
 
 
 async def serves_token_ids(llm: BaseOpenAILLMService) -> bool:
-    """Whether `llm` talks to a vLLM server (which returns token ids); probed once per URL."""
-    base_url = str(llm._client.base_url).rstrip("/")
+    """Whether `llm` talks to a vLLM server (which returns token ids); probed once per URL.
+
+    The probe sends the service's own API key, else the project's (`PIPECAT_RL_LLM_API_KEY`).
+    """
+    base_url = compat.llm_base_url(llm)
     if base_url not in _VLLM_PROBES:
+        key = compat.llm_api_key(llm)
+        key = key if key and key != "none" else llm_api_key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
             async with httpx.AsyncClient(timeout=3.0) as client:
-                response = await client.get(f"{base_url}/models")
+                response = await client.get(f"{base_url}/models", headers=headers)
             owners = {m.get("owned_by") for m in response.json().get("data", [])}
             _VLLM_PROBES[base_url] = "vllm" in owners
         except Exception as e:  # not cached: the server may just not be up yet

@@ -3,8 +3,9 @@
 `RecorderObserver` watches the worker's frames (each frame once: `observe_every_push=False`) for
 what happened around the LLM: transcripts, first audio, bot speech, interruptions, tool calls.
 The LLM calls themselves come from the tee on the bot's OpenAI-compatible service (`llm_tee`).
-It never does I/O itself: records go to a `LedgerWriter` thread, and any error is logged and
-counted, never raised into the call.
+It never does I/O itself: records go to the ledger file's one `LedgerWriter` thread, and any
+error is logged and counted, never raised into the call; both counts end up in the session's
+metadata (`recorder: {errors, dropped_writes}`).
 
 Turn k is the k-th LLM call of the session. Its text spoken is what TTS said between that call's
 `LLMFullResponseStartFrame` and the next one; an `InterruptionFrame` while it is still speaking
@@ -12,6 +13,7 @@ marks it interrupted. A user turn (a latency row) opens with the user's speech e
 transcript and closes when the next one opens or the call ends.
 """
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +48,13 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.openai.base_llm import BaseOpenAILLMService
 from pipecat.services.stt_service import STTService
 
-from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord
+from pipecat_rl import compat
+from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord, resolve_ledger_path
 from pipecat_rl.processors.demonstration import collect_demonstrations, demonstration_sources
 from pipecat_rl.processors.llm_tee import LLMCall, serves_token_ids, tee_llm_service
 from pipecat_rl.processors.redaction import Redactor
 from pipecat_rl.processors.session import SessionInfo, current_recording, new_call_id
-from pipecat_rl.processors.writer import LedgerWriter, writer_for
+from pipecat_rl.processors.writer import LedgerWriter, acquire_writer
 
 
 @dataclass
@@ -85,13 +88,14 @@ class RecorderObserver(BaseObserver):
     """Records one call (one PipelineWorker) into the ledger.
 
     Event handlers:
-        on_turn_recorded(recorder, turn): after each LLM turn is handed to the ledger writer.
+        on_turn_recorded(recorder, turn): after each LLM turn (a `TurnRecord`) is handed to the
+            ledger writer.
     """
 
     def __init__(
         self,
         *,
-        ledger: Ledger,
+        ledger: Ledger | str | Path,
         session: SessionInfo,
         session_id: str,
         redactor: Redactor | None = None,
@@ -104,7 +108,7 @@ class RecorderObserver(BaseObserver):
         self.token_ids = token_ids
         self.errors = 0
         """Frames or calls the recorder failed to handle (the call itself went on)."""
-        self._writer: LedgerWriter = writer_for(ledger)
+        self._writer: LedgerWriter = acquire_writer(ledger)
         self._llms: list[BaseOpenAILLMService] = []
         self._demos: list[Any] = []
         self._turns: list[_Turn] = []
@@ -117,7 +121,16 @@ class RecorderObserver(BaseObserver):
         self._ended = False
         self._latency = UserBotLatencyObserver()
         self._latency.add_event_handler("on_latency_measured", self._on_latency_measured)
-        self._register_event_handler("on_turn_recorded")
+        self._events: set[asyncio.Task] = set()
+        compat.register_event(self, "on_turn_recorded")
+
+    @property
+    def dropped(self) -> int:
+        """Writes of this session that failed even after the ledger's retries."""
+        return self._writer.dropped(self.session_id)
+
+    def _submit(self, op: Any, what: str) -> None:
+        self._writer.submit(op, what, session_id=self.session_id)
 
     # -- wiring ------------------------------------------------------------------------------
 
@@ -142,7 +155,7 @@ class RecorderObserver(BaseObserver):
         # (which is before the processors have worked through what was queued ahead of it).
         worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
         record = self.session.record(self.session_id)
-        self._writer.submit(lambda ledger: ledger.add_session(record), f"session {self.session_id}")
+        self._submit(lambda ledger: ledger.add_session(record), f"session {self.session_id}")
 
     async def flush(self) -> None:
         """Wait until everything this recorder has seen is in the ledger."""
@@ -252,7 +265,7 @@ class RecorderObserver(BaseObserver):
             v2v_ms=turn.v2v_ms,
             interrupted=turn.interrupted,
         )
-        self._writer.submit(lambda ledger: ledger.put_latency(record), f"latency {turn.index}")
+        self._submit(lambda ledger: ledger.put_latency(record), f"latency {turn.index}")
 
     def _interrupt(self) -> None:
         if self._turns and self._turns[-1].speaking:
@@ -299,7 +312,17 @@ class RecorderObserver(BaseObserver):
             return
         turn.written = True
         record = self._turn_record(index, turn)
-        self._writer.submit(lambda ledger: ledger.add_turn(record), f"turn {index}")
+        self._submit(lambda ledger: ledger.add_turn(record), f"turn {index}")
+        self._fire_turn_recorded(record)
+
+    def _fire_turn_recorded(self, record: TurnRecord) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test driving the recorder by hand): nobody can be listening
+        task = loop.create_task(compat.call_event(self, "on_turn_recorded", record))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
 
     def _turn_record(self, index: int, turn: _Turn) -> TurnRecord:
         call = turn.call
@@ -364,7 +387,7 @@ class RecorderObserver(BaseObserver):
             started_at=started_at,
             duration_ms=(at - started_at) * 1000,
         )
-        self._writer.submit(lambda ledger: ledger.add_tool_call(record), f"tool call {name}")
+        self._submit(lambda ledger: ledger.add_tool_call(record), f"tool call {name}")
 
     async def _on_pipeline_finished(self, _worker: Any, frame: Any) -> None:
         try:
@@ -385,13 +408,19 @@ class RecorderObserver(BaseObserver):
             self._write_latency(self._user_turn)
         session_id, policy, ended_at = self.session_id, self._policy, time.time()
         outcome = "cancelled" if cancelled else "completed"
+        writer = self._writer
 
         def end(ledger: Ledger) -> None:
-            ledger.end_session(session_id, ended_at=ended_at, outcome=outcome)
+            # counted when this runs, so every write queued before it is in the count
+            counts = {"errors": self.errors, "dropped_writes": writer.dropped(session_id)}
+            ledger.end_session(
+                session_id, ended_at=ended_at, outcome=outcome, metadata_update={"recorder": counts}
+            )
             if policy is not None:
                 ledger.update_session(session_id, policy=policy)
 
-        self._writer.submit(end, f"end of session {session_id}")
+        self._submit(end, f"end of session {session_id}")
+        writer.release()
 
 
 _WATCHED = (
@@ -423,7 +452,7 @@ def _processors(root: FrameProcessor, kind: type) -> list[Any]:
         processor = stack.pop()
         if isinstance(processor, kind):
             found.append(processor)
-        stack.extend(processor.processors)
+        stack.extend(compat.child_processors(processor))
     return found
 
 
@@ -452,7 +481,7 @@ async def install(
         session = session or SessionInfo()
         session_id = session.call_id or new_call_id()
     if not isinstance(ledger, Ledger):
-        ledger = Ledger.open(ledger)
+        ledger = resolve_ledger_path(ledger)  # the file's one writer opens it (once per process)
     recorder = RecorderObserver(
         ledger=ledger,
         session=session,

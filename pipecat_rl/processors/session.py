@@ -5,6 +5,8 @@ A live bot gets a generated call id; the simulator and the gate wrap each episod
 tree) records into the given ledger under the given labels.
 """
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,10 +44,22 @@ class SessionInfo(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def record(self, session_id: str) -> SessionRecord:
-        """The session row this info starts."""
-        return SessionRecord(
-            id=session_id, started_at=time.time(), **self.model_dump(exclude={"call_id"})
-        )
+        """The session row this info starts, naming the process that writes it.
+
+        The writer (pid, host, process start) is how a later `Ledger` open tells a session
+        whose process died from one still in progress (`Ledger.reconcile_open_sessions`).
+        """
+        fields = self.model_dump(exclude={"call_id"})
+        fields["metadata"] = {**fields["metadata"], "writer": writer_identity()}
+        return SessionRecord(id=session_id, started_at=time.time(), **fields)
+
+
+def writer_identity() -> dict[str, Any]:
+    """This process as a session's writer: pid, host and the process's start time."""
+    from pipecat_rl.ledger.store import process_started
+
+    pid = os.getpid()
+    return {"pid": pid, "host": socket.gethostname(), "started": process_started(pid)}
 
 
 def new_call_id() -> str:
@@ -66,6 +80,11 @@ class RecordingHandle:
         """Wait until everything recorded in this context is in the ledger."""
         for recorder in self.recorders:
             await recorder.flush()
+
+    @property
+    def dropped(self) -> int:
+        """Recorder writes of this session that failed even after the ledger's retries."""
+        return sum(recorder.dropped for recorder in self.recorders)
 
 
 _current: ContextVar[RecordingHandle | None] = ContextVar("pipecat_rl_recording", default=None)

@@ -5,20 +5,43 @@ transport pair, executes its tool calls against a fresh world per episode, verif
 after the call, and writes every episode to the ledger with its reward parts and labels.
 """
 
-from pipecat_rl.simulator.botloader import BotEntry, SimulationRunnerArguments, load_bot
-from pipecat_rl.simulator.rewards import FAILURE_LABELS, pass_hat_k
-from pipecat_rl.simulator.runner import (
-    EpisodeResult,
-    ScenarioSummary,
-    SimulationConfig,
-    SimulationReport,
-    run_episode,
-    simulate,
-)
-from pipecat_rl.simulator.scenario import Scenario, ScenarioSet, load_scenarios
-from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
-from pipecat_rl.simulator.transport import LocalTransportPair
-from pipecat_rl.simulator.world import ToolError, ToolExecution, World, WorldPack
+import importlib
+from typing import Any
+
+# Names resolve lazily (PEP 562): scenario files load without importing Pipecat, so CLI verbs
+# that only read scenarios (and `pipecat-rl ledger ...`) start fast.
+_EXPORTS = {
+    "BotEntry": "botloader",
+    "SimulationRunnerArguments": "botloader",
+    "load_bot": "botloader",
+    "FAILURE_LABELS": "rewards",
+    "pass_hat_k": "rewards",
+    "EpisodeResult": "runner",
+    "ScenarioSummary": "runner",
+    "SimulationConfig": "runner",
+    "SimulationReport": "runner",
+    "run_episode": "runner",
+    "simulate": "runner",
+    "Scenario": "scenario",
+    "ScenarioSet": "scenario",
+    "load_scenarios": "scenario",
+    "ScriptedLLMService": "scripted",
+    "ScriptedReply": "scripted",
+    "LocalTransportPair": "transport",
+    "ToolError": "world",
+    "ToolExecution": "world",
+    "World": "world",
+    "WorldPack": "world",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipecat_rl.simulator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"pipecat_rl.simulator.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FAILURE_LABELS",
@@ -43,3 +66,7 @@ __all__ = [
     "run_episode",
     "simulate",
 ]
+
+
+def __dir__() -> list[str]:
+    return __all__

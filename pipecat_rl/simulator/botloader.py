@@ -62,7 +62,9 @@ from pipecat.services.openai.responses.llm import (
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
 
+from pipecat_rl import compat
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.world import World
 
 PLACEHOLDER_KEYS = (
@@ -145,20 +147,15 @@ def _replace(
 ) -> None:
     """Replace each processor of `pipeline` (nested too) that `swap` gives a substitute for."""
     if not isinstance(pipeline, Pipeline):
-        for child in pipeline.processors:
+        for child in compat.child_processors(pipeline):
             _replace(child, swap)
         return
-    processors = pipeline._processors  # Pipecat keeps the chain here; we relink it below
-    changed = False
-    for i, processor in enumerate(processors):
+    for i, processor in enumerate(compat.pipeline_chain(pipeline)):
         substitute = swap(processor)
         if substitute is not None:
-            processors[i] = substitute
-            changed = True
+            compat.replace_processor(pipeline, i, substitute)
         else:
             _replace(processor, swap)
-    if changed:
-        pipeline._link_processors()
 
 
 def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
@@ -175,7 +172,7 @@ def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
 
 def _processors(root: FrameProcessor) -> Iterator[FrameProcessor]:
     yield root
-    for child in root.processors:
+    for child in compat.child_processors(root):
         yield from _processors(child)
 
 
@@ -227,7 +224,7 @@ def refusal(processor: LLMService, llm_url: str | None) -> str | None:
     """Why `processor` cannot run in a simulation, or None when it can (see `point_llm`)."""
     name = type(processor).__name__
     redirectable = isinstance(processor, (BaseOpenAILLMService, *_RESPONSES))
-    client = getattr(processor, "_client", None)
+    client = compat.llm_client(processor, None)
     redirectable = redirectable or isinstance(client, openai.AsyncOpenAI)
     realtime = isinstance(processor, WebsocketLLMService) and not isinstance(
         processor, OpenAIResponsesLLMService
@@ -258,11 +255,12 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
     if isinstance(processor, OpenAIResponsesLLMService):
         # vLLM serves the Responses API over HTTP, not the WebSocket this variant opens: the
         # instance (its functions, handlers and the references a bot or Flows holds) stays.
-        processor.__class__ = OpenAIResponsesHttpLLMService
+        compat.switch_class(processor, OpenAIResponsesHttpLLMService)
+    key = client_api_key()
     if isinstance(processor, _RESPONSES):
-        processor._api_key = "none"
-    processor._client = openai.AsyncOpenAI(api_key="none", base_url=episode.llm_url)
-    settings = processor._settings
+        compat.set_responses_api_key(processor, key)
+    compat.set_llm_client(processor, openai.AsyncOpenAI(api_key=key, base_url=episode.llm_url))
+    settings = compat.llm_settings(processor)
     if episode.model:
         settings.model = episode.model
     capped = isinstance(getattr(settings, "max_tokens", None), int) or isinstance(

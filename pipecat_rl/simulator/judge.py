@@ -27,6 +27,7 @@ from pipecat.evals.simulation_judge import EvalSimulationJudge, EvalSimulationJu
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import ConfigError
+from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.scenario import Scenario
 from pipecat_rl.simulator.transport import Line
 
@@ -109,7 +110,7 @@ def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
 def judge_service(endpoint: Endpoint) -> OpenAILLMService:
     """An OpenAI-compatible service on `endpoint`, deterministic (temperature 0)."""
     return OpenAILLMService(
-        api_key="none",
+        api_key=client_api_key(),
         base_url=endpoint.url,
         settings=OpenAILLMService.Settings(
             model=endpoint.model, temperature=0.0, extra=dict(endpoint.extra)

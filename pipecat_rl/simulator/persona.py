@@ -31,6 +31,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.scenario import Scenario, Script
 from pipecat_rl.simulator.scripted import (
@@ -131,7 +132,7 @@ def persona_llm(
             "the LLM persona needs an LLM server: pass --llm-url (or --persona-llm-url)"
         )
     return OpenAILLMService(
-        api_key="none",
+        api_key=client_api_key(),
         base_url=endpoint.url,
         settings=OpenAILLMService.Settings(
             model=endpoint.model,

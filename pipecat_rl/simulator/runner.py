@@ -28,7 +28,7 @@ from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.ledger.store import NotInLedgerError
@@ -71,7 +71,7 @@ SHUTDOWN_GRACE_S = 5.0
 PREFLIGHT_TIMEOUT_S = 30.0
 """How long the pre-flight run waits for the bot to set its pipeline up."""
 
-Outcome = Literal["pass", "fail", "unverified", "error"]
+Outcome = Literal["pass", "fail", "unverified", "error", "not_run"]
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,10 @@ class EpisodeResult:
 
     @property
     def passed(self) -> bool | None:
-        """Whether the authoritative part passed (`ledger.outcome`); None when unverified."""
-        return None if self.outcome in ("unverified", "error") else self.outcome == "pass"
+        """Whether the authoritative part passed (`ledger.outcome`); None when it did not run."""
+        if self.outcome in ("unverified", "error", "not_run"):
+            return None
+        return self.outcome == "pass"
 
     @property
     def latencies_ms(self) -> list[float]:
@@ -374,7 +376,12 @@ async def run_episode(
         await _stop(persona_task, [])
         await handle.flush()
         recorded = ledger.tool_calls(handle.session_id)
-        if bot_task.done() and not bot_task.cancelled() and bot_task.exception():
+        if handle.dropped:  # the call ran, but the ledger does not hold all of it
+            result.error = (
+                f"{handle.dropped} recorder write(s) to the ledger failed (locked or full?): "
+                "this session is not fully written"
+            )
+        elif bot_task.done() and not bot_task.cancelled() and bot_task.exception():
             error = bot_task.exception()
             result.error = f"the bot raised {type(error).__name__}: {error}"
         elif episode.refused:
@@ -410,7 +417,11 @@ async def run_episode(
     result.labels = failure_labels(evidence)
     result.outcome = "error" if result.error else passed_outcome(result.reward_parts)
     result.duration_s = time.monotonic() - started
-    _write(ledger, info, result)
+    try:
+        _write(ledger, info, result)
+    except LedgerError as e:  # after the ledger's own retries: the run must not say "pass"
+        result.outcome = "error"
+        result.error = f"the ledger could not record this episode ({e}): it is not fully written"
     return result
 
 
@@ -496,6 +507,8 @@ def summarise(episodes: list[EpisodeResult]) -> list[ScenarioSummary]:
     """Per-scenario pass rate, mean reward, latency quantiles, labels and pass^k (k = runs)."""
     by_scenario: dict[str, list[EpisodeResult]] = {}
     for e in episodes:
+        if e.outcome == "not_run":
+            continue  # never started: no figure to count it in
         by_scenario.setdefault(e.scenario_id, []).append(e)
     out = []
     for scenario_id, runs in by_scenario.items():
@@ -532,16 +545,25 @@ class SimulationReport:
         """Per-scenario figures."""
         return summarise(self.episodes)
 
+    server_gone: str | None = None
+    """Why episodes were not run: the LLM server stopped answering mid-run."""
+
     @property
     def harness_errors(self) -> int:
         """Episodes the harness could not run to the end."""
         return sum(1 for e in self.episodes if e.outcome == "error")
+
+    @property
+    def not_run(self) -> int:
+        """Episodes never started because the LLM server was gone."""
+        return sum(1 for e in self.episodes if e.outcome == "not_run")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (the CLI's --json)."""
         return {
             "heldout_set_id": self.heldout_set_id,
             "wall_s": round(self.wall_s, 3),
+            "server_gone": self.server_gone,
             "episodes": [
                 {
                     "session_id": e.session_id,
@@ -584,16 +606,26 @@ async def simulate(
         for repeat in range(config.repeats or scenario.runs)
     ]
 
+    gone: list[str] = []  # set once the LLM server stops answering: start nothing more
+
     async def one(scenario: Scenario, repeat: int) -> EpisodeResult:
         async with gate:
-            result = await run_episode(
-                scenario,
-                bot,
-                config,
-                ledger,
-                repeat=repeat,
-                heldout_set_id=scenarios.heldout_set_id,
-            )
+            if gone:
+                result = _not_run(scenario, repeat, config)
+            else:
+                result = await run_episode(
+                    scenario,
+                    bot,
+                    config,
+                    ledger,
+                    repeat=repeat,
+                    heldout_set_id=scenarios.heldout_set_id,
+                )
+                if result.outcome == "error" and not gone and config.llm_url:
+                    reason = await server_gone(config.llm_url)
+                    if reason and not gone:
+                        gone.append(reason)
+                        logger.error(f"{reason}: starting no more episodes")
         if on_episode is not None:
             on_episode(result)
         return result
@@ -607,7 +639,36 @@ async def simulate(
         episodes=list(episodes),
         heldout_set_id=scenarios.heldout_set_id,
         wall_s=time.monotonic() - started,
+        server_gone=gone[0] if gone else None,
     )
+
+
+def _not_run(scenario: Scenario, repeat: int, config: SimulationConfig) -> EpisodeResult:
+    """An episode never started (no session is written: nothing happened to record)."""
+    return EpisodeResult(
+        scenario_id=scenario.id,
+        split=scenario.split,
+        repeat=repeat,
+        seed=episode_seed(config.seed, scenario.id, repeat),
+        session_id="",
+        outcome="not_run",
+        error="not run: the LLM server was gone",
+    )
+
+
+async def server_gone(llm_url: str) -> str | None:
+    """Why the LLM server at `llm_url` cannot serve (None while it answers at all)."""
+    import httpx
+
+    from pipecat_rl.serving import VLLMAdmin
+
+    admin = VLLMAdmin(llm_url, timeout=5.0)
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            await client.get(f"{admin.root}/v1/models", headers=admin.headers)
+    except httpx.HTTPError as e:
+        return f"the LLM server at {admin.root} stopped answering ({type(e).__name__})"
+    return None
 
 
 def setup_files() -> list[Path]:

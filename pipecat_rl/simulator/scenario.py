@@ -40,15 +40,20 @@ from typing import Any, Literal
 
 import yaml
 from loguru import logger
-from pipecat.utils.yaml import include_loader
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
 from pipecat_rl.simulator import heldout
 from pipecat_rl.simulator.heldout import HELDOUT, POOL
+from pipecat_rl.simulator.yaml_safe import load_yaml, read_text
 
 SCENARIO_SCHEMA_VERSION = 1
 """Bumped when the meaning of a scenario field changes (part of every scenario's hash)."""
+
+MAX_RUNS = 1000
+"""Most runs of one scenario (`runs:`, `--repeats`): more is a typo, not an experiment."""
+MAX_TURNS = 500
+"""Most turns one simulated call may take (`max_turns:`)."""
 
 
 class _Model(BaseModel):
@@ -214,10 +219,10 @@ class Scenario(_Model):
     context: list[dict[str, Any]] | None = None
     stop_on_failure: bool | None = None
     metrics: list[Metric] = Field(default_factory=list)
-    max_turns: int = Field(default=20, ge=1)
+    max_turns: int = Field(default=20, ge=1, le=MAX_TURNS)
     max_duration_s: float = Field(default=300.0, gt=0)
     max_silence_s: float = Field(default=30.0, gt=0)
-    runs: int = Field(default=1, ge=1)
+    runs: int = Field(default=1, ge=1, le=MAX_RUNS)
     simulator: dict[str, Any] = Field(default_factory=dict)
     user: dict[str, Any] | None = None
     judge: dict[str, Any] | None = None
@@ -308,25 +313,8 @@ _Loader.add_implicit_resolver(
 
 
 def _parse(path: Path) -> tuple[Any, yaml.Node | None]:
-    """The file's data and its node tree (for line numbers)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot read the scenario file ({e})") from e
-    loader = include_loader(path.parent, base=_Loader)(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ScenarioError(f"{path}:{where}: invalid YAML: {problem}") from e
-    except OSError as e:
-        raise ScenarioError(f"{path}: an !include cannot be read ({e})") from e
-    finally:
-        loader.dispose()
-    return data, node
+    """The file's data and its node tree (for line numbers), within `yaml_safe`'s limits."""
+    return load_yaml(path, _Loader)
 
 
 def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
@@ -347,13 +335,27 @@ def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 
 def _explain(path: Path, node: yaml.Node | None, error: ValidationError, prefix: tuple) -> str:
     problems = []
-    for item in error.errors():
+    items = error.errors()
+    # `Persona:` for `persona:` is one mistake, not two: name the spelling, not the gap
+    misspelt = {
+        (*i["loc"][:-1], str(i["loc"][-1]).lower())
+        for i in items
+        if i["type"] == "extra_forbidden" and i["loc"] and str(i["loc"][-1]).lower() != i["loc"][-1]
+    }
+    for item in items:
         loc = tuple(item["loc"])
+        if item["type"] == "missing" and loc in misspelt:
+            continue
         field = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
         line = _line(node, (*prefix, *loc))
         reason = item["msg"]
         if item["type"] == "extra_forbidden":
-            reason = "unknown field (check its spelling; see pipecat_rl.simulator.scenario)"
+            lowered = (*loc[:-1], str(loc[-1]).lower()) if loc else loc
+            reason = (
+                f"unknown field: did you mean '{lowered[-1]}'? (field names are lower case)"
+                if lowered in misspelt
+                else "unknown field (check its spelling; see pipecat_rl.simulator.scenario)"
+            )
         elif item["type"] == "missing":
             reason = "required field is missing"
         problems.append(f"{path}:{f' line {line}:' if line else ''} {field}: {reason}")
@@ -417,14 +419,16 @@ def _files(target: Path) -> list[Path]:
 def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
     """Load scenario files and folders (recursively, *.yaml / *.yml) into one set.
 
-    Fragments a file `!include`s (YAML mappings without `persona`/`scenarios`) are skipped.
+    Fragments a file `!include`s (YAML mappings without `persona`/`scenarios`) are skipped;
+    any other file without them is an error or a warning (`_skip_fragment`).
     """
     scenarios: list[Scenario] = []
     heldout_files: list[Path] = []
     skipped: list[str] = []
     for target in targets:
-        for f in _files(Path(target)):
-            if Path(target).is_dir() and _is_fragment(f):
+        files = _files(Path(target))
+        for f in files:
+            if Path(target).is_dir() and _is_fragment(f) and _skip_fragment(f, files):
                 continue
             try:
                 loaded = load_scenario_file(f)
@@ -450,7 +454,39 @@ def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
 
 def _is_fragment(path: Path) -> bool:
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), _Loader)
-    except (yaml.YAMLError, OSError):
+        data, _ = _parse(path)
+    except ScenarioError:
         return False  # loading it reports the error
     return isinstance(data, dict) and not {"persona", "scenarios", "turns"} & set(data)
+
+
+_INCLUDE = re.compile(r"!include\s+[\"']?([^\s\"'#]+)")
+_SCENARIO_KEYS = {
+    "name", "persona", "goal", "success", "max_turns", "runs", "scenarios", "verify", "turns",
+}  # fmt: skip
+
+
+def _skip_fragment(path: Path, files: list[Path]) -> bool:
+    """Whether a file without `persona:` in a folder is skipped: yes if a scenario includes it.
+
+    One that looks like a scenario (`name:`, `goal:`, `Persona:`...) is loaded so that its
+    missing field is reported; any other is skipped with a warning naming it, so a held-out
+    folder never shrinks without a word.
+    """
+    for other in files:
+        if other == path:
+            continue
+        try:
+            text = read_text(other)
+        except ScenarioError:
+            continue
+        if any((other.parent / m).resolve() == path.resolve() for m in _INCLUDE.findall(text)):
+            return True
+    data, _ = _parse(path)
+    if {str(k).lower() for k in data} & _SCENARIO_KEYS:
+        return False
+    logger.warning(
+        f"{path}: skipped: not a scenario (no 'persona:', 'turns:' or 'scenarios:') and no "
+        "scenario file in the folder includes it"
+    )
+    return True

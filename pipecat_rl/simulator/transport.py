@@ -46,6 +46,8 @@ from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 from pipecat.utils.time import time_now_iso8601
 
+from pipecat_rl import compat
+
 Speaker = Literal["caller", "agent"]
 EndReason = Literal[
     "caller_hung_up", "agent_hung_up", "max_turns", "silence", "max_duration", "error"
@@ -296,7 +298,7 @@ class AgentInput(_PairInput):
 
     async def _read(self):
         await self._pair.caller_connected.wait()
-        await self._transport._call_event_handler("on_client_connected", CLIENT_ID)
+        await compat.call_event(self._transport, "on_client_connected", CLIENT_ID)
         if self._pair.send_client_ready:
             await self.push_frame(InputTransportMessageFrame(message=_client_ready()))
         if self._pair.agent_context is not None:
@@ -304,7 +306,7 @@ class AgentInput(_PairInput):
         while True:
             text = await self._side.queue.get()
             if text is None:
-                await self._transport._call_event_handler("on_client_disconnected", CLIENT_ID)
+                await compat.call_event(self._transport, "on_client_disconnected", CLIENT_ID)
                 return
             # As Pipecat's send-text does: let the agent's last reply land in its context
             # before the new user message is appended.
@@ -351,8 +353,8 @@ class AgentTransport(BaseTransport):
         self.pair = pair
         self._input = AgentInput(self, pair, name=self._input_name)
         self._output = AgentOutput(pair, name=self._output_name)
-        self._register_event_handler("on_client_connected")
-        self._register_event_handler("on_client_disconnected")
+        compat.register_event(self, "on_client_connected")
+        compat.register_event(self, "on_client_disconnected")
 
     def input(self) -> AgentInput:
         """The agent's input processor."""

@@ -20,14 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipecat_rl.errors import ScenarioError
+from pipecat_rl.errors import ScenarioError, ToolError
 from pipecat_rl.simulator.scenario import Check, Fault, Scenario, Where
 
 ToolFn = Callable[..., Any]
-
-
-class ToolError(Exception):
-    """Raised by a tool implementation for a failure the agent should hear about."""
 
 
 @dataclass(frozen=True)

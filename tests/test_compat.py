@@ -1,0 +1,107 @@
+"""One test per reliance on a private Pipecat name (`pipecat_rl.compat`): an upgrade that renames
+one fails here, by name, rather than somewhere inside a simulation or a recorded call."""
+
+import asyncio
+import inspect
+
+import pytest
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.frame_processor import FrameProcessor
+from pipecat.services.openai.base_llm import BaseOpenAILLMService
+from pipecat.services.openai.llm import OpenAILLMService
+
+from pipecat_rl import compat
+
+
+def _llm(url: str = "http://127.0.0.1:9/v1", key: str = "k") -> OpenAILLMService:
+    return OpenAILLMService(
+        api_key=key, base_url=url, settings=OpenAILLMService.Settings(model="base")
+    )
+
+
+def test_pipeline_processor_lists_and_relinking():
+    a, b, c = FrameProcessor(), FrameProcessor(), FrameProcessor()
+    pipeline = Pipeline([a, b])
+    chain = compat.pipeline_chain(pipeline)
+    assert chain[1:-1] == [a, b]  # Pipecat's own source and sink around ours
+    assert compat.child_processors(pipeline) == chain
+    compat.replace_processor(pipeline, 2, c)
+    assert compat.pipeline_chain(pipeline)[1:-1] == [a, c]
+    assert a.next is c and c.previous is a and c.next is chain[-1]  # relinked in place
+
+
+def test_llm_client_base_url_and_key():
+    llm = _llm("http://127.0.0.1:9/v1", "k-1")
+    assert compat.llm_base_url(llm) == "http://127.0.0.1:9/v1"
+    assert compat.llm_api_key(llm) == "k-1"
+    assert (
+        compat.llm_client(llm).base_url
+        == llm.create_client(api_key="x", base_url="http://127.0.0.1:9/v1").base_url
+    )
+
+
+def test_redirect_llm_swaps_the_client_it_sends_with():
+    llm = _llm("http://127.0.0.1:9/v1", "old")
+    compat.redirect_llm(llm, base_url="http://127.0.0.1:7/v1", api_key="new")
+    assert compat.llm_base_url(llm) == "http://127.0.0.1:7/v1"
+    assert compat.llm_api_key(llm) == "new"
+
+
+def test_llm_settings_are_the_live_object_requests_are_built_from():
+    llm = _llm()
+    compat.llm_settings(llm).model = "adapter-v3"
+    compat.llm_settings(llm).max_tokens = 7
+    assert llm.settings.model == "adapter-v3"
+    source = inspect.getsource(BaseOpenAILLMService.build_chat_completion_params)
+    assert "self._settings" in source  # what we change is what the request is built from
+
+
+async def test_register_and_call_our_own_events():
+    processor = FrameProcessor()
+    compat.register_event(processor, "on_something")
+    seen, fired = [], asyncio.Event()
+
+    @processor.event_handler("on_something")
+    async def handler(obj, value):
+        seen.append((obj, value))
+        fired.set()
+
+    await compat.call_event(processor, "on_something", 42)  # handlers run as their own tasks
+    await asyncio.wait_for(fired.wait(), 5)
+    assert seen == [(processor, 42)]
+
+
+def test_stream_methods_are_looked_up_on_the_instance_per_request():
+    # The tee replaces both on the instance; it works only while Pipecat's streaming path calls
+    # `self.build_chat_completion_params` from `get_chat_completions`, and the frame-processing
+    # path calls `self.get_chat_completions`.
+    for name in compat.STREAM_METHODS:
+        assert callable(getattr(BaseOpenAILLMService, name))
+    get = inspect.getsource(BaseOpenAILLMService.get_chat_completions)
+    assert "self.build_chat_completion_params(" in get
+    service = inspect.getsource(BaseOpenAILLMService)
+    assert "await self.get_chat_completions(" in service
+    llm = _llm()
+    compat.replace_method(llm, "get_chat_completions", lambda original: "replaced")
+    assert llm.get_chat_completions == "replaced"
+    assert _llm().get_chat_completions != "replaced"  # the class is untouched
+    with pytest.raises(ValueError, match="not a method"):
+        compat.replace_method(llm, "process_frame", lambda original: original)
+
+
+def test_a_responses_service_turns_into_its_http_sibling_with_our_key_and_client():
+    import openai
+    from pipecat.services.openai.responses.llm import (
+        OpenAIResponsesHttpLLMService,
+        OpenAIResponsesLLMService,
+    )
+
+    llm = OpenAIResponsesLLMService(api_key="cloud-key")
+    assert compat.llm_client(FrameProcessor(), None) is None  # not an OpenAI-client service
+    compat.switch_class(llm, OpenAIResponsesHttpLLMService)
+    assert isinstance(llm, OpenAIResponsesHttpLLMService)
+    compat.set_responses_api_key(llm, "local")
+    assert llm._api_key == "local"
+    client = openai.AsyncOpenAI(api_key="local", base_url="http://127.0.0.1:9/v1")
+    compat.set_llm_client(llm, client)
+    assert compat.llm_client(llm) is client

@@ -1,0 +1,72 @@
+"""The one error tree: every exception pipecat-rl defines sits in it, and no branch is unused."""
+
+import ast
+import inspect
+from pathlib import Path
+
+from pipecat_rl import errors
+from pipecat_rl.cli.common import EXIT_FAILURE, exit_code_for
+
+PKG = Path(errors.__file__).parent
+
+
+def _tree() -> dict[str, type]:
+    return {
+        name: cls
+        for name, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.PipecatRLError)
+    }
+
+
+def test_every_exception_the_package_defines_is_in_the_tree():
+    strays = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                getattr(b, "id", getattr(b, "attr", "")).endswith(("Error", "Exception"))
+                for b in node.bases
+            ):
+                bases = [getattr(b, "id", getattr(b, "attr", "")) for b in node.bases]
+                if path.name != "errors.py" and not set(bases) & set(_tree()):
+                    strays.append(f"{path.relative_to(PKG)}: {node.name}({', '.join(bases)})")
+    assert strays == []
+
+
+def test_no_branch_of_the_tree_is_unused_and_each_is_drawn():
+    source = "\n".join(p.read_text() for p in PKG.rglob("*.py") if p.name != "errors.py")
+    for name in _tree():
+        if name == "PipecatRLError" or (
+            name == "TrainingError" and not (PKG / "training").is_dir()
+        ):
+            continue  # the root is caught, not raised; training raises TrainingError
+        assert name in source, f"{name} is never raised or caught: remove it"
+        assert name in errors.__doc__, f"{name} is missing from the tree drawn in errors.py"
+
+
+def test_every_branch_has_a_documented_exit_code():
+    from pipecat_rl.cli import common
+
+    documented = {v for k, v in vars(common).items() if k.startswith("EXIT_")}
+    for cls in _tree().values():
+        assert exit_code_for(cls("x")) in documented
+    assert exit_code_for(RuntimeError("bug")) == EXIT_FAILURE
+
+
+def test_an_unexpected_error_is_one_line_and_70_unless_asked_for_the_traceback(monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+    from pipecat_rl.cli import models as models_cli
+
+    def broken(*_: object) -> dict:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(models_cli, "PACKAGED_MODELS", type("M", (), {"items": broken})())
+    quiet = CliRunner().invoke(app, ["models", "list"])
+    assert quiet.exit_code == EXIT_FAILURE
+    assert quiet.stderr.strip().splitlines() == [
+        "error: unexpected RuntimeError: a bug; run with -vv for the traceback (please report it)"
+    ]
+    loud = CliRunner().invoke(app, ["-vv", "models", "list"])
+    assert loud.exit_code == EXIT_FAILURE
+    assert "Traceback" in loud.stderr and "a bug" in loud.stderr
