@@ -14,6 +14,8 @@ from pipecat_rl.training.opsd import opsd_row, session_hint
 from pipecat_rl.training.rows import TrainableTurn
 from tests.train_helpers import sample_turn, tiny_llama
 
+pytestmark = pytest.mark.slow  # trains a tiny model many times (~45 s on 2 cores), no vLLM
+
 
 @pytest.fixture(scope="module")
 def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
