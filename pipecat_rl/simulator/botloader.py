@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loguru import logger
+from pipecat.observers.base_observer import BaseObserver
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameProcessor
@@ -84,6 +85,11 @@ class Episode:
     """Pipeline errors (ErrorFrames) the bot's workers reported."""
     bypassed: list[str] = field(default_factory=list)
     redirected: list[str] = field(default_factory=list)
+    speech_swap: "Callable[[FrameProcessor], SpeechSwap] | None" = None
+    """Audio mode (`bypass_speech` off): given a worker's pipeline, keeps or stands in for each
+    of its STT/TTS services."""
+    observers: list[BaseObserver] = field(default_factory=list)
+    """Added to every bot worker of the episode (audio mode: what the agent's STT heard)."""
 
 
 _episode: ContextVar[Episode | None] = ContextVar("pipecat_rl_episode", default=None)
@@ -111,22 +117,35 @@ class BypassedService(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
-    """Replace STT and TTS services in `pipeline` (and nested pipelines) by pass-throughs."""
+SpeechSwap = Callable[[FrameProcessor], list[FrameProcessor]]
+"""What stands where an STT or TTS service stood (audio mode: itself, or a stand-in)."""
+
+
+def _bypass(processor: FrameProcessor) -> list[FrameProcessor]:
+    return [BypassedService(processor)]
+
+
+def _bypass_speech(
+    pipeline: FrameProcessor, episode: Episode, swap: SpeechSwap = _bypass
+) -> None:
+    """Replace STT and TTS services in `pipeline` (and nested pipelines) by `swap`'s output."""
     if not isinstance(pipeline, Pipeline):
         for child in pipeline.processors:
-            _bypass_speech(child, episode)
+            _bypass_speech(child, episode, swap)
         return
     processors = pipeline._processors  # Pipecat keeps the chain here; we relink it below
-    changed = False
-    for i, processor in enumerate(processors):
+    chain: list[FrameProcessor] = []
+    for processor in processors:
         if isinstance(processor, (STTService, TTSService)):
-            processors[i] = BypassedService(processor)
-            episode.bypassed.append(type(processor).__name__)
-            changed = True
+            replacement = swap(processor)
+            if replacement != [processor]:
+                episode.bypassed.append(type(processor).__name__)
+            chain.extend(replacement)
         else:
-            _bypass_speech(processor, episode)
-    if changed:
+            _bypass_speech(processor, episode, swap)
+            chain.append(processor)
+    if chain != processors:
+        processors[:] = chain
         pipeline._link_processors()
 
 
@@ -166,6 +185,10 @@ async def prepare_worker(worker: PipelineWorker) -> None:
     worker.add_event_handler("on_pipeline_error", error_recorder(episode.errors))
     if episode.bypass_speech:
         _bypass_speech(worker.pipeline, episode)
+    elif episode.speech_swap is not None:
+        _bypass_speech(worker.pipeline, episode, episode.speech_swap(worker.pipeline))
+    for observer in episode.observers:
+        worker.add_observer(observer)
     for processor in _processors(worker.pipeline):
         if isinstance(processor, BaseOpenAILLMService) and episode.llm_url:
             processor._client = processor.create_client(api_key="none", base_url=episode.llm_url)
@@ -183,7 +206,7 @@ async def prepare_worker(worker: PipelineWorker) -> None:
             for name in episode.world.tools:
                 processor.register_function(name, handler)
     if episode.bypassed:
-        logger.debug(f"simulator: bypassed {', '.join(episode.bypassed)} (text mode)")
+        logger.debug(f"simulator: replaced {', '.join(episode.bypassed)}")
 
 
 _environment_users = 0

@@ -23,7 +23,7 @@ from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
+from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
 from pipecat_rl.simulator import setup_file
@@ -65,7 +65,11 @@ class SimulationConfig:
     persona: PersonaKind = "llm"
     """The LLM persona (default), or the scenarios' `script:` rules."""
     persona_model: str = "base"
-    mode: Literal["text"] = "text"
+    mode: Literal["text", "audio"] = "text"
+    """Text lines, or speech over a paced audio call (see `simulator.audio`)."""
+    stt: Literal["whisper", "deepgram"] | None = None
+    tts: Literal["piper", "cartesia"] | None = None
+    """Audio mode: the speech services chosen over the scenarios' `channel` (None: theirs)."""
     judge_model: str = "base"
     """The served model that grades judged metrics (a scenario's `metrics` with a criterion)."""
     source: Literal["simulate", "gate"] = "simulate"
@@ -101,6 +105,13 @@ class EpisodeResult:
     """The bot's speech services replaced by pass-throughs (text mode)."""
     redirected: list[str] = field(default_factory=list)
     """The bot's LLM services pointed at the served model."""
+    mode: Literal["text", "audio"] = "text"
+    speech: list[str] = field(default_factory=list)
+    """Audio mode: the bot's speech services stood in for, and a VAD added, if any."""
+    call_s: float | None = None
+    """Audio mode: how long the call ran on the wire (its real-time duration)."""
+    v2v_ms: dict[int, float] = field(default_factory=dict)
+    """Audio mode: the agent pipeline's own voice-to-voice figure per user turn."""
 
     @property
     def passed(self) -> bool | None:
@@ -203,17 +214,26 @@ async def run_episode(
     )
     world = World(scenario, seed=seed)
     noise = scenario.channel.asr_noise
-    pair = LocalTransportPair(
-        max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
-    )
     episode = Episode(
         world=world, llm_url=config.llm_url, model=model, max_tokens=config.max_tokens
     )
+    audio = None
+    if config.mode == "audio":  # audio mode: see simulator.audio (kept apart from text mode)
+        from pipecat_rl.simulator.audio.episode import AudioEpisode
+
+        audio = AudioEpisode.build(scenario, seed, stt=config.stt, tts=config.tts)
+        audio.adapt(episode)
+        pair: LocalTransportPair = audio.pair
+    else:
+        pair = LocalTransportPair(
+            max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
+        )
     try:
         caller_llm = persona_llm(
             scenario, config.persona, llm_url=config.llm_url, model=config.persona_model
         )
-        persona = build_persona_worker(scenario, pair, caller_llm)
+        stages = audio.persona_stages() if audio else None
+        persona = build_persona_worker(scenario, pair, caller_llm, stages)
         persona_errors: list[str] = []
         persona.add_event_handler("on_pipeline_error", error_recorder(persona_errors))
         persona_task = asyncio.create_task(_run_worker(persona))
@@ -244,6 +264,11 @@ async def run_episode(
     result.executions = list(world.executions)
     result.checks = world.verify()
     result.bypassed, result.redirected = episode.bypassed, episode.redirected
+    result.mode = config.mode
+    if audio is not None:
+        result.speech = audio.agent_speech.notes
+        result.call_s = audio.pair.audio_seconds
+        result.v2v_ms = dict(audio.pair.v2v_ms)
     world.close()
     if not episode.workers and result.error is None:
         result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
@@ -290,8 +315,12 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "redirected": result.redirected,
             "transcript": [vars(line) for line in result.transcript],
             "checks": [vars(c) for c in result.checks],
+            **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
         },
     )
+    recorded = {lat.user_turn: lat for lat in ledger.latencies(session_id)}
+    for latency in caller_side_latencies(result, recorded):
+        ledger.put_latency(latency)
     for name, value in result.reward_parts.items():
         detail: dict[str, Any] = {}
         if name == "verifier":
@@ -312,6 +341,32 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
                 state_diff={"world": execution.state_diff, "fault": execution.fault},
             )
         )
+
+
+def caller_side_latencies(
+    result: EpisodeResult, recorded: dict[int, LatencyRecord]
+) -> list[LatencyRecord]:
+    """Per user turn, what the caller lived through: the heard gap (audio) or the response gap.
+
+    User turn k is the agent's answer to the caller's k-th line (0-based), the numbering the
+    recorder uses; the greeting, which answers no caller line, has none. In audio mode the
+    agent's own v2v (Pipecat's observer) fills a turn the recorder left without one.
+    """
+    out, caller_lines = [], 0
+    for line in result.transcript:
+        if line.speaker == "caller":
+            caller_lines += 1
+        elif line.latency_ms is not None and caller_lines:
+            turn = caller_lines - 1
+            values: dict[str, float | None] = {"response_gap_ms": round(line.latency_ms, 3)}
+            if result.mode == "audio":
+                has_v2v = turn in recorded and recorded[turn].v2v_ms is not None
+                values = {
+                    "heard_gap_ms": values["response_gap_ms"],
+                    "v2v_ms": None if has_v2v else result.v2v_ms.get(turn),
+                }
+            out.append(LatencyRecord(session_id=result.session_id, user_turn=turn, **values))
+    return out
 
 
 # -- many episodes -----------------------------------------------------------------------------
@@ -431,6 +486,10 @@ async def simulate(
     started = time.monotonic()
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
+    if config.mode == "audio":  # so is a missing speech model or key (before any call starts)
+        from pipecat_rl.simulator.audio.episode import check_audio
+
+        check_audio(scenarios, stt=config.stt, tts=config.tts)
     gate = asyncio.Semaphore(max(1, config.concurrency))
     jobs = [
         (scenario, repeat)
