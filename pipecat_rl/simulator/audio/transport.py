@@ -40,6 +40,7 @@ from pipecat.frames.frames import (
     StartFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
+    TTSSpeakFrame,
     TTSStoppedFrame,
     TTSTextFrame,
     VADUserStartedSpeakingFrame,
@@ -416,9 +417,13 @@ class AudioCallerInput(_AudioInput):
     """The persona's ear: the agent's audio, as frames."""
 
     async def start(self, frame: StartFrame):
-        """Connect to the agent once the persona pipeline runs."""
+        """Connect to the agent once the persona pipeline runs; speak the opening line, if any."""
         await super().start(frame)
         self._pair.caller_connected.set()
+        if self._pair.caller_opening:
+            self._pair.caller_line(self._pair.caller_opening)
+            self._pair.caller_speaking = True
+            await self.push_frame(TTSSpeakFrame(self._pair.caller_opening, append_to_context=False))
 
 
 class AudioCallerOutput(BaseOutputTransport):

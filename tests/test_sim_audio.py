@@ -1,0 +1,116 @@
+"""Audio mode: offline Whisper + Piper, the paced local call, the caller-side heard gap.
+
+Each episode here is a real-time call of a few seconds, run through Pipecat pipelines on both
+sides (Silero VAD, smart-turn, Whisper tiny.en, Piper), so these tests are `slow`.
+"""
+
+import statistics
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import Ledger
+from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from tests import audio_bots
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
+BOTS = str(Path(audio_bots.__file__))
+AUDIO = SimulationConfig(persona="scripted", mode="audio", concurrency=1)
+
+
+@pytest.fixture
+def no_keys(monkeypatch):
+    for key in ("DEEPGRAM_API_KEY", "CARTESIA_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(key, raising=False)
+
+
+async def _simulate(paths, bot, ledger_path, config=AUDIO):
+    ledger = Ledger(ledger_path)
+    return await simulate(load_scenarios(paths), load_bot(bot), config, ledger), ledger
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_audio_clinic_episode_offline(tmp_path, no_keys):
+    report, ledger = await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db")
+    (episode,) = report.episodes
+    assert episode.error is None and episode.end_reason == "caller_hung_up"
+    assert episode.outcome == "pass"
+    assert (
+        episode.speech[:2]
+        == [
+            "DeepgramSTTService -> WhisperSTTService",
+            "added VADProcessor(SileroVADAnalyzer) before the STT",
+        ]
+        or "DeepgramSTTService -> WhisperSTTService" in episode.speech
+    )
+    session = ledger.session(episode.session_id)
+    transcript = session.metadata["transcript"]
+    callers = [x for x in transcript if x["speaker"] == "caller"]
+    agents = [x for x in transcript if x["speaker"] == "agent"]
+    assert callers and agents
+    # The agent's STT heard every caller line (Whisper text, not the persona's own).
+    assert all(x["heard"].strip() for x in callers)
+    assert "real person" in callers[0]["heard"].lower()
+    # The agent's spoken text (its TTS) and what the caller's Whisper made of it.
+    assert "bright smile" in agents[0]["text"].lower() and agents[0]["heard"].strip()
+    # A heard gap per agent turn that answers a caller line, in the ledger's latency rows.
+    answered = agents[1:]
+    assert all(x["latency_ms"] is not None and x["latency_ms"] > 0 for x in answered)
+    rows = ledger.latencies(session.id)
+    assert [r.heard_gap_ms for r in rows] == [
+        pytest.approx(x["latency_ms"], abs=0.01) for x in answered
+    ]
+    assert all(r.v2v_ms is not None and r.response_gap_ms is None for r in rows)
+    assert episode.call_s and episode.duration_s < 3 * episode.call_s + 10
+
+
+def _scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "delay.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            name: delay_probe
+            persona: A caller checking a booking.
+            goal: Check the booking, then hang up.
+            success: The agent answered.
+            max_turns: 4
+            script:
+              opening: I would like to check my booking.
+              rules:
+                - {when: ".", say: "Thank you very much.", times: 2}
+                - {when: ".", say: "Goodbye.", end_call: true}
+            """
+        )
+    )
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no_keys):
+    scenario = _scenario(tmp_path)
+    gaps, v2v = {}, {}
+    for name, entry in (("fast", f"{BOTS}:run_bot"), ("slow", f"{BOTS}:run_bot_delayed")):
+        report, ledger = await _simulate([scenario], entry, tmp_path / f"{name}.db")
+        (episode,) = report.episodes
+        assert episode.error is None, episode.error
+        rows = ledger.latencies(episode.session_id)
+        assert len(rows) >= 2, [vars(x) for x in episode.transcript]
+        assert all(r.heard_gap_ms is not None for r in rows)
+        gaps[name] = statistics.median(r.heard_gap_ms for r in rows)
+        v2v[name] = statistics.median(r.v2v_ms for r in rows if r.v2v_ms is not None)
+    moved = gaps["slow"] - gaps["fast"]
+    assert abs(moved - audio_bots.DELAY_S * 1000) <= 20.0, (gaps, v2v)
+    # The in-agent figure is reported beside it and sees the same delay (its own clock).
+    assert abs(v2v["slow"] - v2v["fast"] - audio_bots.DELAY_S * 1000) <= 40.0, (gaps, v2v)
+
+
+async def test_a_keyed_service_without_its_key_is_a_clear_error(tmp_path, no_keys):
+    config = SimulationConfig(persona="scripted", mode="audio", stt="deepgram")
+    with pytest.raises(ConfigError, match="DEEPGRAM_API_KEY"):
+        await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db", config)
