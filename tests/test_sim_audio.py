@@ -114,3 +114,58 @@ async def test_a_keyed_service_without_its_key_is_a_clear_error(tmp_path, no_key
     config = SimulationConfig(persona="scripted", mode="audio", stt="deepgram")
     with pytest.raises(ConfigError, match="DEEPGRAM_API_KEY"):
         await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db", config)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
+    from pipecat_rl.gate.config import GateConfig
+    from pipecat_rl.gate.evaluate import evaluate
+    from pipecat_rl.gate.inputs import load_ledger_runs
+    from pipecat_rl.gate.lineage import base_lineage
+
+    scenario = _scenario(tmp_path)
+    scenario.write_text(scenario.read_text() + "split: heldout\n")
+    ledger = Ledger(tmp_path / "gate.db")
+    scenarios = load_scenarios([scenario])
+    for policy, entry in (("slow", "run_bot_delayed"), ("fast", "run_bot")):
+        config = SimulationConfig(
+            persona="scripted", mode="audio", adapter=policy, source="gate", repeats=2,
+            concurrency=1,
+        )  # fmt: skip
+        report = await simulate(scenarios, load_bot(f"{BOTS}:{entry}"), config, ledger)
+        assert all(e.error is None for e in report.episodes)
+    data = load_ledger_runs(ledger, "slow", "fast", source="gate")
+    assert all(r.channel == "audio" and r.heard_gap_ms for r in data.runs)
+    receipt = evaluate(
+        data, GateConfig(resamples=10_000), base_lineage("slow"), base_lineage("fast")
+    )
+    latency = receipt.latency
+    assert latency.gated_on == "heard_gap" and latency.in_agent_v2v_p95 is not None
+    difference = latency.v2v_p95.difference
+    assert difference.low <= difference.estimate <= difference.high
+    assert abs(difference.estimate - audio_bots.DELAY_S * 1000) <= 20.0
+    checks = {c.name: c for c in receipt.checks}
+    assert checks["p95_budget"].status == "pass" and "heard gap P95" in checks["p95_budget"].detail
+    assert checks["p95_vs_incumbent"].status == "fail"  # 400 ms slower than a 100 ms margin
+
+
+def test_a_text_gate_says_it_has_no_voice_to_voice_evidence():
+    from pipecat_rl.gate.config import GateConfig
+    from pipecat_rl.gate.evaluate import evaluate
+    from pipecat_rl.gate.inputs import GateData, InputSource, RunResult
+    from pipecat_rl.gate.lineage import base_lineage
+
+    runs = tuple(
+        RunResult(scenario=f"s{i}", policy=p, run=0, reward=1.0, channel="text")
+        for i in range(4)
+        for p in ("cand", "inc")
+    )
+    data = GateData(
+        candidate="cand", incumbent="inc", runs=runs, source=InputSource(kind="ledger", path="mem")
+    )
+    receipt = evaluate(data, GateConfig(), base_lineage("cand"), base_lineage("inc"))
+    assert any("no voice-to-voice evidence" in n for n in receipt.notes)
+    checks = {c.name: c for c in receipt.checks}
+    assert checks["p95_budget"].status == "uncertain"
+    assert "no voice-to-voice samples" in checks["p95_budget"].detail

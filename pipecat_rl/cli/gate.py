@@ -133,7 +133,10 @@ def gate(
     persona: Annotated[
         Literal["llm", "scripted"], typer.Option(help="LLM persona, or the scenarios' scripts.")
     ] = "llm",
-    mode: Annotated[Literal["text", "audio"], typer.Option(help="Simulation channel.")] = "text",
+    mode: Annotated[
+        Literal["text", "audio"] | None,
+        typer.Option(help="Simulation channel (default: audio when the audio extra is installed)."),
+    ] = None,
     from_ledger: Annotated[
         bool, typer.Option("--from-ledger", help="Decide from held-out runs in the ledger.")
     ] = False,
@@ -209,6 +212,10 @@ def gate(
             require_guard=require_guard,
             require_latency=require_latency,
         )
+        if mode is None:  # the gate's own runs: audio when it can, so latency has evidence
+            from pipecat_rl.simulator.audio.services import audio_available
+
+            mode = "audio" if audio_available() else "text"
         data, cand, inc = _load(
             candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
             from_ledger=from_ledger, scores=scores, ledger=ledger, heldout_set=heldout_set,

