@@ -1,0 +1,108 @@
+"""Channel perturbations (seeded, measurable) and what low SNR does to digit-heavy slots."""
+
+import numpy as np
+import pytest
+
+from pipecat_rl.simulator.audio.channel import (
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    ChannelPerturbation,
+    mulaw_round_trip,
+)
+from pipecat_rl.simulator.rewards import _misheard, _norm
+from pipecat_rl.simulator.scenario import Channel
+
+DIGIT_SLOTS = [
+    "DX-48213-77065", "1984-03-12", "1961-01-20", "BSD-0001-00012", "KR-30917-55208",
+    "My number is 0161 496 0832.", "Confirmation 72 61 94.", "DX-90455-13087",
+]  # fmt: skip
+"""Slots of the clinic's digit-heavy scenarios (confirmation numbers, dates of birth, phones)."""
+
+
+def _tone(seconds: float = 1.0, amplitude: float = 6000.0) -> bytes:
+    t = np.arange(int(SAMPLE_RATE * seconds)) / SAMPLE_RATE
+    return (amplitude * np.sin(2 * np.pi * 220 * t)).astype(np.int16).tobytes()
+
+
+def _db(signal: np.ndarray, noise: np.ndarray) -> float:
+    return 10 * np.log10(np.mean(signal**2) / np.mean(noise**2))
+
+
+def test_noise_is_mixed_at_the_requested_snr_and_is_seeded():
+    clean = np.frombuffer(_tone(), np.int16).astype(float)
+    for snr in (20.0, 5.0, -5.0):
+        noisy, mask = ChannelPerturbation(Channel(mode="audio", snr_db=snr), seed=3)(_tone())
+        got = np.frombuffer(noisy, np.int16).astype(float)
+        assert _db(clean, got - clean) == pytest.approx(snr, abs=0.3)
+        assert all(mask) and len(mask) == len(clean) // FRAME_SAMPLES
+    again = ChannelPerturbation(Channel(mode="audio", snr_db=5.0), seed=3)(_tone())[0]
+    other = ChannelPerturbation(Channel(mode="audio", snr_db=5.0), seed=4)(_tone())[0]
+    assert again == ChannelPerturbation(Channel(mode="audio", snr_db=5.0), seed=3)(_tone())[0]
+    assert again != other
+
+
+def test_packet_loss_zeroes_whole_frames_at_the_rate():
+    pcm = _tone(10.0)
+    lossy, _ = ChannelPerturbation(Channel(mode="audio", packet_loss=0.2), seed=1)(pcm)
+    frames = np.frombuffer(lossy, np.int16).reshape(-1, FRAME_SAMPLES)
+    lost = np.mean(np.all(frames == 0, axis=1))
+    assert lost == pytest.approx(0.2, abs=0.04)
+
+
+def test_telephony_band_limits_to_4_khz_and_keeps_speech_band():
+    t = np.arange(SAMPLE_RATE) / SAMPLE_RATE
+    low = 8000 * np.sin(2 * np.pi * 1000 * t)
+    high = 8000 * np.sin(2 * np.pi * 6000 * t)
+    assert np.std(mulaw_round_trip(high)) < 0.05 * np.std(high)  # above Nyquist of 8 kHz
+    out = mulaw_round_trip(low)
+    assert np.corrcoef(out[200:-200], low[200:-200])[0, 1] > 0.99  # mu-law keeps the tone
+
+
+def test_speaking_rate_changes_duration():
+    fast, mask = ChannelPerturbation(Channel(mode="audio", speaking_rate=1.25), seed=0)(_tone(2))
+    assert len(fast) // 2 == pytest.approx(2 * SAMPLE_RATE / 1.25, abs=2)
+    assert len(mask) == pytest.approx(len(fast) // 2 / FRAME_SAMPLES, abs=1)
+
+
+def test_spoken_digits_spelled_names_and_dates_are_not_mishearings():
+    assert not _misheard("nine one one four two", "91142")
+    assert not _misheard("M-A-R-I-A L-O-P-E-Z", "Maria Lopez")
+    assert not _misheard("March 12th, 1984", "1984-03-12")
+    assert _misheard("DX-48230-77065", "DX-48213-77065")
+    assert _norm("It's DX 48213 77065") != _norm("DX-48213-77065")
+
+
+def _heard_rate(snr_db: float | None, seed: int = 7) -> float:
+    """Share of digit slots Whisper mishears after Piper speaks them down this channel."""
+    from faster_whisper import WhisperModel
+    from piper import PiperVoice
+
+    from pipecat_rl.simulator.audio.services import PIPER_VOICE, piper_voice_dir, whisper_model_dir
+
+    voice = PiperVoice.load(piper_voice_dir() / f"{PIPER_VOICE}.onnx")
+    model = WhisperModel(str(whisper_model_dir()), device="cpu", compute_type="int8")
+    channel = Channel(mode="audio", snr_db=snr_db)
+    perturb = ChannelPerturbation(channel, seed=seed)
+    import soxr
+
+    wrong = 0
+    for slot in DIGIT_SLOTS:
+        pcm = b"".join(c.audio_int16_bytes for c in voice.synthesize(slot))
+        audio = np.frombuffer(pcm, np.int16).astype(np.float32)
+        audio16 = soxr.resample(audio, voice.config.sample_rate, SAMPLE_RATE)
+        pcm16 = audio16.astype(np.int16).tobytes()
+        if channel.perturbed:
+            pcm16, _ = perturb(pcm16)
+        heard_audio = np.frombuffer(pcm16, np.int16).astype(np.float32) / 32768.0
+        segments, _ = model.transcribe(heard_audio, language="en")
+        heard = " ".join(s.text for s in segments)
+        wrong += _norm(slot) not in _norm(heard)
+    return wrong / len(DIGIT_SLOTS)
+
+
+@pytest.mark.slow
+def test_low_snr_raises_the_misheard_rate_on_digit_slots():
+    # Measured here: 4/8 slots misheard clean (Whisper tiny's digit formatting), 7/8 at 5 dB,
+    # 8/8 at 0 dB; the channel model is seeded, so this is a fixed comparison, not a timing.
+    clean, noisy = _heard_rate(None), _heard_rate(0.0)
+    assert noisy >= clean + 0.25, (clean, noisy)
