@@ -106,3 +106,43 @@ def test_low_snr_raises_the_misheard_rate_on_digit_slots():
     # 8/8 at 0 dB; the channel model is seeded, so this is a fixed comparison, not a timing.
     clean, noisy = _heard_rate(None), _heard_rate(0.0)
     assert noisy >= clean + 0.25, (clean, noisy)
+
+
+def _episodes(labels_per_episode):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(outcome="fail", labels=labels) for labels in labels_per_episode]
+
+
+def test_the_channel_gap_is_rate_per_label_and_difference():
+    from pipecat_rl.simulator.audio.gap import channel_gap
+
+    text = _episodes([[], [], ["tool_error"], []])
+    audio = _episodes([["misheard_slot"], ["misheard_slot", "tool_error"], [], []])
+    audio.append(type(audio[0])(outcome="error", labels=["misheard_slot"]))  # not counted
+    gap = channel_gap(text, audio)
+    rows = {r.label: r for r in gap.labels}
+    assert (gap.text_episodes, gap.audio_episodes) == (4, 4)
+    assert (rows["misheard_slot"].text_rate, rows["misheard_slot"].audio_rate) == (0.0, 0.5)
+    assert rows["misheard_slot"].difference == 0.5
+    assert rows["tool_error"].difference == 0.0 and rows["dead_loop"].audio_rate == 0.0
+    assert list(rows) == ["misheard_slot", "tool_error", "dead_loop", "unauthorised_write"]
+
+
+def test_the_channel_gap_page_renders_in_headless_chromium(tmp_path):
+    from tests.chromium import CHROMIUM, render
+
+    if CHROMIUM is None:
+        pytest.skip("needs chromium")
+    from pipecat_rl.simulator.audio.gap import channel_gap, write_gap_page
+
+    gap = channel_gap(_episodes([[], ["tool_error"]]), _episodes([["misheard_slot"], []]))
+    page = write_gap_page(gap, tmp_path / "gap.html")
+    shot, dom, console = render(page, tmp_path, size=(1000, 700))
+    assert not console
+    assert "Channel gap" in dom and "misheard_slot" in dom and "+50 pp" in dom
+    # The orange audio bar of misheard_slot is drawn (not a blank page).
+    orange = (
+        (shot[..., 0] > 200) & (shot[..., 1] > 100) & (shot[..., 1] < 160) & (shot[..., 2] < 110)
+    )
+    assert orange.sum() > 200

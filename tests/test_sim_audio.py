@@ -169,3 +169,45 @@ def test_a_text_gate_says_it_has_no_voice_to_voice_evidence():
     checks = {c.name: c for c in receipt.checks}
     assert checks["p95_budget"].status == "uncertain"
     assert "no voice-to-voice samples" in checks["p95_budget"].detail
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_cli_text_and_audio_report_the_channel_gap(tmp_path, no_keys):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+
+    page = tmp_path / "gap.html"
+    args = [
+        "simulate", str(POOL / "handoff_request.yaml"), "--bot", EXPERT, "--persona", "scripted",
+        "--no-server", "--mode", "text,audio", "--json", "--ledger", str(tmp_path / "l.db"),
+        "--gap-html", str(page),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout[result.stdout.index("{") :])
+    assert out["text"]["episodes"][0]["mode"] == "text"
+    assert out["audio"]["episodes"][0]["mode"] == "audio"
+    labels = [row["label"] for row in out["channel_gap"]["labels"]]
+    assert labels == ["misheard_slot", "tool_error", "dead_loop", "unauthorised_write"]
+    assert page.is_file() and "Channel gap" in page.read_text()
+    ledger = Ledger(tmp_path / "l.db")
+    sessions = ledger.sessions()
+    assert sorted(s.metadata["mode"] for s in sessions) == ["audio", "text"]
+    text_session = next(s for s in sessions if s.metadata["mode"] == "text")
+    rows = ledger.latencies(text_session.id)
+    assert rows and all(r.response_gap_ms is not None and r.heard_gap_ms is None for r in rows)
+
+
+def test_webrtc_transport_is_refused_plainly(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+
+    args = ["simulate", str(POOL / "handoff_request.yaml"), "--bot", EXPERT, "--transport",
+            "webrtc", "--no-server", "--ledger", str(tmp_path / "l.db")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 64 and "webrtc is not available yet" in result.output

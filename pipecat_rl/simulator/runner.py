@@ -465,6 +465,7 @@ class SimulationReport:
                     "labels": e.labels,
                     "end_reason": e.end_reason,
                     "error": e.error,
+                    "mode": e.mode,
                     "turns": len(e.transcript),
                     "duration_s": round(e.duration_s, 3),
                 }
