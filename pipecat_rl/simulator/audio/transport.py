@@ -333,7 +333,29 @@ class AudioAgentInput(_AudioInput):
         await self._stop_events()
 
 
-class AudioAgentOutput(BaseOutputTransport):
+class _MouthOutput(BaseOutputTransport):
+    """An output transport that talks through a `Mouth`, ticking from start to stop."""
+
+    mouth: Mouth
+
+    async def start(self, frame: StartFrame):
+        """Start the mouth (the other side hears silence until this side speaks)."""
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+        self.mouth.start()
+
+    async def stop(self, frame: EndFrame):
+        """Stop the mouth once the pipeline has drained."""
+        await super().stop(frame)
+        await self.mouth.stop()
+
+    async def cancel(self, frame: CancelFrame):
+        """Stop at once."""
+        await super().cancel(frame)
+        await self.mouth.stop()
+
+
+class AudioAgentOutput(_MouthOutput):
     """The agent's output: its TTS audio played through its mouth to the caller, paced."""
 
     def __init__(self, pair: AudioTransportPair, **kwargs):
@@ -348,22 +370,10 @@ class AudioAgentOutput(BaseOutputTransport):
         if is_voiced:
             self._pair.last_activity = at
 
-    async def start(self, frame: StartFrame):
-        """Start the mouth (the caller hears silence until the agent speaks)."""
-        await super().start(frame)
-        await self.set_transport_ready(frame)
-        self.mouth.start()
-
     async def stop(self, frame: EndFrame):
         """The agent ended the call (after its audio has played)."""
         await super().stop(frame)
-        await self.mouth.stop()
         self._pair.end("agent_hung_up")
-
-    async def cancel(self, frame: CancelFrame):
-        """Stop at once."""
-        await super().cancel(frame)
-        await self.mouth.stop()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Note what the agent's TTS says, then behave like any output transport."""
@@ -426,7 +436,7 @@ class AudioCallerInput(_AudioInput):
             await self.push_frame(TTSSpeakFrame(self._pair.caller_opening, append_to_context=False))
 
 
-class AudioCallerOutput(BaseOutputTransport):
+class AudioCallerOutput(_MouthOutput):
     """The persona's mouth: each synthesised utterance, perturbed by the channel, then played."""
 
     def __init__(self, pair: AudioTransportPair, **kwargs):
@@ -438,22 +448,6 @@ class AudioCallerOutput(BaseOutputTransport):
 
     async def _deliver(self, pcm: bytes, at: float) -> None:
         await self._pair.agent.input().receive(pcm, at)
-
-    async def start(self, frame: StartFrame):
-        """Start the mouth."""
-        await super().start(frame)
-        await self.set_transport_ready(frame)
-        self.mouth.start()
-
-    async def stop(self, frame: EndFrame):
-        """Stop the mouth."""
-        await super().stop(frame)
-        await self.mouth.stop()
-
-    async def cancel(self, frame: CancelFrame):
-        """Stop at once."""
-        await super().cancel(frame)
-        await self.mouth.stop()
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Take the persona's TTS audio off the pipeline and play it, a whole utterance at once."""
