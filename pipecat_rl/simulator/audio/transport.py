@@ -62,6 +62,8 @@ FRAME_BYTES = FRAME_SAMPLES * 2
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 SILENCE = bytes(FRAME_BYTES)
 MAX_CATCH_UP_S = 0.1
+HANG_UP_GRACE_S = 1.0
+"""How long the caller stays quiet after asking to hang up before the line drops."""
 HEARING_SETTLE_S = 0.7
 """The caller answers once the agent has been quiet this long after its last transcript."""
 
@@ -203,16 +205,19 @@ class AudioTransportPair(LocalTransportPair):
         """Caller line index -> the agent pipeline's own voice-to-voice figure."""
         self.agent_spoken: list[str] = []
         self.caller_speaking = False
+        self._caller_quiet_since: float | None = None
         self.audio_seconds = 0.0
         """How long the call has run on the wire (the caller's mouth ticks)."""
         self.agent = AudioAgentTransport(self)
         self.caller = AudioCallerTransport(self)
 
     def request_hang_up(self) -> None:
-        """The caller hangs up once its queued speech has been played."""
+        """The caller hangs up once its last line has been synthesised and played.
+
+        The request (the persona's `end_call`) can overtake that line's text on its way to the
+        TTS, so the call ends only after the caller has been quiet `HANG_UP_GRACE_S`.
+        """
         self._hang_up_requested = True
-        if not self.caller_speaking and not self.caller.mouth.busy:
-            self.end("caller_hung_up")
 
     # -- caller side -----------------------------------------------------------------------
 
@@ -230,7 +235,11 @@ class AudioTransportPair(LocalTransportPair):
         self.meter.caller_frame(is_voiced, at)
         if is_voiced:
             self.last_activity = at
-        if self._hang_up_requested and not self.caller.mouth.busy and not self.caller_speaking:
+        if is_voiced or self.caller.mouth.busy or self.caller_speaking:
+            self._caller_quiet_since = None
+        elif self._caller_quiet_since is None:
+            self._caller_quiet_since = at
+        elif self._hang_up_requested and at - self._caller_quiet_since >= HANG_UP_GRACE_S:
             self.end("caller_hung_up")
 
     def agent_heard_caller(self, text: str) -> None:
