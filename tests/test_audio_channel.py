@@ -145,3 +145,64 @@ def test_the_channel_gap_page_renders_in_headless_chromium(tmp_path):
     r, g, b = shot[..., 0], shot[..., 1], shot[..., 2]
     orange = (r > 0.8) & (g > 0.4) & (g < 0.63) & (b < 0.43)
     assert orange.sum() > 200
+
+
+def test_the_heard_gap_runs_from_the_callers_last_voiced_frame_to_the_agents_first():
+    from pipecat_rl.simulator.audio.transport import FRAME_S, HeardLatencyMeter
+
+    meter = HeardLatencyMeter()
+    meter.agent_frame(True, 0.1)  # the greeting answers no caller line: no gap
+    meter.caller_line(0)
+    for i in range(50):
+        meter.caller_frame(True, i * FRAME_S)
+    for i in range(50, 80):
+        meter.caller_frame(False, i * FRAME_S)
+        meter.agent_frame(False, i * FRAME_S)
+    meter.agent_frame(True, 1.5)
+    meter.agent_frame(True, 1.52)  # only the first voiced frame counts
+    assert meter.gaps_ms == {0: pytest.approx(500.0)}
+
+
+async def test_a_mouth_paces_speech_then_silence_at_20_ms():
+    import asyncio
+    import time
+
+    from pipecat_rl.simulator.audio.transport import SILENCE, Mouth, frames_of
+
+    got: list[tuple[bytes, float]] = []
+    enough = asyncio.Event()
+
+    async def deliver(pcm: bytes, at: float) -> None:
+        got.append((pcm, at))
+        if len(got) >= 30:
+            enough.set()
+
+    mouth = Mouth(deliver)
+    speech = frames_of(_tone(0.4))  # 20 frames
+    mouth.queue(speech)
+    started = time.monotonic()
+    mouth.start()
+    await asyncio.wait_for(enough.wait(), timeout=5)
+    await mouth.stop()
+    assert [pcm for pcm, _ in got[:20]] == speech and got[20][0] == SILENCE
+    span = got[29][1] - got[0][1]
+    assert span == pytest.approx(29 * 0.02, abs=0.03)  # paced, never faster than real time
+    assert got[0][1] - started < 0.1
+
+
+def test_the_caller_hangs_up_after_its_line_and_a_second_of_quiet():
+    from pipecat_rl.simulator.audio.transport import FRAME_S, AudioTransportPair
+
+    pair = AudioTransportPair()
+    pair.request_hang_up()
+    pair.caller_speaking = True  # its goodbye is still on its way to the TTS
+    for i in range(100):
+        pair.caller_sent(False, i * FRAME_S)
+    assert not pair.done.is_set()
+    pair.caller_speaking = False
+    pair.caller_sent(True, 2.0)  # the goodbye is played
+    t = 2.0
+    while not pair.done.is_set() and t < 4.0:
+        t += FRAME_S
+        pair.caller_sent(False, t)
+    assert pair.end_reason == "caller_hung_up" and t == pytest.approx(3.02, abs=0.03)
