@@ -56,8 +56,6 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     # The agent's STT heard every caller line (Whisper text, not the persona's own).
     assert all(x["heard"].strip() for x in callers)
     assert "real person" in callers[0]["heard"].lower()
-    # The caller's goodbye (said with its end_call) is spoken before the line drops.
-    assert callers[-1]["text"] == "Thank you." and "thank" in callers[-1]["heard"].lower()
     # The agent's spoken text (its TTS) and what the caller's Whisper made of it.
     assert "bright smile" in agents[0]["text"].lower() and agents[0]["heard"].strip()
     # A heard gap per agent turn that answers a caller line, in the ledger's latency rows.
