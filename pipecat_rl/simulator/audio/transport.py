@@ -389,6 +389,8 @@ class AudioAgentOutput(_MouthOutput):
         if isinstance(frame, TTSTextFrame) and direction == FrameDirection.DOWNSTREAM:
             self._pair.agent_spoken.append(frame.text)
         elif isinstance(frame, InterruptionFrame):  # the caller barged in: stop talking now
+            if self.mouth.busy:  # its text so far was not all heard: say so in the transcript
+                self._pair.agent_spoken.append("[interrupted]")
             self.mouth.clear()
             self._carry.clear()
         await super().process_frame(frame, direction)
