@@ -13,6 +13,8 @@ when an upgrade renames one, this module (and its test) is the one place that br
   sets the model and caps max_tokens).
 - `BaseObject._register_event_handler` / `_call_event_handler`: our own events (recorder, live
   adapter, local transport).
+- `LLMUserAggregator._params.vad_analyzer`: whether a bot's user aggregator runs its own VAD
+  (audio mode keeps the bot's own turn-taking).
 - `get_chat_completions` calls `build_chat_completion_params` for each streamed request, and
   both are looked up on the instance: the recorder's tee replaces them there (`llm_tee`).
 
@@ -38,6 +40,12 @@ def replace_processor(pipeline: Any, index: int, new: Any) -> None:
     """Put `new` at `index` of `pipeline`'s chain and relink the chain around it."""
     processors = pipeline._processors  # the chain Pipecat links and runs
     processors[index] = new
+    pipeline._link_processors()
+
+
+def set_pipeline_chain(pipeline: Any, chain: list[Any]) -> None:
+    """Make `chain` (source and sink kept at its ends) `pipeline`'s chain, and relink it."""
+    pipeline._processors[:] = chain
     pipeline._link_processors()
 
 
@@ -126,3 +134,12 @@ def replace_method(obj: Any, name: str, make: Callable[[Callable], Callable]) ->
     if name not in STREAM_METHODS:
         raise ValueError(f"{name} is not a method pipecat-rl relies on replacing")
     setattr(obj, name, make(getattr(obj, name)))
+
+
+# -- issue 12 (audio mode): whether a bot's user aggregator runs its own VAD ----------------------
+
+
+def user_aggregator_vad(aggregator: Any) -> Any:
+    """The VAD analyzer an `LLMUserAggregator` was built with (its params are private), or None."""
+    params = getattr(aggregator, "_params", None)
+    return getattr(params, "vad_analyzer", None)

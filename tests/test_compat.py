@@ -28,6 +28,10 @@ def test_pipeline_processor_lists_and_relinking():
     compat.replace_processor(pipeline, 2, c)
     assert compat.pipeline_chain(pipeline)[1:-1] == [a, c]
     assert a.next is c and c.previous is a and c.next is chain[-1]  # relinked in place
+    d = FrameProcessor()
+    compat.set_pipeline_chain(pipeline, [chain[0], a, d, c, chain[-1]])  # one becomes two
+    assert compat.pipeline_chain(pipeline)[1:-1] == [a, d, c]
+    assert a.next is d and d.next is c and c.previous is d
 
 
 def test_llm_client_base_url_and_key():
@@ -105,3 +109,20 @@ def test_a_responses_service_turns_into_its_http_sibling_with_our_key_and_client
     client = openai.AsyncOpenAI(api_key="local", base_url="http://127.0.0.1:9/v1")
     compat.set_llm_client(llm, client)
     assert compat.llm_client(llm) is client
+
+
+def test_user_aggregator_vad_reads_the_analyzer_it_was_built_with():
+    from pipecat.audio.vad.silero import SileroVADAnalyzer
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import (
+        LLMContextAggregatorPair,
+        LLMUserAggregatorParams,
+    )
+
+    vad = SileroVADAnalyzer()
+    user, _ = LLMContextAggregatorPair(
+        LLMContext(), user_params=LLMUserAggregatorParams(vad_analyzer=vad)
+    )
+    assert compat.user_aggregator_vad(user) is vad
+    plain, _ = LLMContextAggregatorPair(LLMContext())
+    assert compat.user_aggregator_vad(plain) is None

@@ -159,7 +159,10 @@ def gate(
     persona: Annotated[
         Literal["llm", "scripted"], typer.Option(help="LLM persona, or the scenarios' scripts.")
     ] = "llm",
-    mode: Annotated[Literal["text", "audio"], typer.Option(help="Simulation channel.")] = "text",
+    mode: Annotated[
+        Literal["text", "audio"] | None,
+        typer.Option(help="Simulation channel (default: audio when the audio extra is installed)."),
+    ] = None,
     from_ledger: Annotated[
         bool, typer.Option("--from-ledger", help="Decide from held-out runs in the ledger.")
     ] = False,
@@ -239,6 +242,10 @@ def gate(
         )
         paired = None
         if bot:
+            if mode is None:  # the gate's own runs: audio when it can, so latency has evidence
+                from pipecat_rl.simulator.audio.services import audio_available
+
+                mode = "audio" if audio_available() else "text"
             from pipecat_rl.gate.simulate import PairedRun  # imports Pipecat: only to simulate
 
             paired = PairedRun(
@@ -248,7 +255,8 @@ def gate(
         opened = open_ledger(ledger) if from_ledger else Ledger(resolve_ledger_path(ledger))
         with opened as store:
             data, cand, inc = _load(
-                store, candidate, incumbent, scenarios=scenarios, repeats=repeats, mode=mode,
+                store, candidate, incumbent, scenarios=scenarios, repeats=repeats,
+                mode=mode or "text",
                 from_ledger=from_ledger, scores=scores, heldout_set=heldout_set, source=source,
                 judged=dict(settings.judged_metrics), paired=paired,
             )  # fmt: skip

@@ -39,8 +39,8 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.0f}"
 
 
-def _table(report: "SimulationReport") -> Table:
-    table = Table(title="simulation", title_justify="left")
+def _table(report: "SimulationReport", mode: str = "") -> Table:
+    table = Table(title=f"simulation {mode}".strip(), title_justify="left")
     for column in ("scenario", "split", "pass", "mean reward", "P50 ms", "P95 ms", "labels"):
         table.add_column(column, justify="right" if column in ("pass", "mean reward") else "left")
     for s in report.summaries:
@@ -116,7 +116,30 @@ def simulate_command(
     adapter: Annotated[
         str | None, typer.Option("--adapter", help="Adapter the agent is served (default base).")
     ] = None,
-    mode: Annotated[Literal["text"], typer.Option("--mode", help="Channel (text).")] = "text",
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="Channel: text, audio (paced speech, offline Whisper + Piper), or text,audio "
+            "(both, same seeds, and the channel gap per failure label).",
+        ),
+    ] = "text",
+    transport: Annotated[
+        Literal["local", "webrtc"],
+        typer.Option("--transport", help="Audio transport: the in-process paced pair (local)."),
+    ] = "local",
+    stt: Annotated[
+        Literal["whisper", "deepgram"] | None,
+        typer.Option("--stt", help="Audio: who hears the caller (deepgram: DEEPGRAM_API_KEY)."),
+    ] = None,
+    tts: Annotated[
+        Literal["piper", "cartesia"] | None,
+        typer.Option("--tts", help="Audio: who speaks (cartesia: CARTESIA_API_KEY)."),
+    ] = None,
+    gap_html: Annotated[
+        Path,
+        typer.Option("--gap-html", help="With --mode text,audio: where the gap page is written."),
+    ] = Path("channel-gap.html"),
     persona: Annotated[
         Literal["llm", "scripted"],
         typer.Option("--persona", help="LLM persona, or the scenarios' script: rules."),
@@ -173,8 +196,7 @@ def simulate_command(
 ) -> None:
     """Simulate calls to BOT for every scenario, write them to the ledger, print a table."""
     with cli_errors():
-        if mode != "text":
-            raise ConfigError("--mode audio is not available yet; use --mode text")
+        modes = _modes(mode, transport)
         loaded = load_scenarios(list(scenarios))
         for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
             World(scenario).close()
@@ -184,7 +206,7 @@ def simulate_command(
             llm_url=llm_url,
             adapter=adapter,
             persona=persona,
-            mode=mode,
+            mode=modes[0],
             seed=seed,
             repeats=repeats,
             concurrency=concurrency,
@@ -193,31 +215,75 @@ def simulate_command(
             persona_model=persona_model,
             judge_llm_url=judge_llm_url,
             judge_model=judge_model,
+            stt=stt,
+            tts=tts,
         )
         check_endpoints(loaded, config)  # before the server starts: a wrong block fails fast
-        report = asyncio.run(
-            _run(loaded, bot, config, resolve_ledger_path(ledger), model, no_server, not json_out)
-        )
-    if json_out:
-        print_json(report.to_json())
+        reports = []
+        for channel in modes:  # text first, then audio: same scenarios, seeds and adapter
+            run_config = dataclasses.replace(config, mode=channel)
+            path = resolve_ledger_path(ledger)
+            show = not json_out
+            reports.append(asyncio.run(_run(loaded, bot, run_config, path, model, no_server, show)))
+            if reports[-1].server_gone:
+                break  # no second channel against a server that is gone
+    if len(reports) == 2:  # --mode text,audio: both tables and the channel gap
+        _report_gap(reports[0], reports[1], gap_html, json_out)
+    elif json_out:
+        print_json(reports[0].to_json())
     else:
-        console.print(_table(report))
+        console.print(_table(reports[0]))
         if loaded.heldout_set_id:
             console.print(f"held-out set: {loaded.heldout_set_id}")
-        console.print(f"{len(report.episodes)} episodes in {report.wall_s:.1f} s")
-    if report.server_gone:
+        console.print(f"{len(reports[0].episodes)} episodes in {reports[0].wall_s:.1f} s")
+    gone = next((r for r in reports if r.server_gone), None)
+    if gone is not None:
         error_line(
-            f"{report.server_gone}; {report.not_run} episode(s) not run (nothing was written "
+            f"{gone.server_gone}; {gone.not_run} episode(s) not run (nothing was written "
             "for them); start the server again and re-run"
         )
         raise typer.Exit(EXIT_UNAVAILABLE)
-    if report.harness_errors:
-        first = next(e for e in report.episodes if e.outcome == "error")
+    failed = [e for r in reports for e in r.episodes if e.outcome == "error"]
+    if failed:
         console.print(
-            f"[red]{report.harness_errors} episode(s) could not run[/red]; first: "
-            f"{first.scenario_id}: {first.error}"
+            f"[red]{len(failed)} episode(s) could not run[/red]; first: "
+            f"{failed[0].scenario_id}: {failed[0].error}"
         )
         raise typer.Exit(EXIT_FAILURE)
+
+
+def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:
+    """`--mode` as the channels to run, text first."""
+    wanted = [m.strip() for m in mode.split(",") if m.strip()]
+    if (
+        not wanted
+        or any(m not in ("text", "audio") for m in wanted)
+        or len(set(wanted)) < len(wanted)
+    ):
+        raise ConfigError(f"--mode {mode}: use text, audio or text,audio")
+    if transport == "webrtc":
+        raise ConfigError(
+            "--transport webrtc is not available yet (SmallWebRTC over loopback is not built); "
+            "use --transport local"
+        )
+    return sorted(wanted, key=("text", "audio").index)  # type: ignore[return-value]
+
+
+def _report_gap(
+    text: "SimulationReport", audio: "SimulationReport", page: Path, json_out: bool
+) -> None:
+    from pipecat_rl.simulator.audio.gap import channel_gap, gap_table, write_gap_page
+
+    gap = channel_gap(text.episodes, audio.episodes)
+    write_gap_page(gap, page)
+    if json_out:
+        both = {"text": text.to_json(), "audio": audio.to_json()}
+        print_json({**both, "channel_gap": gap.model_dump()})
+        return
+    for name, r in (("text", text), ("audio", audio)):
+        console.print(_table(r, name))
+    console.print(gap_table(gap))
+    console.print(f"channel gap page: {page}")
 
 
 def register(app: typer.Typer) -> None:

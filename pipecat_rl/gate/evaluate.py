@@ -163,19 +163,25 @@ def _paired(
     return stats, interval, regs
 
 
-def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencyStats:
-    """v2v P95 with session intervals (None without samples for both), stages and CDFs."""
-    sessions = {role: [r.v2v_ms for r in rs] for role, rs in runs.items()}
-    v2v = (
-        compare_quantiles(
-            sessions["candidate"],
-            sessions["incumbent"],
-            resamples=config.resamples,
-            seed=config.seed,
-        )
-        if all(any(s) for s in sessions.values())
-        else None
+def _compare(sessions: dict[Role, list[tuple[float, ...]]], config: GateConfig):
+    if not all(any(s) for s in sessions.values()):
+        return None
+    return compare_quantiles(
+        sessions["candidate"], sessions["incumbent"], resamples=config.resamples, seed=config.seed
     )
+
+
+def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencyStats:
+    """The gated P95 with session intervals (None without samples for both), stages and CDFs.
+
+    Issue 12: audio runs carry the caller-side heard gap, the figure a caller lives through;
+    when both policies have it, the P95 checks gate on it and the in-agent v2v stands beside.
+    """
+    agent = {role: [r.v2v_ms for r in rs] for role, rs in runs.items()}
+    heard = {role: [r.heard_gap_ms for r in rs] for role, rs in runs.items()}
+    on_heard = all(any(s) for s in heard.values())
+    sessions = heard if on_heard else agent
+    v2v = _compare(sessions, config)
     stages = {
         role: {
             stage: stage_quantiles([v for r in rs for v in r.stages_ms.get(stage, ())])
@@ -184,6 +190,8 @@ def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencySt
         for role, rs in runs.items()
     }
     return LatencyStats(
+        gated_on="heard_gap" if on_heard else "v2v",
+        in_agent_v2v_p95=_compare(agent, config) if on_heard else None,
         v2v_p95=v2v,
         stages=stages,
         attributed_stage=attribute_regression(stages["candidate"], stages["incumbent"]),
@@ -237,7 +245,8 @@ def _checks(
     config: GateConfig,
 ) -> tuple[Check, ...]:
     """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`)."""
-    v2v = latency.v2v_p95
+    v2v = latency.v2v_p95  # in audio mode this holds the heard gap (`gated_on`)
+    measure = "heard gap" if latency.gated_on == "heard_gap" else "v2v"
     confirm = min_repeats_to_confirm(paired.n_scenarios, config.regression_alpha)
     return (
         paired_check(interval, paired.n_scenarios, config.min_delta),
@@ -246,10 +255,10 @@ def _checks(
             config.tie_band, max(confirm, repeats + 1),
         ),  # fmt: skip
         p95_budget_check(
-            v2v.candidate if v2v else None, config.p95_budget_ms, config.require_latency
+            v2v.candidate if v2v else None, config.p95_budget_ms, config.require_latency, measure
         ),
         p95_margin_check(
-            v2v.difference if v2v else None, config.p95_margin_ms, config.require_latency
+            v2v.difference if v2v else None, config.p95_margin_ms, config.require_latency, measure
         ),
         writes_check(writes),
         guard_check(candidate, config.require_guard),
@@ -273,6 +282,11 @@ def evaluate(
     )
     if cost.candidate is None or cost.incumbent is None:
         notes.append("cost not computed for a policy with runs lacking recorded usage")
+    if runs["candidate"] and all(r.channel == "text" for rs in runs.values() for r in rs):
+        notes.append(
+            "text-mode runs: no voice-to-voice evidence (a text call carries no audio; its "
+            "caller-side response gap is not v2v); gate with --mode audio for latency"
+        )
     writes = sum(r.unauthorized_writes for r in data.runs if r.policy == data.candidate)
     repeats = max(len(p.candidate) for p in pairs)
     checks = _checks(interval, paired, repeats, latency, writes, candidate, config)

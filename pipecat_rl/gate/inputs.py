@@ -106,6 +106,10 @@ class RunResult(BaseModel):
     seed: int | None = None
     scenario_hash: str | None = None
     session_id: str | None = None
+    # Issue 12 (audio channel): what a caller heard, and the channel the run went down.
+    heard_gap_ms: tuple[float, ...] = ()
+    """Caller-side heard gaps (audio mode): the figure the P95 checks gate on when present."""
+    channel: Literal["text", "audio"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -381,6 +385,8 @@ def _session_run(
         seed=s.seed,
         scenario_hash=s.scenario_hash,
         session_id=s.id,
+        heard_gap_ms=tuple(lat.heard_gap_ms for lat in lats if lat.heard_gap_ms is not None),
+        channel=s.metadata.get("mode") if s.metadata.get("mode") in ("text", "audio") else None,
     )
     try:
         return RunResult.model_validate(fields, context={"judged": judged})

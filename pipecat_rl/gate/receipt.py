@@ -75,6 +75,11 @@ class LatencyStats(_Part):
     """The stage whose P95 grew most from incumbent to candidate (None if none grew)."""
     cdf_ms: dict[Role, list[float]]
     """Voice-to-voice quantiles at 0, 1, ..., 100 percent, for the CDF plot."""
+    # Issue 12 (audio channel): in audio mode `v2v_p95` is the caller-side heard gap.
+    gated_on: Literal["v2v", "heard_gap"] = "v2v"
+    """What `v2v_p95` (the gated P95) measures: in-agent v2v, or the caller-side heard gap."""
+    in_agent_v2v_p95: QuantileComparison | None = None
+    """Beside a heard-gap gate: the in-agent voice-to-voice P95, for attribution."""
 
 
 class CostStats(_Part):
@@ -204,6 +209,8 @@ def render_markdown(r: GateReceipt) -> str:
         lines.append("No voice-to-voice samples for both policies.")
     else:
         v = lat.v2v_p95
+        if lat.gated_on == "heard_gap":
+            lines.append("Gated on the caller-side heard gap (audio mode).")
         lines += [
             f"- candidate P95 {v.candidate.estimate:.0f} ms [{v.candidate.low:.0f}, "
             f"{v.candidate.high:.0f}] over {v.candidate_sessions} sessions",

@@ -47,8 +47,6 @@ def run_paired_simulations(
 
     `judged` is the gate config's `judged_metrics` (see `inputs.gate_score`).
     """
-    if mode != "text":
-        raise ConfigError("--mode audio is not available yet; gate with --mode text")
     loaded = load_scenarios([scenarios])
     pool = [s.id for s in loaded if s.split != HELDOUT]
     if pool:
@@ -56,7 +54,7 @@ def run_paired_simulations(
             f"the gate decides on held-out scenarios only; {scenarios} also holds "
             f"{', '.join(pool[:5])} (split pool): point --scenarios at the held-out folder"
         )
-    asyncio.run(_simulate_both(ledger, loaded, candidate, incumbent, repeats, run))
+    asyncio.run(_simulate_both(ledger, loaded, candidate, incumbent, repeats, run, mode))
     return load_ledger_runs(
         ledger, candidate, incumbent, heldout_set=loaded.heldout_set_id, source="gate",
         judged=judged,
@@ -70,6 +68,7 @@ async def _simulate_both(
     incumbent: str,
     repeats: int,
     run: PairedRun,
+    mode: Literal["text", "audio"] = "text",
 ) -> None:
     entry = load_bot(run.bot)
     async with llm_endpoint(
@@ -78,7 +77,7 @@ async def _simulate_both(
     ) as url:  # fmt: skip
         base = SimulationConfig(
             llm_url=url, persona=run.persona, seed=run.seed, repeats=repeats, source="gate",
-            concurrency=max(1, run.concurrency // 2), max_tokens=run.max_tokens,
+            concurrency=max(1, run.concurrency // 2), max_tokens=run.max_tokens, mode=mode,
         )  # fmt: skip
         await asyncio.gather(
             *(

@@ -114,15 +114,19 @@ def _limit_check(
     return Check(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
 
 
-def p95_budget_check(candidate_p95: Interval | None, budget_ms: float, require: bool) -> Check:
-    """The candidate's voice-to-voice P95 against the absolute budget."""
-    return _limit_check("p95_budget", candidate_p95, budget_ms, "candidate v2v P95", require)
+def p95_budget_check(
+    candidate_p95: Interval | None, budget_ms: float, require: bool, measure: str = "v2v"
+) -> Check:
+    """The candidate's P95 (`measure`: v2v, or the heard gap in audio mode) against the budget."""
+    return _limit_check("p95_budget", candidate_p95, budget_ms, f"candidate {measure} P95", require)
 
 
-def p95_margin_check(difference: Interval | None, margin_ms: float, require: bool) -> Check:
-    """Candidate minus incumbent voice-to-voice P95 against the allowed margin."""
+def p95_margin_check(
+    difference: Interval | None, margin_ms: float, require: bool, measure: str = "v2v"
+) -> Check:
+    """Candidate minus incumbent P95 (`measure`) against the allowed margin."""
     return _limit_check(
-        "p95_vs_incumbent", difference, margin_ms, "P95 candidate - incumbent", require
+        "p95_vs_incumbent", difference, margin_ms, f"{measure} P95 candidate - incumbent", require
     )
 
 

@@ -133,6 +133,8 @@ class LatencyRecord(_Record):
     - `stt_ms` is never derived: the caller passes it (Pipecat's STT TTFB metric).
     - `heard_gap_ms` is measured caller-side in simulation (end of caller audio to the first
       non-silent agent audio it receives) and is never derived.
+    - `response_gap_ms` is its text-mode counterpart (caller line sent to the agent's first text
+      received): never voice to voice, never derived.
     """
 
     session_id: str
@@ -151,6 +153,7 @@ class LatencyRecord(_Record):
     tts_ttfb_ms: float | None = None
     v2v_ms: float | None = None
     interrupted: bool = False
+    response_gap_ms: float | None = None
 
     @classmethod
     def from_timestamps(

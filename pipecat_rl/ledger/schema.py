@@ -220,12 +220,20 @@ _SERVICE = _statements(
     """,
 )
 
+_AUDIO_CHANNEL = _statements(
+    # Issue 12: the caller-side response gap of a text-mode call (caller line sent -> first agent
+    # text), kept apart from `heard_gap_ms` (audio) and `v2v_ms` (voice to voice): a text call
+    # has no voice-to-voice evidence.
+    "ALTER TABLE latencies ADD COLUMN response_gap_ms REAL",
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
     Migration("held-out scenario hashes and gate receipts", _V3),
     Migration("turns: demonstration flag (training)", _TRAINING),
     Migration("the side service's job queue and job events", _SERVICE),
+    Migration("text-mode caller-side response gap on latencies", _AUDIO_CHANNEL),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 

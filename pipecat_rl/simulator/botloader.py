@@ -49,6 +49,7 @@ from typing import Any
 import openai
 from loguru import logger
 from pipecat.frames.frames import ErrorCategory
+from pipecat.observers.base_observer import BaseObserver
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameProcessor
@@ -115,6 +116,11 @@ class Episode:
     """Why each refused LLM service was refused (the run stops on the first)."""
     prepared: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a worker of the bot has been adapted (the pre-flight check waits on it)."""
+    speech_swap: "Callable[[FrameProcessor], SpeechSwap] | None" = None
+    """Audio mode (`bypass_speech` off): given a worker's pipeline, keeps or stands in for each
+    of its STT/TTS services."""
+    observers: list[BaseObserver] = field(default_factory=list)
+    """Added to every bot worker of the episode (audio mode: what the agent's STT heard)."""
 
 
 _episode: ContextVar[Episode | None] = ContextVar("pipecat_rl_episode", default=None)
@@ -158,16 +164,35 @@ def _replace(
             _replace(processor, swap)
 
 
-def _bypass_speech(pipeline: FrameProcessor, episode: Episode) -> None:
-    """Replace STT and TTS services in `pipeline` (and nested pipelines) by pass-throughs."""
+SpeechSwap = Callable[[FrameProcessor], list[FrameProcessor]]
+"""What stands where an STT or TTS service stood (audio mode: itself, or a stand-in)."""
 
-    def swap(processor: FrameProcessor) -> FrameProcessor | None:
-        if not isinstance(processor, (STTService, TTSService)):
-            return None
-        episode.bypassed.append(type(processor).__name__)
-        return BypassedService(processor)
 
-    _replace(pipeline, swap)
+def _bypass(processor: FrameProcessor) -> list[FrameProcessor]:
+    return [BypassedService(processor)]
+
+
+def _bypass_speech(
+    pipeline: FrameProcessor, episode: Episode, swap: SpeechSwap = _bypass
+) -> None:
+    """Replace STT and TTS services in `pipeline` (and nested pipelines) by `swap`'s output."""
+    if not isinstance(pipeline, Pipeline):
+        for child in compat.child_processors(pipeline):
+            _bypass_speech(child, episode, swap)
+        return
+    processors = compat.pipeline_chain(pipeline)
+    chain: list[FrameProcessor] = []
+    for processor in processors:
+        if isinstance(processor, (STTService, TTSService)):
+            replacement = swap(processor)
+            if replacement != [processor]:
+                episode.bypassed.append(type(processor).__name__)
+            chain.extend(replacement)
+        else:
+            _bypass_speech(processor, episode, swap)
+            chain.append(processor)
+    if chain != processors:
+        compat.set_pipeline_chain(pipeline, chain)
 
 
 def _processors(root: FrameProcessor) -> Iterator[FrameProcessor]:
@@ -298,6 +323,10 @@ async def prepare_worker(worker: PipelineWorker) -> None:
     worker.add_event_handler("on_pipeline_error", error_recorder(episode.errors))
     if episode.bypass_speech:
         _bypass_speech(worker.pipeline, episode)
+    elif episode.speech_swap is not None:
+        _bypass_speech(worker.pipeline, episode, episode.speech_swap(worker.pipeline))
+    for observer in episode.observers:
+        worker.add_observer(observer)
     _adapt_llms(worker, episode)
     for processor in _processors(worker.pipeline):
         if isinstance(processor, LLMService) and episode.world is not None:
@@ -305,7 +334,7 @@ async def prepare_worker(worker: PipelineWorker) -> None:
             for name in episode.world.tools:
                 processor.register_function(name, handler)
     if episode.bypassed:
-        logger.debug(f"simulator: bypassed {', '.join(episode.bypassed)} (text mode)")
+        logger.debug(f"simulator: replaced {', '.join(episode.bypassed)}")
     episode.prepared.set()
 
 

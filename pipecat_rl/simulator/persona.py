@@ -157,9 +157,17 @@ class PersonaWorker(PipelineWorker):
 
 
 def build_persona_worker(
-    scenario: Scenario, pair: LocalTransportPair, llm: LLMService
+    scenario: Scenario,
+    pair: LocalTransportPair,
+    llm: LLMService,
+    audio_stages: tuple[list[FrameProcessor], list[FrameProcessor]] | None = None,
 ) -> PipelineWorker:
-    """The persona caller bot, ready to run on the caller side of `pair`."""
+    """The persona caller bot, ready to run on the caller side of `pair`.
+
+    In audio mode `audio_stages` are its ear (VAD, STT, hearing: before its turn logic) and its
+    mouth (line tap, TTS: after its LLM); see `simulator.audio.episode`.
+    """
+    ear, mouth = audio_stages or ([], [])
     # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
     opening = scenario.script.opening if scenario.script else None
     if scenario.scripted:
@@ -181,8 +189,10 @@ def build_persona_worker(
     pipeline = Pipeline(
         [
             transport.input(),
+            *ear,
             PersonaTurns(context, pair),
             llm,
+            *mouth,
             transport.output(),
             LLMAssistantAggregator(context),
         ]

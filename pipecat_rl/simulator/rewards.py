@@ -14,6 +14,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pipecat.services.llm_service import LLMService
 
@@ -129,8 +130,36 @@ def reward_parts(evidence: EpisodeEvidence) -> dict[str, float]:
     return parts
 
 
+MISHEARD_RECOVERED = "misheard_recovered"
+"""Not a failure: a tool got a misheard slot, and a later call of it got the fact right."""
+
+_DIGITS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4",
+           "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9"}  # fmt: skip
+_DATE_FORMATS = ("%Y-%m-%d", "%B %d %Y", "%d %B %Y", "%b %d %Y", "%d %b %Y", "%m/%d/%Y")
+
+
+def _date(text: str) -> str | None:
+    cleaned = re.sub(r"(\d+)(st|nd|rd|th)\b", r"\1", text.replace(",", " "))
+    cleaned = " ".join(cleaned.split())
+    for fmt in _DATE_FORMATS:
+        try:
+            return datetime.strptime(cleaned, fmt).date().isoformat()
+        except ValueError:
+            continue
+    return None
+
+
 def _norm(value: object) -> str:
-    return re.sub(r"[\s\-.,()]", "", str(value)).lower()
+    """A slot value as heard, normalised: spoken digits, spelled names and dates compare equal.
+
+    "nine one one" and "911", "M-A-R-I-A" and "Maria", "March 12th, 1984" and "1984-03-12".
+    """
+    text = str(value).strip()
+    date = _date(text)
+    if date is not None:
+        return date.replace("-", "")
+    words = re.split(r"([\s\-.,()]+)", text.lower())
+    return "".join(_DIGITS.get(w, w) for w in words if not re.fullmatch(r"[\s\-.,()]*", w))
 
 
 def _misheard(value: object, fact: object) -> bool:
@@ -175,6 +204,8 @@ def failure_labels(evidence: EpisodeEvidence) -> list[str]:
     if evidence.end_reason in ("silence", "max_duration", "max_turns"):
         labels.add(TIMEOUT)
     ordered = [label for label in FAILURE_LABELS if label in labels]
+    if MISHEARD_SLOT in labels and _misheard_then_right(evidence.executions, facts):
+        ordered.append(MISHEARD_RECOVERED)
     for i, execution in enumerate(evidence.executions):
         if not execution.ok and any(
             later.ok and later.name == execution.name for later in evidence.executions[i + 1 :]
@@ -182,6 +213,19 @@ def failure_labels(evidence: EpisodeEvidence) -> list[str]:
             ordered.append(RECOVERED)
             break
     return ordered
+
+
+def _misheard_then_right(executions: Sequence[ToolExecution], facts: list[object]) -> bool:
+    """Whether a call with a misheard slot is followed by a call of that tool with the fact."""
+    for i, execution in enumerate(executions):
+        misheard = [
+            f for v in _argument_values(execution.arguments) for f in facts if _misheard(v, f)
+        ]
+        for later in executions[i + 1 :]:
+            values = {_norm(v) for v in _argument_values(later.arguments)}
+            if later.name == execution.name and any(_norm(f) in values for f in misheard):
+                return True
+    return False
 
 
 def pass_hat_k(outcomes: Sequence[bool], k: int) -> float | None:

@@ -29,7 +29,7 @@ from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
 
 from pipecat_rl.errors import ConfigError, LedgerError
-from pipecat_rl.ledger import Ledger, ScoreRecord, ToolCallRecord
+from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
@@ -88,7 +88,11 @@ class SimulationConfig:
     """The persona's model (default: a `simulator:` block's, else `base` on the served model)."""
     persona_llm_url: str | None = None
     """Another OpenAI-compatible server for the persona (overrides `simulator:` blocks)."""
-    mode: Literal["text"] = "text"
+    mode: Literal["text", "audio"] = "text"
+    """Text lines, or speech over a paced audio call (see `simulator.audio`)."""
+    stt: Literal["whisper", "deepgram"] | None = None
+    tts: Literal["piper", "cartesia"] | None = None
+    """Audio mode: the speech services chosen over the scenarios' `channel` (None: theirs)."""
     judge_model: str | None = None
     """The judge's model (default: a `judge.eval:` block's, else `base` on the served model)."""
     judge_llm_url: str | None = None
@@ -132,6 +136,13 @@ class EpisodeResult:
     """The bot's LLM services pointed at the served model."""
     score_details: dict[str, dict[str, Any]] = field(default_factory=dict)
     """What each Pipecat score (`judge:*`, `metric:*`) carries beside its value."""
+    mode: Literal["text", "audio"] = "text"
+    speech: list[str] = field(default_factory=list)
+    """Audio mode: the bot's speech services stood in for, and a VAD added, if any."""
+    call_s: float | None = None
+    """Audio mode: how long the call ran on the wire (its real-time duration)."""
+    v2v_ms: dict[int, float] = field(default_factory=dict)
+    """Audio mode: the agent pipeline's own voice-to-voice figure per user turn."""
 
     @property
     def passed(self) -> bool | None:
@@ -342,9 +353,6 @@ async def run_episode(
     )
     world = World(scenario, seed=seed)
     noise = scenario.channel.asr_noise
-    pair = LocalTransportPair(
-        max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
-    )
     episode = Episode(
         world=world,
         llm_url=config.llm_url,
@@ -353,11 +361,23 @@ async def run_episode(
         temperature=config.temperature,
     )
     recorded = []
+    audio = None
+    if config.mode == "audio":  # audio mode: see simulator.audio (kept apart from text mode)
+        from pipecat_rl.simulator.audio.episode import AudioEpisode
+
+        audio = AudioEpisode.build(scenario, seed, stt=config.stt, tts=config.tts)
+        audio.adapt(episode)
+        pair: LocalTransportPair = audio.pair
+    else:
+        pair = LocalTransportPair(
+            max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
+        )
     try:
         llm_persona = config.persona == "llm" and not scenario.scripted
         endpoint = persona_endpoint(scenario, config) if llm_persona else None
         caller_llm = persona_llm(scenario, config.persona, endpoint=endpoint, pair=pair)
-        persona = build_persona_worker(scenario, pair, caller_llm)
+        stages = audio.persona_stages() if audio else None
+        persona = build_persona_worker(scenario, pair, caller_llm, stages)
         persona_errors: list[str] = []
         persona.add_event_handler("on_pipeline_error", error_recorder(persona_errors))
         persona_task = asyncio.create_task(_run_worker(persona))
@@ -398,6 +418,11 @@ async def run_episode(
     result.executions = seen_executions(recorded, result.world_executions)
     result.checks = world.verify()
     result.bypassed, result.redirected = episode.bypassed, episode.redirected
+    result.mode = config.mode
+    if audio is not None:
+        result.speech = audio.agent_speech.notes
+        result.call_s = audio.pair.audio_seconds
+        result.v2v_ms = dict(audio.pair.v2v_ms)
     world.close()
     if not episode.workers and result.error is None:
         result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
@@ -446,8 +471,12 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "redirected": result.redirected,
             "transcript": [vars(line) for line in result.transcript],
             "checks": [vars(c) for c in result.checks],
+            **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
         },
     )
+    recorded = {lat.user_turn: lat for lat in ledger.latencies(session_id)}
+    for latency in caller_side_latencies(result, recorded):
+        ledger.put_latency(latency)
     for name, value in result.reward_parts.items():
         detail: dict[str, Any] = result.score_details.get(name, {})
         if name == "verifier":
@@ -468,6 +497,32 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
                 state_diff={"world": execution.state_diff, "fault": execution.fault},
             )
         )
+
+
+def caller_side_latencies(
+    result: EpisodeResult, recorded: dict[int, LatencyRecord]
+) -> list[LatencyRecord]:
+    """Per user turn, what the caller lived through: the heard gap (audio) or the response gap.
+
+    User turn k is the agent's answer to the caller's k-th line (0-based), the numbering the
+    recorder uses; the greeting, which answers no caller line, has none. In audio mode the
+    agent's own v2v (Pipecat's observer) fills a turn the recorder left without one.
+    """
+    out, caller_lines = [], 0
+    for line in result.transcript:
+        if line.speaker == "caller":
+            caller_lines += 1
+        elif line.latency_ms is not None and caller_lines:
+            turn = caller_lines - 1
+            values: dict[str, float | None] = {"response_gap_ms": round(line.latency_ms, 3)}
+            if result.mode == "audio":
+                has_v2v = turn in recorded and recorded[turn].v2v_ms is not None
+                values = {
+                    "heard_gap_ms": values["response_gap_ms"],
+                    "v2v_ms": None if has_v2v else result.v2v_ms.get(turn),
+                }
+            out.append(LatencyRecord(session_id=result.session_id, user_turn=turn, **values))
+    return out
 
 
 # -- many episodes -----------------------------------------------------------------------------
@@ -577,6 +632,7 @@ class SimulationReport:
                     "labels": e.labels,
                     "end_reason": e.end_reason,
                     "error": e.error,
+                    "mode": e.mode,
                     "turns": len(e.transcript),
                     "duration_s": round(e.duration_s, 3),
                 }
@@ -599,6 +655,10 @@ async def simulate(
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
     heldout.check_against_ledger(ledger, scenarios)  # one id, one content, before any episode
+    if config.mode == "audio":  # so is a missing speech model or key (before any call starts)
+        from pipecat_rl.simulator.audio.episode import check_audio
+
+        check_audio(scenarios, stt=config.stt, tts=config.tts)
     gate = asyncio.Semaphore(max(1, config.concurrency))
     jobs = [
         (scenario, repeat)

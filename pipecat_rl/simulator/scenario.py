@@ -181,6 +181,29 @@ class Channel(_Model):
     asr_noise: AsrNoise | None = None
     tts_voice: str | None = None
     background_noise: str | None = None
+    """Audio mode: a 16-bit WAV file of noise (relative to the scenario), mixed at `snr_db`."""
+    # -- audio mode only (see `simulator.audio.channel`) --
+    stt: Literal["whisper", "deepgram"] | None = None
+    """Who hears the caller when the bot's own STT cannot run offline (deepgram needs a key)."""
+    tts: Literal["piper", "cartesia"] | None = None
+    """Who speaks the caller and stands in for an online bot TTS (cartesia needs a key)."""
+    snr_db: float | None = None
+    """Background noise at this SNR over the caller's speech (generated unless a file is given)."""
+    speaking_rate: float = Field(default=1.0, gt=0.25, le=4.0)
+    telephony: bool = False
+    """An 8 kHz mu-law round trip on the caller's audio."""
+    packet_loss: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """The share of the caller's 20 ms frames lost (zeroed)."""
+
+    @property
+    def perturbed(self) -> bool:
+        """Whether anything changes the caller's audio on its way to the agent."""
+        return (
+            self.snr_db is not None
+            or self.speaking_rate != 1.0
+            or self.telephony
+            or self.packet_loss > 0
+        )
 
 
 class ScriptRule(_Model):

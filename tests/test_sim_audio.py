@@ -1,0 +1,213 @@
+"""Audio mode: offline Whisper + Piper, the paced local call, the caller-side heard gap.
+
+Each episode here is a real-time call of a few seconds, run through Pipecat pipelines on both
+sides (Silero VAD, smart-turn, Whisper tiny.en, Piper), so these tests are `slow`.
+"""
+
+import statistics
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import Ledger
+from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from tests import audio_bots
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
+BOTS = str(Path(audio_bots.__file__))
+AUDIO = SimulationConfig(persona="scripted", mode="audio", concurrency=1)
+
+
+@pytest.fixture
+def no_keys(monkeypatch):
+    for key in ("DEEPGRAM_API_KEY", "CARTESIA_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(key, raising=False)
+
+
+async def _simulate(paths, bot, ledger_path, config=AUDIO):
+    ledger = Ledger(ledger_path)
+    return await simulate(load_scenarios(paths), load_bot(bot), config, ledger), ledger
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_audio_clinic_episode_offline(tmp_path, no_keys):
+    report, ledger = await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db")
+    (episode,) = report.episodes
+    assert episode.error is None and episode.end_reason == "caller_hung_up"
+    assert episode.outcome == "pass"
+    assert (
+        episode.speech[:2]
+        == [
+            "DeepgramSTTService -> WhisperSTTService",
+            "added VADProcessor(SileroVADAnalyzer) before the STT",
+        ]
+        or "DeepgramSTTService -> WhisperSTTService" in episode.speech
+    )
+    session = ledger.session(episode.session_id)
+    transcript = session.metadata["transcript"]
+    callers = [x for x in transcript if x["speaker"] == "caller"]
+    agents = [x for x in transcript if x["speaker"] == "agent"]
+    assert callers and agents
+    # The agent's STT heard every caller line (Whisper text, not the persona's own).
+    assert all(x["heard"].strip() for x in callers)
+    assert "real person" in callers[0]["heard"].lower()
+    # The agent's spoken text (its TTS) and what the caller's Whisper made of it.
+    assert "bright smile" in agents[0]["text"].lower() and agents[0]["heard"].strip()
+    # A heard gap per agent turn that answers a caller line, in the ledger's latency rows.
+    answered = agents[1:]
+    assert all(x["latency_ms"] is not None and x["latency_ms"] > 0 for x in answered)
+    rows = ledger.latencies(session.id)
+    assert [r.heard_gap_ms for r in rows] == [
+        pytest.approx(x["latency_ms"], abs=0.01) for x in answered
+    ]
+    assert all(r.v2v_ms is not None and r.response_gap_ms is None for r in rows)
+    assert episode.call_s and episode.duration_s < 3 * episode.call_s + 10
+
+
+def _scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "delay.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            name: delay_probe
+            persona: A caller checking a booking.
+            goal: Check the booking, then hang up.
+            success: The agent answered.
+            max_turns: 4
+            script:
+              opening: I would like to check my booking.
+              rules:
+                - {when: ".", say: "Thank you very much.", times: 2}
+                - {when: ".", say: "Goodbye.", end_call: true}
+            """
+        )
+    )
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no_keys):
+    scenario = _scenario(tmp_path)
+    gaps, v2v = {}, {}
+    for name, entry in (("fast", f"{BOTS}:run_bot"), ("slow", f"{BOTS}:run_bot_delayed")):
+        report, ledger = await _simulate([scenario], entry, tmp_path / f"{name}.db")
+        (episode,) = report.episodes
+        assert episode.error is None, episode.error
+        rows = ledger.latencies(episode.session_id)
+        assert len(rows) >= 2, [vars(x) for x in episode.transcript]
+        assert all(r.heard_gap_ms is not None for r in rows)
+        gaps[name] = statistics.median(r.heard_gap_ms for r in rows)
+        v2v[name] = statistics.median(r.v2v_ms for r in rows if r.v2v_ms is not None)
+    moved = gaps["slow"] - gaps["fast"]
+    assert abs(moved - audio_bots.DELAY_S * 1000) <= 20.0, (gaps, v2v)
+    # The in-agent figure is reported beside it and sees the same delay (its own clock).
+    assert abs(v2v["slow"] - v2v["fast"] - audio_bots.DELAY_S * 1000) <= 40.0, (gaps, v2v)
+
+
+async def test_a_keyed_service_without_its_key_is_a_clear_error(tmp_path, no_keys):
+    config = SimulationConfig(persona="scripted", mode="audio", stt="deepgram")
+    with pytest.raises(ConfigError, match="DEEPGRAM_API_KEY"):
+        await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db", config)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
+    from pipecat_rl.gate.config import GateConfig
+    from pipecat_rl.gate.evaluate import evaluate
+    from pipecat_rl.gate.inputs import load_ledger_runs
+    from pipecat_rl.gate.lineage import base_lineage
+
+    scenario = _scenario(tmp_path)
+    scenario.write_text(scenario.read_text() + "split: heldout\n")
+    ledger = Ledger(tmp_path / "gate.db")
+    scenarios = load_scenarios([scenario])
+    for policy, entry in (("slow", "run_bot_delayed"), ("fast", "run_bot")):
+        config = SimulationConfig(
+            persona="scripted", mode="audio", adapter=policy, source="gate", repeats=2,
+            concurrency=1,
+        )  # fmt: skip
+        report = await simulate(scenarios, load_bot(f"{BOTS}:{entry}"), config, ledger)
+        assert all(e.error is None for e in report.episodes)
+    data = load_ledger_runs(ledger, "slow", "fast", source="gate")
+    assert all(r.channel == "audio" and r.heard_gap_ms for r in data.runs)
+    receipt = evaluate(
+        data, GateConfig(resamples=10_000), base_lineage("slow"), base_lineage("fast")
+    )
+    latency = receipt.latency
+    assert latency.gated_on == "heard_gap" and latency.in_agent_v2v_p95 is not None
+    difference = latency.v2v_p95.difference
+    assert difference.low <= difference.estimate <= difference.high
+    assert abs(difference.estimate - audio_bots.DELAY_S * 1000) <= 20.0
+    checks = {c.name: c for c in receipt.checks}
+    assert checks["p95_budget"].status == "pass" and "heard gap P95" in checks["p95_budget"].detail
+    assert checks["p95_vs_incumbent"].status == "fail"  # 400 ms slower than a 100 ms margin
+
+
+def test_a_text_gate_says_it_has_no_voice_to_voice_evidence():
+    from pipecat_rl.gate.config import GateConfig
+    from pipecat_rl.gate.evaluate import evaluate
+    from pipecat_rl.gate.inputs import GateData, InputSource, RunResult
+    from pipecat_rl.gate.lineage import base_lineage
+
+    runs = tuple(
+        RunResult(scenario=f"s{i}", policy=p, run=0, reward=1.0, channel="text")
+        for i in range(4)
+        for p in ("cand", "inc")
+    )
+    data = GateData(
+        candidate="cand", incumbent="inc", runs=runs, source=InputSource(kind="ledger", path="mem")
+    )
+    receipt = evaluate(data, GateConfig(), base_lineage("cand"), base_lineage("inc"))
+    assert any("no voice-to-voice evidence" in n for n in receipt.notes)
+    checks = {c.name: c for c in receipt.checks}
+    assert checks["p95_budget"].status == "uncertain"
+    assert "no voice-to-voice samples" in checks["p95_budget"].detail
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_cli_text_and_audio_report_the_channel_gap(tmp_path, no_keys):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+
+    page = tmp_path / "gap.html"
+    args = [
+        "simulate", str(POOL / "handoff_request.yaml"), "--bot", EXPERT, "--persona", "scripted",
+        "--no-server", "--mode", "text,audio", "--json", "--ledger", str(tmp_path / "l.db"),
+        "--gap-html", str(page),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout[result.stdout.index("{") :])
+    assert out["text"]["episodes"][0]["mode"] == "text"
+    assert out["audio"]["episodes"][0]["mode"] == "audio"
+    labels = [row["label"] for row in out["channel_gap"]["labels"]]
+    assert labels == ["misheard_slot", "tool_error", "dead_loop", "unauthorised_write"]
+    assert page.is_file() and "Channel gap" in page.read_text()
+    ledger = Ledger(tmp_path / "l.db")
+    sessions = ledger.sessions()
+    assert sorted(s.metadata["mode"] for s in sessions) == ["audio", "text"]
+    text_session = next(s for s in sessions if s.metadata["mode"] == "text")
+    rows = ledger.latencies(text_session.id)
+    assert rows and all(r.response_gap_ms is not None and r.heard_gap_ms is None for r in rows)
+
+
+def test_webrtc_transport_is_refused_plainly(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+
+    args = ["simulate", str(POOL / "handoff_request.yaml"), "--bot", EXPERT, "--transport",
+            "webrtc", "--no-server", "--ledger", str(tmp_path / "l.db")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 64 and "webrtc is not available yet" in result.output
