@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipecat_rl.ledger import SessionRecord
+from pipecat_rl.ledger.outcome import TOOL_CREDIT, authoritative_score
 
 RewardFn = Callable[[SessionRecord], float | None]
 """A session's training reward (None: not usable, e.g. the scenario verifies nothing)."""
@@ -19,13 +20,8 @@ ZERO_STD = 1e-9
 
 
 def outcome_reward(session: SessionRecord) -> float | None:
-    """The verifier alone (the authoritative part), or judged success where there is none."""
-    parts = session.reward_parts
-    if "verifier" in parts:
-        return float(parts["verifier"])
-    if "judge:success" in parts:
-        return float(parts["judge:success"])
-    return None
+    """The authoritative score (`ledger.outcome`: the verifier, else judged success)."""
+    return authoritative_score(session.reward_parts)
 
 
 def shaped_reward(session: SessionRecord) -> float | None:
@@ -33,7 +29,7 @@ def shaped_reward(session: SessionRecord) -> float | None:
     outcome = outcome_reward(session)
     if outcome is None:
         return None
-    return outcome + float(session.reward_parts.get("tool_credit", 0.0))
+    return outcome + float(session.reward_parts.get(TOOL_CREDIT, 0.0))
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from loguru import logger
 
 from pipecat_rl.errors import TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
+from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.training import registry
 from pipecat_rl.training.advantage import outcome_reward
 from pipecat_rl.training.config import TrainConfig, TrainResult
@@ -138,8 +139,7 @@ def guard(
 
 
 def _passed(session: SessionRecord) -> bool:
-    # The authoritative score (verifier, else judged success); see ledger.outcome on main.
-    return outcome_reward(session) == 1.0
+    return passed(session.reward_parts) is True  # the one definition (`ledger.outcome`)
 
 
 def sft_rows(ledger: Ledger, policy: Policy, config: TrainConfig) -> tuple[list, list[str], dict]:
