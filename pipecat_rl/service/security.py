@@ -1,8 +1,6 @@
 """What keeps the service's door shut: the bearer token, the bind rule, paths and body size."""
 
 import hmac
-import ipaddress
-import socket
 from pathlib import Path
 
 from fastapi import Depends, HTTPException, Request, status
@@ -10,22 +8,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.service.settings import TOKEN_ENV, ServiceSettings
+from pipecat_rl.serving import is_loopback  # one rule for every server we start
 
 _bearer = HTTPBearer(auto_error=False)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` names only this machine (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(host, None)
-        except OSError:
-            return False
-        return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 def check_bind(host: str, token: str | None) -> None:
