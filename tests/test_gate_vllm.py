@@ -51,7 +51,7 @@ def test_gate_runs_paired_simulations_and_writes_receipts(
     result = CliRunner().invoke(app, [
         "gate", "--candidate", "cand-a", "--incumbent", "inc-b", "--scenarios", str(scenarios),
         "--bot", str(CLINIC.parent / "bot.py"), "--llm-url", vllm_server.base_url, "--repeats", "2",
-        "--persona", "scripted", "--max-tokens", "12", "--concurrency", "4",
+        "--persona", "scripted", "--max-tokens", "12", "--concurrency", "4", "--mode", "text",
         "--ledger", str(db), "--out", str(out), "--json",
     ])  # fmt: skip
     assert result.stdout.strip(), result.output

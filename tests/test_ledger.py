@@ -525,6 +525,15 @@ def test_from_timestamps_derives_each_stage():
     assert lat.heard_gap_ms is None
 
 
+def test_from_timestamps_leaves_a_stage_with_endpoints_out_of_order_unknown():
+    # an STT final of an earlier segment lands before the user stopped: no endpointing measured
+    lat = LatencyRecord.from_timestamps(
+        "s", 0, user_stopped_at=10.0, stt_final_at=9.7, bot_started_at=10.8
+    )
+    assert lat.endpointing_ms is None
+    assert lat.v2v_ms == pytest.approx(800.0)
+
+
 def test_from_timestamps_missing_endpoints_give_none_and_explicit_wins():
     lat = LatencyRecord.from_timestamps("s", 0, user_stopped_at=1.0, llm_first_token_at=2.0)
     assert lat.endpointing_ms is None

@@ -178,8 +178,8 @@ class LatencyRecord(_Record):
     ) -> "LatencyRecord":
         """Build a record from stage timestamps, deriving each stage whose two endpoints are known.
 
-        A stage whose endpoints are missing stays None; a stage given explicitly wins over the
-        derived value (for example a TTFB Pipecat measured more precisely).
+        A stage whose endpoints are missing, or out of order, stays None; a stage given
+        explicitly wins over the derived value (for example a TTFB Pipecat measured more precisely).
         """
         values: dict[str, Any] = {
             "user_stopped_at": user_stopped_at,
@@ -201,7 +201,10 @@ class LatencyRecord(_Record):
             if given is not None:
                 values[name] = given
             elif values[start] is not None and values[end] is not None:
-                values[name] = (values[end] - values[start]) * 1000.0
+                span = (values[end] - values[start]) * 1000.0
+                # endpoints out of order (e.g. an STT final of an earlier segment, before the
+                # user stopped): this turn did not measure the stage, so it stays unknown
+                values[name] = span if span >= 0 else None
             else:
                 values[name] = None
         return cls(
