@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_IO, EXIT_USAGE
 from pipecat_rl.ledger import (
+    AdapterRecord,
     LatencyRecord,
     Ledger,
     ScoreRecord,
@@ -286,3 +287,19 @@ def test_corrupt_ledger_is_an_io_error(tmp_path):
     result = invoke("stats", "--ledger", str(path))
     assert result.exit_code == EXIT_IO
     assert str(path) in result.output
+
+
+def test_unloading_the_live_adapter_is_refused_unless_forced(tmp_path):
+    db = tmp_path / "l.db"
+    with Ledger(db) as ledger:
+        ledger.register_adapter(AdapterRecord(
+            name="v3", path=str(tmp_path), base_model="smollm2", created_at=1.0
+        ))  # fmt: skip
+        ledger.move_live("v3")
+    # nothing listens on this port: the refusal must come before any request
+    args = ["llm", "unload-adapter", "v3", "--llm-url", "http://127.0.0.1:9", "--ledger", str(db)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == EXIT_USAGE
+    assert "v3 is the live adapter" in " ".join(result.output.split())
+    forced = runner.invoke(app, [*args, "--force"])  # passes the check, then finds no server
+    assert forced.exit_code != EXIT_USAGE and "live adapter" not in forced.output

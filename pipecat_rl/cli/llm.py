@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 
 from pipecat_rl.cli.common import EXIT_UNAVAILABLE, cli_errors, console, print_json
+from pipecat_rl.cli.ledger import LedgerOpt
+from pipecat_rl.errors import ConfigError
 from pipecat_rl.serving import (
     API_KEY_ENV,
     VLLMAdmin,
@@ -133,14 +135,36 @@ def unload_adapter(
     name: Annotated[str, typer.Argument(help="The adapter's served name.")],
     llm_url: UrlOption = None,
     api_key: KeyOption = None,
+    ledger: LedgerOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Unload it even if it is the live adapter.")
+    ] = False,
     json_out: JsonOption = False,
 ) -> None:
-    """Unload a LoRA adapter from the running server."""
+    """Unload a LoRA adapter from the running server (never the live one, unless --force)."""
     with cli_errors():
+        if not force:
+            _refuse_live(name, ledger)
         admin = VLLMAdmin(resolve_llm_url(llm_url), api_key=api_key)
         admin.unload_adapter(name)
         models = admin.models()
     _report({"unloaded": name, "models": models}, json_out)
+
+
+def _refuse_live(name: str, ledger: Path | None) -> None:
+    """Refuse to unload the adapter the live pointer serves: bots would lose it mid-call."""
+    from pipecat_rl.ledger import Ledger, resolve_ledger_path
+
+    path = resolve_ledger_path(ledger)
+    if not path.is_file():
+        return  # no ledger here: nothing says which adapter is live
+    with Ledger(path) as store:
+        live = store.live()
+    if live is not None and live.adapter == name:
+        raise ConfigError(
+            f"{name} is the live adapter in {path} (since its last promotion): bots are being "
+            "served it; promote or roll back to another first, or pass --force"
+        )
 
 
 @llm_app.command("models")
