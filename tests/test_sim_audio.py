@@ -69,6 +69,9 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     assert episode.call_s and episode.duration_s < 3 * episode.call_s + 10
 
 
+CLINIC_PACK = ROOT / "examples" / "clinic" / "world.py"
+
+
 def _scenario(tmp_path: Path) -> Path:
     path = tmp_path / "delay.yaml"
     path.write_text(
@@ -86,6 +89,9 @@ def _scenario(tmp_path: Path) -> Path:
                 - {when: ".", say: "Goodbye.", end_call: true}
             """
         )
+        # a world to verify (the gate pairs verified runs only): nothing may change in it
+        + f"world: {{pack: {CLINIC_PACK}, state: {{patients: [{{id: 1, name: Maria Lopez}}]}}}}\n"
+        + "verify:\n  - unchanged: [patients]\n"
     )
     return path
 
