@@ -95,8 +95,10 @@ def test_sigkill_mid_job_then_restart_leaves_a_consistent_ledger(tmp_path):
             assert all(s.ended_at is not None for s in sessions)  # none left open
             closed = [e for e in ledger.job_events(job_id) if e.event == "interrupted"]
             ids = set(closed[0].data["closed"])
-            assert all(s.outcome == "error" for s in sessions if s.id in ids)
-            assert all(s.outcome == "pass" for s in sessions if s.id not in ids)
+            # cut by the kill: closed by the restarted service, or already by the ledger's own
+            # reconcile on open (their writer is gone); either way `interrupted`, never trained
+            assert all(s.outcome == "interrupted" for s in sessions if s.id in ids)
+            assert all(s.outcome in ("pass", "interrupted") for s in sessions)
         # The queue works after the restart.
         next_id = httpx.post(
             f"{service.url}/jobs", json={**job, "repeats": 1}, headers=AUTH

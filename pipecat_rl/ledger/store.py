@@ -939,10 +939,11 @@ class Ledger:
     def close_open_sessions(
         self, *, since: float, reason: str, sources: Sequence[str] = ("simulate", "gate")
     ) -> list[str]:
-        """End every session of `sources` started since `since` that never ended, as an error.
+        """End every session of `sources` started since `since` that never ended, `interrupted`.
 
-        A crash mid-simulation leaves such sessions; closing them with outcome `error` keeps
-        them out of training and out of the gate, and says why. Live calls are never touched.
+        A crash mid-simulation leaves such sessions (opening a ledger reconciles those whose
+        writer is gone the same way); `interrupted` keeps them out of training and out of the
+        gate, and the metadata says why. Live calls are never touched.
         """
         with self._write() as conn:
             ids = [
@@ -961,7 +962,7 @@ class Ledger:
                     current,
                     {
                         "ended_at": now,
-                        "outcome": "error",
+                        "outcome": "interrupted",
                         "metadata": {**current.metadata, "error": reason},
                     },
                 )
