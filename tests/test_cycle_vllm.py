@@ -22,15 +22,6 @@ from tests.service_helpers import clinic_copy
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def _training_available() -> bool:
-    try:
-        import pipecat_rl.training  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _training_available(), reason="needs pipecat_rl.training (issue 10)")
 def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_server):
     clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
                 heldout=["heldout_terse_booking", "heldout_terse_handoff"])  # fmt: skip
