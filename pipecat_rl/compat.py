@@ -17,11 +17,15 @@ when an upgrade renames one, this module (and its test) is the one place that br
   (audio mode keeps the bot's own turn-taking).
 - `get_chat_completions` calls `build_chat_completion_params` for each streamed request, and
   both are looked up on the instance: the recorder's tee replaces them there (`llm_tee`).
+- aioice's `ice.get_host_addresses` (aiortc's ICE, brought by `pipecat-ai[webrtc]`), which leaves
+  127.0.0.1 out: while a loopback WebRTC call gathers its candidates it offers 127.0.0.1 only
+  (`loopback_ice`), so the simulator's calls never leave the machine, nor need a network.
 
 Nothing here imports Pipecat at module level: the functions take Pipecat objects.
 """
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 STREAM_METHODS = ("build_chat_completion_params", "get_chat_completions")
@@ -143,3 +147,30 @@ def user_aggregator_vad(aggregator: Any) -> Any:
     """The VAD analyzer an `LLMUserAggregator` was built with (its params are private), or None."""
     params = getattr(aggregator, "_params", None)
     return getattr(params, "vad_analyzer", None)
+
+
+# -- aiortc's ICE (pipecat-ai[webrtc]) ---------------------------------------------------------
+
+_loopback_users = 0
+
+
+@contextlib.contextmanager
+def loopback_ice() -> Iterator[None]:
+    """WebRTC peers that gather candidates inside this block offer 127.0.0.1 only.
+
+    Re-entrant across concurrent calls in one process: the original is put back when the last
+    block exits.
+    """
+    global _loopback_users
+    from aioice import ice
+
+    if _loopback_users == 0:
+        ice.pipecat_rl_host_addresses = ice.get_host_addresses
+        ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []
+    _loopback_users += 1
+    try:
+        yield
+    finally:
+        _loopback_users -= 1
+        if _loopback_users == 0:
+            ice.get_host_addresses = ice.pipecat_rl_host_addresses

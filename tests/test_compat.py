@@ -126,3 +126,14 @@ def test_user_aggregator_vad_reads_the_analyzer_it_was_built_with():
     assert compat.user_aggregator_vad(user) is vad
     plain, _ = LLMContextAggregatorPair(LLMContext())
     assert compat.user_aggregator_vad(plain) is None
+
+
+def test_loopback_ice_offers_127_0_0_1_only_and_restores_aioices_gatherer():
+    ice = pytest.importorskip("aioice.ice")
+    original = ice.get_host_addresses
+    assert "127.0.0.1" not in original(use_ipv4=True, use_ipv6=False)  # why we need it
+    with compat.loopback_ice():
+        with compat.loopback_ice():  # concurrent calls in one process
+            assert ice.get_host_addresses(use_ipv4=True, use_ipv6=True) == ["127.0.0.1"]
+        assert ice.get_host_addresses(use_ipv4=True, use_ipv6=False) == ["127.0.0.1"]
+    assert ice.get_host_addresses is original

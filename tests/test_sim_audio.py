@@ -208,7 +208,7 @@ def test_cli_text_and_audio_report_the_channel_gap(tmp_path, no_keys):
     assert rows and all(r.response_gap_ms is not None and r.heard_gap_ms is None for r in rows)
 
 
-def test_webrtc_transport_is_refused_plainly(tmp_path):
+def test_webrtc_without_audio_is_refused_plainly(tmp_path):
     from typer.testing import CliRunner
 
     from pipecat_rl.cli import app
@@ -216,4 +216,4 @@ def test_webrtc_transport_is_refused_plainly(tmp_path):
     args = ["simulate", str(POOL / "handoff_request.yaml"), "--bot", EXPERT, "--transport",
             "webrtc", "--no-server", "--ledger", str(tmp_path / "l.db")]  # fmt: skip
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 64 and "webrtc is not available yet" in result.output
+    assert result.exit_code == 64 and "webrtc carries speech" in result.output

@@ -126,7 +126,11 @@ def simulate_command(
     ] = "text",
     transport: Annotated[
         Literal["local", "webrtc"],
-        typer.Option("--transport", help="Audio transport: the in-process paced pair (local)."),
+        typer.Option(
+            "--transport",
+            help="Audio transport: the in-process paced pair (local), or SmallWebRTC over "
+            "loopback (webrtc: Opus, jitter buffer; needs pipecat-rl[webrtc]).",
+        ),
     ] = "local",
     stt: Annotated[
         Literal["whisper", "deepgram"] | None,
@@ -221,7 +225,9 @@ def simulate_command(
         check_endpoints(loaded, config)  # before the server starts: a wrong block fails fast
         reports = []
         for channel in modes:  # text first, then audio: same scenarios, seeds and adapter
-            run_config = dataclasses.replace(config, mode=channel)
+            run_config = dataclasses.replace(
+                config, mode=channel, transport=transport if channel == "audio" else "local"
+            )
             path = resolve_ledger_path(ledger)
             show = not json_out
             reports.append(asyncio.run(_run(loaded, bot, run_config, path, model, no_server, show)))
@@ -261,11 +267,8 @@ def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:
         or len(set(wanted)) < len(wanted)
     ):
         raise ConfigError(f"--mode {mode}: use text, audio or text,audio")
-    if transport == "webrtc":
-        raise ConfigError(
-            "--transport webrtc is not available yet (SmallWebRTC over loopback is not built); "
-            "use --transport local"
-        )
+    if transport == "webrtc" and "audio" not in wanted:
+        raise ConfigError("--transport webrtc carries speech: use it with --mode audio")
     return sorted(wanted, key=("text", "audio").index)  # type: ignore[return-value]
 
 

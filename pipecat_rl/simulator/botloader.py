@@ -62,6 +62,7 @@ from pipecat.services.openai.responses.llm import (
 )
 from pipecat.services.stt_service import STTService
 from pipecat.services.tts_service import TTSService
+from pipecat.transports.base_transport import TransportParams
 
 from pipecat_rl import compat
 from pipecat_rl.errors import SimulationError
@@ -438,6 +439,9 @@ class BotEntry:
     fn: BotFn
     parameters: tuple[str, ...]
     takes_runner_args: bool = False
+    webrtc_params: Any = None
+    """The bot module's own `transport_params["webrtc"]()`, if it declares one (Pipecat's
+    runner convention): what `--transport webrtc` builds the bot's SmallWebRTC transport with."""
 
     async def run(self, transport: Any, runner_args: SimulationRunnerArguments) -> None:
         """Call the entry point with the transport and whatever else it asks for."""
@@ -552,4 +556,25 @@ def load_bot(spec: str) -> BotEntry:
         fn=fn,
         parameters=tuple(p.name for p in rest if p.name in FILLED_PARAMETERS),
         takes_runner_args=takes_runner_args,
+        webrtc_params=_declared_webrtc_params(spec, module),
     )
+
+
+def _declared_webrtc_params(spec: str, module: Any) -> Any:
+    """`transport_params["webrtc"]()` of a bot module that declares it at module level, or None."""
+    declared = getattr(module, "transport_params", None)
+    factory = declared.get("webrtc") if isinstance(declared, dict) else None
+    if factory is None:
+        return None
+    try:
+        params = factory() if callable(factory) else factory
+    except Exception as e:
+        raise SimulationError(
+            f"--bot {spec}: transport_params['webrtc']() raised {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(params, TransportParams):
+        raise SimulationError(
+            f"--bot {spec}: transport_params['webrtc'] gave {type(params).__name__}, "
+            "not TransportParams"
+        )
+    return params

@@ -90,6 +90,8 @@ class SimulationConfig:
     """Another OpenAI-compatible server for the persona (overrides `simulator:` blocks)."""
     mode: Literal["text", "audio"] = "text"
     """Text lines, or speech over a paced audio call (see `simulator.audio`)."""
+    transport: Literal["local", "webrtc"] = "local"
+    """Audio mode: the in-process paced pair, or SmallWebRTC over loopback (`audio.webrtc`)."""
     stt: Literal["whisper", "deepgram"] | None = None
     tts: Literal["piper", "cartesia"] | None = None
     """Audio mode: the speech services chosen over the scenarios' `channel` (None: theirs)."""
@@ -341,7 +343,10 @@ async def run_episode(
         policy=model,
         seed=seed,
         repeat=repeat,
-        metadata={"bot": bot.spec, "mode": config.mode, "persona": config.persona},
+        metadata={
+            "bot": bot.spec, "mode": config.mode, "persona": config.persona,
+            **({"transport": config.transport} if config.mode == "audio" else {}),
+        },  # fmt: skip
     )
     result = EpisodeResult(
         scenario_id=scenario.id,
@@ -365,7 +370,10 @@ async def run_episode(
     if config.mode == "audio":  # audio mode: see simulator.audio (kept apart from text mode)
         from pipecat_rl.simulator.audio.episode import AudioEpisode
 
-        audio = AudioEpisode.build(scenario, seed, stt=config.stt, tts=config.tts)
+        audio = AudioEpisode.build(
+            scenario, seed, stt=config.stt, tts=config.tts, transport=config.transport,
+            agent_params=bot.webrtc_params,
+        )  # fmt: skip
         audio.adapt(episode)
         pair: LocalTransportPair = audio.pair
     else:
@@ -655,10 +663,12 @@ async def simulate(
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
     heldout.check_against_ledger(ledger, scenarios)  # one id, one content, before any episode
+    if config.transport == "webrtc" and config.mode != "audio":
+        raise ConfigError("--transport webrtc carries speech: use it with --mode audio")
     if config.mode == "audio":  # so is a missing speech model or key (before any call starts)
         from pipecat_rl.simulator.audio.episode import check_audio
 
-        check_audio(scenarios, stt=config.stt, tts=config.tts)
+        check_audio(scenarios, stt=config.stt, tts=config.tts, transport=config.transport)
     gate = asyncio.Semaphore(max(1, config.concurrency))
     jobs = [
         (scenario, repeat)

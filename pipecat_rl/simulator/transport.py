@@ -300,7 +300,7 @@ class AgentInput(_PairInput):
         await self._pair.caller_connected.wait()
         await compat.call_event(self._transport, "on_client_connected", CLIENT_ID)
         if self._pair.send_client_ready:
-            await self.push_frame(InputTransportMessageFrame(message=_client_ready()))
+            await self.push_frame(InputTransportMessageFrame(message=client_ready()))
         if self._pair.agent_context is not None:
             await self.push_frame(LLMMessagesUpdateFrame(list(self._pair.agent_context)))
         while True:
@@ -318,7 +318,8 @@ class AgentInput(_PairInput):
             )
 
 
-def _client_ready() -> dict[str, Any]:
+def client_ready() -> dict[str, Any]:
+    """The RTVI `client-ready` message a Pipecat client sends once it is on the call."""
     return {
         "label": "rtvi-ai",
         "type": "client-ready",

@@ -15,6 +15,7 @@ persona's turn logic, and `CallerLineTap` -> TTS after its LLM.
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from pipecat.audio.vad.silero import SileroVADAnalyzer
 from pipecat.pipeline.pipeline import Pipeline
@@ -143,8 +144,14 @@ class AudioEpisode:
         *,
         stt: SttName | None = None,
         tts: TtsName | None = None,
+        transport: Literal["local", "webrtc"] = "local",
+        agent_params: Any = None,
     ) -> "AudioEpisode":
-        """The episode's audio call, with the scenario's channel perturbations seeded by `seed`."""
+        """The episode's audio call, with the scenario's channel perturbations seeded by `seed`.
+
+        `transport="webrtc"` carries it over SmallWebRTC on loopback, the agent's transport built
+        with `agent_params` (the bot's own `transport_params["webrtc"]`, if it has one).
+        """
         choice = SpeechChoice.for_scenario(scenario, stt, tts)
         channel = scenario.channel
         perturb = None
@@ -154,7 +161,14 @@ class AudioEpisode:
                 base = scenario.source_path.parent if scenario.source_path else Path.cwd()
                 noise_file = base / channel.background_noise
             perturb = ChannelPerturbation(channel, seed, noise_file=noise_file)
-        pair = AudioTransportPair(max_turns=scenario.max_turns, perturb=perturb)
+        if transport == "webrtc":
+            from pipecat_rl.simulator.audio.webrtc import WebRTCAudioPair
+
+            pair: AudioTransportPair = WebRTCAudioPair(
+                max_turns=scenario.max_turns, perturb=perturb, agent_params=agent_params
+            )
+        else:
+            pair = AudioTransportPair(max_turns=scenario.max_turns, perturb=perturb)
         return cls(pair=pair, choice=choice, agent_speech=AgentSpeech(choice))
 
     def adapt(self, episode: Episode) -> None:
@@ -169,9 +183,17 @@ class AudioEpisode:
 
 
 def check_audio(
-    scenarios: Iterable[Scenario], *, stt: SttName | None = None, tts: TtsName | None = None
+    scenarios: Iterable[Scenario],
+    *,
+    stt: SttName | None = None,
+    tts: TtsName | None = None,
+    transport: Literal["local", "webrtc"] = "local",
 ) -> None:
-    """A `ConfigError` now for a missing embedded model or API key, not a failed call later."""
+    """A `ConfigError` now for a missing model, key or WebRTC stack, not a failed call later."""
+    if transport == "webrtc":
+        from pipecat_rl.simulator.audio.webrtc import require_webrtc
+
+        require_webrtc()
     whisper_model_dir()
     piper_voice_dir()
     for scenario in scenarios:

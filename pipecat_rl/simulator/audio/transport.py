@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pipecat.audio.utils import create_stream_resampler
 from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
     CancelFrame,
     EndFrame,
     Frame,
@@ -56,7 +58,7 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 from pipecat.utils.time import time_now_iso8601
 
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE, VOICED_RMS
-from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, _client_ready
+from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, client_ready
 
 FRAME_BYTES = FRAME_SAMPLES * 2
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
@@ -208,8 +210,26 @@ class AudioTransportPair(LocalTransportPair):
         self._caller_quiet_since: float | None = None
         self.audio_seconds = 0.0
         """How long the call has run on the wire (the caller's mouth ticks)."""
-        self.agent = AudioAgentTransport(self)
+        self.agent = self._agent_transport()
         self.caller = AudioCallerTransport(self)
+
+    def _agent_transport(self) -> BaseTransport:
+        """The transport the agent's bot is given (here: the paced local one)."""
+        return AudioAgentTransport(self)
+
+    async def connect_caller(self) -> None:
+        """The caller dials in (its pipeline has started); the agent sees it connect."""
+        self.caller_connected.set()
+
+    async def caller_audio_out(self, pcm: bytes, at: float) -> None:
+        """A 20 ms frame leaves the caller's mouth for the agent."""
+        await self.agent.input().receive(pcm, at)
+
+    def agent_audio_heard(self, is_voiced: bool, at: float) -> None:
+        """An agent frame reached the caller: the heard-gap meter and the call's activity."""
+        self.meter.agent_frame(is_voiced, at)
+        if is_voiced:
+            self.last_activity = at
 
     def request_hang_up(self) -> None:
         """The caller hangs up once its last line has been synthesised and played.
@@ -322,7 +342,7 @@ class AudioAgentInput(_AudioInput):
         await self._pair.caller_connected.wait()
         await self._transport._call_event_handler("on_client_connected", CLIENT_ID)
         if self._pair.send_client_ready:
-            await self.push_frame(InputTransportMessageFrame(message=_client_ready()))
+            await self.push_frame(InputTransportMessageFrame(message=client_ready()))
         await self._pair.done.wait()
         await self._transport._call_event_handler("on_client_disconnected", CLIENT_ID)
 
@@ -372,12 +392,7 @@ class AudioAgentOutput(_MouthOutput):
         self._pair = pair
         self._resampler = create_stream_resampler()
         self._carry = bytearray()
-        self.mouth = Mouth(pair.caller.input().receive, self._sent)
-
-    def _sent(self, is_voiced: bool, at: float) -> None:
-        self._pair.meter.agent_frame(is_voiced, at)
-        if is_voiced:
-            self._pair.last_activity = at
+        self.mouth = Mouth(pair.caller.input().receive, pair.agent_audio_heard)
 
     async def stop(self, frame: EndFrame):
         """The agent ended the call (after its audio has played)."""
@@ -385,12 +400,8 @@ class AudioAgentOutput(_MouthOutput):
         self._pair.end("agent_hung_up")
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
-        """Note what the agent's TTS says, then behave like any output transport."""
-        if isinstance(frame, TTSTextFrame) and direction == FrameDirection.DOWNSTREAM:
-            self._pair.agent_spoken.append(frame.text)
-        elif isinstance(frame, InterruptionFrame):  # the caller barged in: stop talking now
-            if self.mouth.busy:  # its text so far was not all heard: say so in the transcript
-                self._pair.agent_spoken.append("[interrupted]")
+        """Behave like any output transport; an interruption stops the talking now."""
+        if isinstance(frame, InterruptionFrame):  # the caller barged in
             self.mouth.clear()
             self._carry.clear()
         await super().process_frame(frame, direction)
@@ -440,7 +451,7 @@ class AudioCallerInput(_AudioInput):
     async def start(self, frame: StartFrame):
         """Connect to the agent once the persona pipeline runs; speak the opening line, if any."""
         await super().start(frame)
-        self._pair.caller_connected.set()
+        await self._pair.connect_caller()
         if self._pair.caller_opening:
             self._pair.caller_line(self._pair.caller_opening)
             self._pair.caller_speaking = True
@@ -458,7 +469,7 @@ class AudioCallerOutput(_MouthOutput):
         self.mouth = Mouth(self._deliver, pair.caller_sent)
 
     async def _deliver(self, pcm: bytes, at: float) -> None:
-        await self._pair.agent.input().receive(pcm, at)
+        await self._pair.caller_audio_out(pcm, at)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Take the persona's TTS audio off the pipeline and play it, a whole utterance at once."""
@@ -586,8 +597,11 @@ class PersonaHearing(FrameProcessor):
 
 
 class AgentHearingObserver(BaseObserver):
-    """On the agent's worker: what its STT made of the caller's speech, and its own v2v.
+    """On the agent's worker: what its STT heard, what its TTS said, and its own v2v.
 
+    Frames are taken where they enter the agent's output transport (whichever transport that is:
+    the paced local one or SmallWebRTC): the TTS text the caller is about to hear, and an
+    interruption that cuts the agent off while it speaks (marked `[interrupted]` in its line).
     The in-agent voice-to-voice figure is Pipecat's `UserBotLatencyObserver` (VAD stop minus
     stop_secs to bot speech), kept per caller line so it can stand beside the heard gap even when
     the recorder could not split user turns (a bot whose LLM is not OpenAI-compatible).
@@ -597,6 +611,7 @@ class AgentHearingObserver(BaseObserver):
         super().__init__(**kwargs)
         self._pair = pair
         self._seen: set[int] = set()
+        self._bot_speaking = False
         self._latency = UserBotLatencyObserver()
         self._latency.add_event_handler("on_latency_measured", self._on_v2v)
 
@@ -609,13 +624,22 @@ class AgentHearingObserver(BaseObserver):
         await self._latency.on_pipeline_started()
 
     async def on_push_frame(self, data: FramePushed):
-        """Note each final transcript an STT service pushes; time voice to voice."""
+        """Note each final transcript, each spoken text and each barge-in; time voice to voice."""
         await self._latency.on_push_frame(data)
         frame = data.frame
-        if (
-            isinstance(frame, TranscriptionFrame)
-            and isinstance(data.source, STTService)
-            and frame.id not in self._seen
-        ):
+        if frame.id in self._seen:
+            return
+        if isinstance(frame, TranscriptionFrame) and isinstance(data.source, STTService):
             self._seen.add(frame.id)
             self._pair.agent_heard_caller(frame.text)
+        elif isinstance(frame, (BotStartedSpeakingFrame, BotStoppedSpeakingFrame)):
+            self._seen.add(frame.id)
+            self._bot_speaking = isinstance(frame, BotStartedSpeakingFrame)
+        elif isinstance(data.destination, BaseOutputTransport):
+            if isinstance(frame, TTSTextFrame) and data.direction == FrameDirection.DOWNSTREAM:
+                self._seen.add(frame.id)
+                self._pair.agent_spoken.append(frame.text)
+            elif isinstance(frame, InterruptionFrame):
+                self._seen.add(frame.id)
+                if self._bot_speaking:  # its text so far was not all heard: say so
+                    self._pair.agent_spoken.append("[interrupted]")
