@@ -100,3 +100,37 @@ async def test_over_webrtc_a_known_agent_delay_moves_the_heard_gap_by_that_much(
     # The codec and both jitter buffers add the same to each run; the delay shows through whole.
     moved = gaps["slow"] - gaps["fast"]
     assert abs(moved - audio_bots.DELAY_S * 1000) <= 30.0, gaps
+
+
+def test_heard_gaps_over_different_transports_are_not_compared():
+    from pipecat_rl.gate.config import GateConfig
+    from pipecat_rl.gate.evaluate import evaluate
+    from pipecat_rl.gate.inputs import GateData, InputSource, RunResult
+    from pipecat_rl.gate.lineage import base_lineage
+
+    def runs(cand_transport):
+        return tuple(
+            RunResult(
+                scenario=f"s{i}", policy=p, run=0, reward=1.0, channel="audio",
+                transport=cand_transport if p == "cand" else "local",
+                heard_gap_ms=(800.0 if p == "cand" and cand_transport == "webrtc" else 500.0,),
+                v2v_ms=(400.0,),
+            )  # fmt: skip
+            for i in range(8)
+            for p in ("cand", "inc")
+        )
+
+    def receipt(cand_transport):
+        data = GateData(
+            candidate="cand", incumbent="inc", runs=runs(cand_transport),
+            source=InputSource(kind="ledger", path="mem"),
+        )  # fmt: skip
+        return evaluate(data, GateConfig(), base_lineage("cand"), base_lineage("inc"))
+
+    same = receipt("local")
+    assert same.latency.gated_on == "heard_gap"
+    mixed = receipt("webrtc")  # 300 ms "slower" only because WebRTC sits in the candidate's path
+    assert mixed.latency.gated_on == "v2v"
+    assert any("different transports" in n for n in mixed.notes)
+    checks = {c.name: c for c in mixed.checks}
+    assert checks["p95_vs_incumbent"].status == "pass"  # the agents did the same work

@@ -163,6 +163,13 @@ def gate(
         Literal["text", "audio"] | None,
         typer.Option(help="Simulation channel (default: audio when the audio extra is installed)."),
     ] = None,
+    transport: Annotated[
+        Literal["local", "webrtc"],
+        typer.Option(
+            help="Audio transport of the gate's own runs: the local paced pair, or SmallWebRTC "
+            "over loopback (webrtc: Opus and jitter buffers, as a browser caller hears it)."
+        ),
+    ] = "local",
     from_ledger: Annotated[
         bool, typer.Option("--from-ledger", help="Decide from held-out runs in the ledger.")
     ] = False,
@@ -246,11 +253,13 @@ def gate(
                 from pipecat_rl.simulator.audio.services import audio_available
 
                 mode = "audio" if audio_available() else "text"
+            if transport == "webrtc" and mode != "audio":
+                raise ConfigError("--transport webrtc carries speech: use it with --mode audio")
             from pipecat_rl.gate.simulate import PairedRun  # imports Pipecat: only to simulate
 
             paired = PairedRun(
                 bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
-                persona=persona, seed=settings.seed,
+                persona=persona, seed=settings.seed, transport=transport,
             )  # fmt: skip
         opened = open_ledger(ledger) if from_ledger else Ledger(resolve_ledger_path(ledger))
         with opened as store:

@@ -175,11 +175,12 @@ def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencySt
     """The gated P95 with session intervals (None without samples for both), stages and CDFs.
 
     Issue 12: audio runs carry the caller-side heard gap, the figure a caller lives through;
-    when both policies have it, the P95 checks gate on it and the in-agent v2v stands beside.
+    when both policies have it, over one transport, the P95 checks gate on it and the in-agent
+    v2v stands beside. Heard over different transports, the in-agent v2v is gated on instead.
     """
     agent = {role: [r.v2v_ms for r in rs] for role, rs in runs.items()}
     heard = {role: [r.heard_gap_ms for r in rs] for role, rs in runs.items()}
-    on_heard = all(any(s) for s in heard.values())
+    on_heard = all(any(s) for s in heard.values()) and len(_heard_transports(runs)) == 1
     sessions = heard if on_heard else agent
     v2v = _compare(sessions, config)
     stages = {
@@ -197,6 +198,11 @@ def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencySt
         attributed_stage=attribute_regression(stages["candidate"], stages["incumbent"]),
         cdf_ms={role: cdf_points([v for s in ss for v in s]) for role, ss in sessions.items()},
     )
+
+
+def _heard_transports(runs: dict[Role, list[RunResult]]) -> set[str | None]:
+    """The transports the runs' heard gaps were measured over."""
+    return {r.transport for rs in runs.values() for r in rs if r.heard_gap_ms}
 
 
 def _cost(runs: list[RunResult], config: GateConfig) -> CostSummary | None:
@@ -286,6 +292,11 @@ def evaluate(
         notes.append(
             "text-mode runs: no voice-to-voice evidence (a text call carries no audio; its "
             "caller-side response gap is not v2v); gate with --mode audio for latency"
+        )
+    if len(_heard_transports(runs)) > 1:
+        notes.append(
+            "heard gaps measured over different transports (local and webrtc) are not "
+            "comparable: the P95 checks gate on the in-agent v2v; run both policies on one"
         )
     writes = sum(r.unauthorized_writes for r in data.runs if r.policy == data.candidate)
     repeats = max(len(p.candidate) for p in pairs)

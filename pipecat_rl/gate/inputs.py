@@ -110,6 +110,9 @@ class RunResult(BaseModel):
     heard_gap_ms: tuple[float, ...] = ()
     """Caller-side heard gaps (audio mode): the figure the P95 checks gate on when present."""
     channel: Literal["text", "audio"] | None = None
+    transport: Literal["local", "webrtc"] | None = None
+    """Audio runs: the call's transport. Heard gaps compare only within one (WebRTC adds its
+    codec and jitter buffers to what the caller hears)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -347,6 +350,14 @@ def load_ledger_runs(
     )
 
 
+def _transport(metadata: Mapping[str, Any]) -> str | None:
+    """An audio session's transport (sessions recorded before it was stored ran locally)."""
+    if metadata.get("mode") != "audio":
+        return None
+    value = metadata.get("transport", "local")
+    return value if value in ("local", "webrtc") else None
+
+
 def _session_run(
     ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord], judged: Mapping[str, float]
 ) -> RunResult:
@@ -387,6 +398,7 @@ def _session_run(
         session_id=s.id,
         heard_gap_ms=tuple(lat.heard_gap_ms for lat in lats if lat.heard_gap_ms is not None),
         channel=s.metadata.get("mode") if s.metadata.get("mode") in ("text", "audio") else None,
+        transport=_transport(s.metadata),
     )
     try:
         return RunResult.model_validate(fields, context={"judged": judged})

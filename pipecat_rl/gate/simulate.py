@@ -31,6 +31,8 @@ class PairedRun:
     max_tokens: int | None = None
     persona: Literal["llm", "scripted"] = "llm"
     seed: int = 0
+    transport: Literal["local", "webrtc"] = "local"
+    """Audio mode: the call's transport (`--transport webrtc`: SmallWebRTC on loopback)."""
 
 
 def run_paired_simulations(
@@ -78,6 +80,7 @@ async def _simulate_both(
         base = SimulationConfig(
             llm_url=url, persona=run.persona, seed=run.seed, repeats=repeats, source="gate",
             concurrency=max(1, run.concurrency // 2), max_tokens=run.max_tokens, mode=mode,
+            transport=run.transport if mode == "audio" else "local",
         )  # fmt: skip
         await asyncio.gather(
             *(
