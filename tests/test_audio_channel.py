@@ -206,3 +206,20 @@ def test_the_caller_hangs_up_after_its_line_and_a_second_of_quiet():
         t += FRAME_S
         pair.caller_sent(False, t)
     assert pair.end_reason == "caller_hung_up" and t == pytest.approx(3.02, abs=0.03)
+
+
+@pytest.mark.parametrize(
+    ("written", "spoken"),
+    [
+        ("It's DX-48213-77065.", "It's D X 4 8 2 1 3 7 7 0 6 5."),
+        ("My number is 555-123-4567.", "My number is 5 5 5 1 2 3 4 5 6 7."),
+        ("Call 5551234567 please", "Call 5 5 5 1 2 3 4 5 6 7 please"),
+        # what a caller does not spell: years, short numbers, times, ISO dates
+        ("Born in 1984, on 1984-03-12.", "Born in 1984, on 1984-03-12."),
+        ("Slot 13 at 18:00.", "Slot 13 at 18:00."),
+    ],
+)
+async def test_the_caller_reads_codes_and_long_numbers_character_by_character(written, spoken):
+    from pipecat_rl.simulator.audio.spoken import read_codes_aloud
+
+    assert await read_codes_aloud(written, "sentence") == spoken

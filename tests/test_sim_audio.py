@@ -208,6 +208,25 @@ def test_cli_text_and_audio_report_the_channel_gap(tmp_path, no_keys):
     assert rows and all(r.response_gap_ms is not None and r.heard_gap_ms is None for r in rows)
 
 
+@pytest.mark.parametrize(
+    "heard",
+    [
+        "It's DX-48213-77065.",
+        "DX 48213 77065.",
+        "It's DX48,213-77,065.",  # Whisper's thousands commas
+        "D-X four eight two one three seven seven zero six five",
+        "DX 4 8 2 1 3 7 7 0 6 5",
+    ],
+)
+def test_the_expert_reads_a_confirmation_number_as_an_stt_writes_it(heard):
+    import inspect
+
+    expert = inspect.getmodule(load_bot(EXPERT).fn)
+    assert expert.confirmation_number(heard) == "DX-48213-77065"
+    assert expert.confirmation_number("It's DX48,230-77,065.") == "DX-48230-77065"  # misheard
+    assert expert.confirmation_number("I need to cancel my appointment.") is None
+
+
 def test_webrtc_without_audio_is_refused_plainly(tmp_path):
     from typer.testing import CliRunner
 

@@ -12,6 +12,7 @@ import pytest
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.runner import SHUTDOWN_GRACE_S
 from tests import audio_bots
 from tests.test_sim_audio import BOTS, EXPERT, POOL, _scenario
 
@@ -56,17 +57,29 @@ def test_a_bot_modules_own_webrtc_params_are_used():
 
     fixture = Path(__file__).parent / "fixtures" / "pipecat" / "bots" / "function_calling.py"
     entry = load_bot(str(fixture))
-    assert entry.webrtc_params is not None and entry.webrtc_params.audio_in_enabled
+    assert entry.webrtc_params is not None and entry.webrtc_params().audio_in_enabled
+    assert entry.webrtc_params() is not entry.webrtc_params()  # fresh per call
     assert load_bot(EXPERT).webrtc_params is None  # its params live inside bot(): defaults
 
 
 @pytest.mark.slow
 @pytest.mark.integration
 async def test_a_webrtc_clinic_episode_exchanges_audio_both_ways_and_ends_cleanly(tmp_path):
+    from loguru import logger
+
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(m.record["message"]), level="INFO")
     ledger = Ledger(tmp_path / "l.db")
     scenarios = load_scenarios([POOL / "handoff_request.yaml"])
-    report = await simulate(scenarios, load_bot(EXPERT), WEBRTC, ledger)
+    try:
+        report = await simulate(scenarios, load_bot(EXPERT), WEBRTC, ledger)
+    finally:
+        logger.remove(sink)
     (episode,) = report.episodes
+    # The bot's own handlers saw the caller arrive and leave over SmallWebRTC, and it stopped on
+    # its own (no shutdown grace spent cancelling it).
+    assert "Client connected" in said and "Client disconnected" in said
+    assert episode.duration_s < episode.call_s + SHUTDOWN_GRACE_S
     assert episode.error is None and episode.end_reason == "caller_hung_up"
     assert episode.outcome == "pass"
     session = ledger.session(episode.session_id)

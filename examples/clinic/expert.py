@@ -20,7 +20,9 @@ from pipecat.services.settings import LLMSettings
 from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
 
 NAME = re.compile(r"(?:name is|this is|it's|i'm|i am)?\s*([A-Z][a-z]+(?:[ -][A-Z][a-z]+)+)")
-CONFIRMATION = re.compile(r"\b([A-Z]{2,4}(?:[- ]?\d{3,6}){1,3})\b")
+CONFIRMATION = re.compile(r"\b([A-Z]{2,4})[\s.-]*(\d{3,10}(?:[\s.,-]+\d{3,6}){0,2})\b")
+SPOKEN_DIGITS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4",
+                 "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9"}  # fmt: skip
 URGENT = re.compile(r"pain|emergency|swollen|broken|bleeding|today", re.IGNORECASE)
 OFFERED = re.compile(r"slot (\d+)\. Shall I book it")
 DECLINED = re.compile(r"don't work|doesn't work|another|other time|later|afternoon|can't make")
@@ -39,6 +41,30 @@ def _tool_results(messages: list[dict]) -> dict[str, object]:
             except (TypeError, ValueError):
                 results[names.get(m["tool_call_id"], "?")] = m["content"]
     return results
+
+
+def confirmation_number(said: str) -> str | None:
+    """A confirmation number as a caller says it and an STT writes it, in the clinic's format.
+
+    "DX 48213 77065", "DX48,213-77,065", "D-X four eight two one three ..." all read as
+    DX-48213-77065: letters spelled one by one are joined, spoken digits become digits, the
+    thousands commas an STT puts into long numbers are dropped, and ten digits however grouped
+    are the clinic's 5-5 form (a receptionist knows its own number format).
+    """
+    text = said.upper()
+    text = re.sub(r"\b([A-Z])[\s.-]+(?=[A-Z]\b)", r"\1", text)  # D-X, D. X. -> DX
+    words = re.split(r"(\W+)", text)
+    text = "".join(SPOKEN_DIGITS.get(w.lower(), w) for w in words)
+    text = re.sub(r"(?<=\b\d)[\s,.-]+(?=\d\b)", "", text)  # 4 8 2, 4-8-2 -> 482
+    text = re.sub(r"(?<=\d),(?=\d)", "", text)  # 48,213 -> 48213
+    found = CONFIRMATION.search(text)
+    if not found:
+        return None
+    groups = re.split(r"[\s.,-]+", found.group(2))
+    digits = "".join(groups)
+    if len(digits) == 10:  # however it was grouped aloud, the clinic's numbers are 5-5
+        groups = [digits[:5], digits[5:]]
+    return "-".join([found.group(1), *groups])
 
 
 def _text(m: dict) -> str:
@@ -130,9 +156,8 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
     if re.search(r"human|real person|manager|front desk|someone else", lower):
         return ScriptedReply(tool_calls=[("transfer", {"reason": said[:200]})])
     if "cancel" in lower or "confirmation" in prior.lower():
-        found = CONFIRMATION.search(said.upper())
-        if found:
-            number = re.sub(r"\s+", "-", found.group(1))
+        number = confirmation_number(said)
+        if number:
             return ScriptedReply(tool_calls=[("cancel", {"confirmation": number})])
         return ScriptedReply("Of course. What is your confirmation number?")
     name = NAME.search(said)

@@ -439,9 +439,10 @@ class BotEntry:
     fn: BotFn
     parameters: tuple[str, ...]
     takes_runner_args: bool = False
-    webrtc_params: Any = None
-    """The bot module's own `transport_params["webrtc"]()`, if it declares one (Pipecat's
-    runner convention): what `--transport webrtc` builds the bot's SmallWebRTC transport with."""
+    webrtc_params: "Callable[[], TransportParams] | None" = None
+    """The bot module's own `transport_params["webrtc"]`, if it declares one (Pipecat's runner
+    convention): `--transport webrtc` builds each episode's SmallWebRTC transport with a fresh
+    call of it (its VAD analyzer, say, is never shared between calls)."""
 
     async def run(self, transport: Any, runner_args: SimulationRunnerArguments) -> None:
         """Call the entry point with the transport and whatever else it asks for."""
@@ -560,21 +561,26 @@ def load_bot(spec: str) -> BotEntry:
     )
 
 
-def _declared_webrtc_params(spec: str, module: Any) -> Any:
-    """`transport_params["webrtc"]()` of a bot module that declares it at module level, or None."""
+def _declared_webrtc_params(spec: str, module: Any) -> "Callable[[], TransportParams] | None":
+    """The factory of `transport_params["webrtc"]` a bot module declares, tried once, or None."""
     declared = getattr(module, "transport_params", None)
     factory = declared.get("webrtc") if isinstance(declared, dict) else None
     if factory is None:
         return None
+    if not callable(factory):
+        raise SimulationError(
+            f"--bot {spec}: transport_params['webrtc'] must be a function returning "
+            "TransportParams (Pipecat's runner calls it)"
+        )
     try:
-        params = factory() if callable(factory) else factory
+        params = factory()
     except Exception as e:
         raise SimulationError(
             f"--bot {spec}: transport_params['webrtc']() raised {type(e).__name__}: {e}"
         ) from e
     if not isinstance(params, TransportParams):
         raise SimulationError(
-            f"--bot {spec}: transport_params['webrtc'] gave {type(params).__name__}, "
+            f"--bot {spec}: transport_params['webrtc']() gave {type(params).__name__}, "
             "not TransportParams"
         )
-    return params
+    return factory

@@ -372,7 +372,7 @@ async def run_episode(
 
         audio = AudioEpisode.build(
             scenario, seed, stt=config.stt, tts=config.tts, transport=config.transport,
-            agent_params=bot.webrtc_params,
+            agent_params=bot.webrtc_params() if bot.webrtc_params else None,
         )  # fmt: skip
         audio.adapt(episode)
         pair: LocalTransportPair = audio.pair
@@ -419,6 +419,8 @@ async def run_episode(
     except Exception as e:  # a broken episode is data, not a crash of the run
         logger.exception(f"episode {scenario.id}#{repeat} failed")
         result.error = f"{type(e).__name__}: {e}"
+    if audio is not None:
+        await audio.close()  # a WebRTC call's peers (the local pair holds nothing)
     ended_at = time.time()
     result.end_reason = pair.end_reason
     result.transcript = list(pair.transcript)

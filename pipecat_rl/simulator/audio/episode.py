@@ -9,7 +9,8 @@ Pipecat's `VADProcessor` with Silero put in front of the stand-in Whisper, which
 on VAD events.
 
 Persona side (`persona_audio_stages`): Silero VAD -> STT -> `PersonaHearing` before the
-persona's turn logic, and `CallerLineTap` -> TTS after its LLM.
+persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes and long
+numbers character by character, as a caller does (`spoken`).
 """
 
 from collections.abc import Iterable
@@ -39,6 +40,7 @@ from pipecat_rl.simulator.audio.services import (
     tts_service,
     whisper_model_dir,
 )
+from pipecat_rl.simulator.audio.spoken import read_codes_aloud
 from pipecat_rl.simulator.audio.transport import (
     AgentHearingObserver,
     AudioTransportPair,
@@ -124,7 +126,8 @@ def persona_audio_stages(
         stt_service(choice.stt),
         PersonaHearing(pair),
     ]
-    speaking: list[FrameProcessor] = [CallerLineTap(pair), tts_service(choice.tts)]
+    mouth = tts_service(choice.tts, text_transforms=[("*", read_codes_aloud)])
+    speaking: list[FrameProcessor] = [CallerLineTap(pair), mouth]
     return hearing, speaking
 
 
@@ -180,6 +183,10 @@ class AudioEpisode:
     def persona_stages(self) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
         """The persona's ear and mouth."""
         return persona_audio_stages(self.pair, self.choice)
+
+    async def close(self) -> None:
+        """Let go of the call's connections, if it holds any (WebRTC's peers)."""
+        await self.pair.close()
 
 
 def check_audio(

@@ -221,6 +221,9 @@ class AudioTransportPair(LocalTransportPair):
         """The caller dials in (its pipeline has started); the agent sees it connect."""
         self.caller_connected.set()
 
+    async def close(self) -> None:
+        """Let go of what the call holds once it is over (the local pair holds nothing)."""
+
     async def caller_audio_out(self, pcm: bytes, at: float) -> None:
         """A 20 ms frame leaves the caller's mouth for the agent."""
         await self.agent.input().receive(pcm, at)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from pipecat_rl import compat
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, SimulationError
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE
 from pipecat_rl.simulator.audio.transport import AudioTransportPair, voiced
 from pipecat_rl.simulator.transport import client_ready
@@ -158,7 +158,13 @@ class WebRTCAudioPair(AudioTransportPair):
             await self.connection.initialize(sdp=offer.sdp, type=offer.type)
         answer = self.connection.get_answer()
         await peer.setRemoteDescription(RTCSessionDescription(answer["sdp"], answer["type"]))
-        await asyncio.wait_for(connected, CONNECT_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(connected, CONNECT_TIMEOUT_S)
+        except (TimeoutError, ConnectionError) as e:
+            raise SimulationError(
+                f"WebRTC loopback: the caller could not connect to the agent's SmallWebRTC "
+                f"({e or f'no ICE/DTLS connection within {CONNECT_TIMEOUT_S:.0f} s'})"
+            ) from e
         self.microphone.live = True
         self.caller_connected.set()
 
@@ -197,14 +203,19 @@ class WebRTCAudioPair(AudioTransportPair):
             self._closing = asyncio.get_running_loop().create_task(self.close())
 
     async def close(self) -> None:
-        """Close the caller's peer and stop listening (idempotent)."""
+        """Close both peers and stop listening (idempotent)."""
         self.microphone.live = False
         with contextlib.suppress(Exception):
             await self.peer.close()
+        with contextlib.suppress(Exception):  # closed already, unless the bot never ran
+            await self.connection.pc.close()
         if self._hearing is not None:
             self._hearing.cancel()
             await asyncio.gather(self._hearing, return_exceptions=True)
             self._hearing = None
+        closing, self._closing = self._closing, None
+        if closing is not None and closing is not asyncio.current_task():
+            await asyncio.gather(closing, return_exceptions=True)  # the hang-up's own close
 
 
 def _peer_left(message: Any) -> bool:

@@ -1,0 +1,113 @@
+"""The misheard-slot rate through whole audio episodes, clean vs background noise at set SNRs.
+
+The clinic's digit-heavy cancel calls (the caller reads a confirmation number; the agent's
+Whisper hears it; the scripted expert cancels with what it heard) run in audio mode once per
+condition with the same seeds: clean, then with generated noise at each `--snr` mixed over the
+caller's speech (the scenario's `channel.snr_db`, set here on an in-memory copy). Per condition:
+how many episodes carry `misheard_slot` (a tool argument close to a scenario fact but not it),
+`misheard_recovered`, and how many pass. Not a timing: the noise is seeded per episode.
+
+    flock /tmp/pipecat-rl-heavy.lock python benchmarks/misheard_vs_snr.py [--snr 10 0] [-k 1]
+
+Prints one JSON document.
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from loguru import logger
+
+from pipecat_rl.ledger import Ledger
+from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.rewards import MISHEARD_RECOVERED, MISHEARD_SLOT
+from pipecat_rl.simulator.scenario import ScenarioSet
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "examples" / "clinic" / "scenarios"
+DIGIT_HEAVY = (
+    "pool/cancel_long_confirmation.yaml",
+    "pool/cancel_wrong_number.yaml",
+    "heldout/heldout_cancel_long_number.yaml",
+    "heldout/heldout_misheard_confirmation.yaml",
+)
+EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
+
+
+def _with_snr(scenarios: ScenarioSet, snr_db: float | None) -> ScenarioSet:
+    """The same scenarios in audio mode, with noise at `snr_db` (None: clean)."""
+    copies = [
+        s.model_copy(
+            update={"channel": s.channel.model_copy(update={"mode": "audio", "snr_db": snr_db})}
+        )
+        for s in scenarios
+    ]
+    return scenarios.model_copy(update={"scenarios": copies})
+
+
+async def _condition(scenarios: ScenarioSet, snr_db: float | None, repeats: int, tmp: Path):
+    ledger = Ledger(tmp / f"snr-{snr_db}.db")
+    config = SimulationConfig(persona="scripted", mode="audio", concurrency=1, repeats=repeats)
+    started = time.monotonic()
+    report = await simulate(_with_snr(scenarios, snr_db), load_bot(EXPERT), config, ledger)
+    episodes = report.episodes
+    return {
+        "snr_db": snr_db,
+        "episodes": len(episodes),
+        "errors": sum(1 for e in episodes if e.outcome == "error"),
+        "passed": sum(1 for e in episodes if e.outcome == "pass"),
+        "misheard_slot": sum(1 for e in episodes if MISHEARD_SLOT in e.labels),
+        "misheard_recovered": sum(1 for e in episodes if MISHEARD_RECOVERED in e.labels),
+        "wall_s": round(time.monotonic() - started, 1),
+        "per_episode": [
+            {
+                "scenario": e.scenario_id,
+                "seed": e.seed,
+                "outcome": e.outcome,
+                "labels": e.labels,
+                "heard": [x.heard for x in e.transcript if x.speaker == "caller"],
+                "tool_arguments": [x.arguments for x in e.executions],
+            }
+            for e in episodes
+        ],
+    }
+
+
+async def main() -> None:
+    """Run every condition and print the JSON document."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--snr", type=float, nargs="+", default=[10.0, 0.0])
+    parser.add_argument("-k", "--repeats", type=int, default=1)
+    args = parser.parse_args()
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    scenarios = load_scenarios([SCENARIOS / name for name in DIGIT_HEAVY])
+    with tempfile.TemporaryDirectory() as tmp:
+        conditions = [
+            await _condition(scenarios, snr, args.repeats, Path(tmp))
+            for snr in [None, *args.snr]
+        ]
+    print(
+        json.dumps(
+            {
+                "benchmark": "misheard_vs_snr",
+                "scenarios": list(DIGIT_HEAVY),
+                "repeats": args.repeats,
+                "summary": [
+                    {k: c[k] for k in ("snr_db", "episodes", "errors", "passed", "misheard_slot",
+                                       "misheard_recovered")}  # fmt: skip
+                    for c in conditions
+                ],
+                "conditions": conditions,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
