@@ -1,5 +1,7 @@
 """Channel perturbations (seeded, measurable) and what low SNR does to digit-heavy slots."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -223,3 +225,49 @@ async def test_the_caller_reads_codes_and_long_numbers_character_by_character(wr
     from pipecat_rl.simulator.audio.spoken import read_codes_aloud
 
     assert await read_codes_aloud(written, "sentence") == spoken
+
+
+async def test_an_audio_call_hands_the_bot_the_scenarios_context_after_it_connects():
+    """Pipecat's harness sends `context:` once the bot is set up; so do both audio transports."""
+    from pipecat.frames.frames import ClientConnectedFrame, Frame, LLMMessagesUpdateFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.workers.runner import WorkerRunner
+
+    from pipecat_rl.simulator.audio.transport import AgentHearingObserver, AudioTransportPair
+
+    pair = AudioTransportPair()
+    pair.agent_context = [{"role": "user", "content": "I booked yesterday."}]
+    seen: list[str] = []
+    updated = asyncio.Event()
+
+    class Seen(FrameProcessor):
+        async def process_frame(self, frame: Frame, direction):
+            await super().process_frame(frame, direction)
+            if isinstance(frame, ClientConnectedFrame):
+                seen.append("connected")
+            elif isinstance(frame, LLMMessagesUpdateFrame):
+                seen.append(frame.messages[0]["content"])
+                updated.set()
+            await self.push_frame(frame, direction)
+
+    agent = pair.agent
+    worker = PipelineWorker(
+        Pipeline([agent.input(), Seen(), agent.output()]),
+        observers=[AgentHearingObserver(pair)],
+        cancel_on_idle_timeout=False,
+    )
+
+    @agent.event_handler("on_client_connected")
+    async def greet(_transport, _client):
+        seen.append("bot handler")
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    run = asyncio.create_task(runner.run())
+    pair.caller_connected.set()  # the caller dials in
+    await asyncio.wait_for(updated.wait(), 10)
+    await worker.cancel()
+    await asyncio.wait_for(run, 10)
+    assert seen == ["bot handler", "connected", "I booked yesterday."]  # after the bot set up

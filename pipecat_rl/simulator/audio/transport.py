@@ -31,12 +31,14 @@ from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
     BotStoppedSpeakingFrame,
     CancelFrame,
+    ClientConnectedFrame,
     EndFrame,
     Frame,
     InputAudioRawFrame,
     InputTransportMessageFrame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
+    LLMMessagesUpdateFrame,
     LLMTextFrame,
     OutputAudioRawFrame,
     StartFrame,
@@ -344,6 +346,7 @@ class AudioAgentInput(_AudioInput):
     async def _call_events(self) -> None:
         await self._pair.caller_connected.wait()
         await self._transport._call_event_handler("on_client_connected", CLIENT_ID)
+        await self.push_frame(ClientConnectedFrame())  # after the handlers, as SmallWebRTC does
         if self._pair.send_client_ready:
             await self.push_frame(InputTransportMessageFrame(message=client_ready()))
         await self._pair.done.wait()
@@ -602,6 +605,9 @@ class PersonaHearing(FrameProcessor):
 class AgentHearingObserver(BaseObserver):
     """On the agent's worker: what its STT heard, what its TTS said, and its own v2v.
 
+    It also hands the bot the scenario's starting `context:` once the caller has connected (the
+    transport's `ClientConnectedFrame`, pushed after the bot's own connection handlers).
+
     Frames are taken where they enter the agent's output transport (whichever transport that is:
     the paced local one or SmallWebRTC): the TTS text the caller is about to hear, and an
     interruption that cuts the agent off while it speaks (marked `[interrupted]` in its line).
@@ -635,6 +641,12 @@ class AgentHearingObserver(BaseObserver):
         if isinstance(frame, TranscriptionFrame) and isinstance(data.source, STTService):
             self._seen.add(frame.id)
             self._pair.agent_heard_caller(frame.text)
+        elif isinstance(frame, ClientConnectedFrame):
+            self._seen.add(frame.id)
+            context = self._pair.agent_context
+            if context is not None and isinstance(data.source, BaseInputTransport):
+                # as Pipecat's harness sends it: once the bot has set itself up for the caller
+                await data.source.push_frame(LLMMessagesUpdateFrame(list(context)))
         elif isinstance(frame, (BotStartedSpeakingFrame, BotStoppedSpeakingFrame)):
             self._seen.add(frame.id)
             self._bot_speaking = isinstance(frame, BotStartedSpeakingFrame)
