@@ -147,3 +147,14 @@ def test_heard_gaps_over_different_transports_are_not_compared():
     assert any("different transports" in n for n in mixed.notes)
     checks = {c.name: c for c in mixed.checks}
     assert checks["p95_vs_incumbent"].status == "pass"  # the agents did the same work
+
+
+def test_without_aiortc_webrtc_is_a_clear_error_naming_the_extra(monkeypatch):
+    import sys
+
+    from pipecat_rl.errors import ConfigError
+    from pipecat_rl.simulator.audio.webrtc import require_webrtc
+
+    monkeypatch.setitem(sys.modules, "aiortc", None)  # as if pipecat-rl[webrtc] were not installed
+    with pytest.raises(ConfigError, match=r"aiortc is missing.*pipecat-rl\[webrtc\]"):
+        require_webrtc()
