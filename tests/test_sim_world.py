@@ -100,6 +100,32 @@ def test_labels_and_reward_parts():
     ]
 
 
+def test_a_fact_the_agent_did_not_hear_is_a_misheard_slot_even_with_no_tool_call():
+    from pipecat_rl.simulator.transport import Line
+
+    s = scenario("cancel_long_confirmation")
+    said = "It's DX-48213-77065."
+
+    def labels(heard: str, calls: list[dict]) -> list[str]:
+        world = World(s)
+        transcript = [Line("caller", said, heard, 10.0)]
+        for arguments in calls:
+            world.execute("cancel", arguments)
+        world.executions[:] = [
+            e.__class__(**{**vars(e), "started_at": 20.0}) for e in world.executions
+        ]  # after the line was said
+        return failure_labels(EpisodeEvidence(s, world.executions, [], transcript, "silence"))
+
+    # Heard as written (digits, separators and case aside): nothing misheard.
+    assert "misheard_slot" not in labels("it's DX 48213 77065", [])
+    # A digit lost in the agent's STT, and no tool call at all: still a misheard slot.
+    assert labels("It's DX482377065.", []) == ["misheard_slot", "timeout"]
+    assert labels("", []) == ["misheard_slot", "timeout"]  # the agent heard none of it
+    # Asked again, the agent got the fact to the tool right: the mishearing was recovered.
+    right = labels("It's DX482377065.", [{"confirmation": "DX-48213-77065"}])
+    assert right[0] == "misheard_slot" and "misheard_recovered" in right
+
+
 def test_unauthorised_write_and_dead_loop_labels():
     s = scenario("insistent_unauthorised_cancel")
     world = World(s)

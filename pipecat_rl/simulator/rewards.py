@@ -183,12 +183,20 @@ def _argument_values(arguments: dict) -> list[object]:
 
 
 def failure_labels(evidence: EpisodeEvidence) -> list[str]:
-    """The episode's labels, in `FAILURE_LABELS` order, then `recovered` when it applies."""
+    """The episode's labels, in `FAILURE_LABELS` order, then `recovered` when it applies.
+
+    `misheard_slot`: a tool got a value close to a scenario fact but not it, or a caller line
+    said a fact the agent did not hear (so a mishearing that left the agent unable to act at
+    all counts as one, not as the timeout it ends in).
+    """
     labels: set[str] = set()
     facts = [v for v in evidence.scenario.facts.values() if not isinstance(v, (dict, list))]
     for execution in evidence.executions:
         if any(_misheard(v, f) for v in _argument_values(execution.arguments) for f in facts):
             labels.add(MISHEARD_SLOT)
+    not_heard = _facts_not_heard(evidence.transcript, facts)
+    if not_heard:
+        labels.add(MISHEARD_SLOT)
     failed = [e for e in evidence.executions if not e.ok]
     if failed:
         labels.add(TOOL_ERROR)
@@ -204,7 +212,10 @@ def failure_labels(evidence: EpisodeEvidence) -> list[str]:
     if evidence.end_reason in ("silence", "max_duration", "max_turns"):
         labels.add(TIMEOUT)
     ordered = [label for label in FAILURE_LABELS if label in labels]
-    if MISHEARD_SLOT in labels and _misheard_then_right(evidence.executions, facts):
+    if MISHEARD_SLOT in labels and (
+        _misheard_then_right(evidence.executions, facts)
+        or _heard_later_right(evidence.executions, not_heard)
+    ):
         ordered.append(MISHEARD_RECOVERED)
     for i, execution in enumerate(evidence.executions):
         if not execution.ok and any(
@@ -213,6 +224,37 @@ def failure_labels(evidence: EpisodeEvidence) -> list[str]:
             ordered.append(RECOVERED)
             break
     return ordered
+
+
+def _facts_not_heard(transcript: Sequence[Line], facts: list[object]) -> list[tuple[float, object]]:
+    """(when, fact) for each caller line that said a fact the agent did not hear as said.
+
+    The perceptual side of a misheard slot, whether or not a tool call followed: the caller's
+    line (as written) holds the fact, and what the agent's STT made of it (`heard`; the text
+    itself in text mode without ASR noise) does not, after normalising (digits, spelling).
+    """
+    out = []
+    for line in transcript:
+        if line.speaker != "caller":
+            continue
+        said, heard = _norm(line.text), _norm(line.heard)
+        for fact in facts:
+            want = _norm(fact)
+            if len(want) >= 3 and want in said and want not in heard:
+                out.append((line.at, fact))
+    return out
+
+
+def _heard_later_right(
+    executions: Sequence[ToolExecution], not_heard: list[tuple[float, object]]
+) -> bool:
+    """Whether a fact the agent misheard reached a tool right after it was misheard."""
+    return any(
+        execution.started_at > at
+        and _norm(fact) in {_norm(v) for v in _argument_values(execution.arguments)}
+        for at, fact in not_heard
+        for execution in executions
+    )
 
 
 def _misheard_then_right(executions: Sequence[ToolExecution], facts: list[object]) -> bool:
