@@ -186,6 +186,39 @@ def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
             assert {t.session_id for t in ledger.training_turns()} == {"elsewhere"}
 
 
+def test_a_simulated_session_the_recorder_ended_but_the_simulator_never_finished(tmp_path):
+    """A crash between the recorder's end of the call and the simulator's result: half-written.
+
+    The recorder wrote `completed` (a live call's outcome) and no reward; it must not train, and
+    opening the ledger after its writer died closes it `interrupted`. A live call that ended the
+    same way is finished, and may train.
+    """
+    path = tmp_path / "ledger.db"
+    dead = {"pid": _dead_pid(), "host": socket.gethostname(), "started": 1}
+    me = {"pid": os.getpid(), "host": socket.gethostname(),
+          "started": ledger_store.process_started(os.getpid())}  # fmt: skip
+    with Ledger(path) as ledger:
+        for sid, source, writer in (("cut", "simulate", dead), ("running", "simulate", me),
+                                    ("live", "live", dead)):  # fmt: skip
+            ledger.add_session(
+                SessionRecord(id=sid, source=source, started_at=1.0, metadata={"writer": writer})
+            )
+            ledger.add_turn(
+                TurnRecord(
+                    session_id=sid, index=0, adapter="base", created_at=1.0, request={},
+                    prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.1],
+                    token_exact=True,
+                )  # fmt: skip
+            )
+            ledger.end_session(sid, ended_at=2.0, outcome="completed")  # the recorder's write
+        assert {t.session_id for t in ledger.training_turns()} == {"live"}
+    with Ledger(path) as ledger:
+        outcomes = {s.id: s.outcome for s in ledger.sessions()}
+        assert outcomes == {"cut": "interrupted", "running": "completed", "live": "completed"}
+        ledger.end_session("running", ended_at=3.0, outcome="pass")  # the simulator's result
+        assert {t.session_id for t in ledger.training_turns()} == {"live", "running"}
+
+
 def test_sigkill_mid_simulation_leaves_sessions_that_reopen_interrupted(tmp_path):
     port = free_port()
     env = cli_env()

@@ -19,6 +19,26 @@ Purpose = Literal["sft", "rl"]
 NOT_TRAINABLE_OUTCOMES = ("error", "interrupted", "not_run")
 """Outcomes of sessions that never train: the harness failed, the call was cut, nothing ran."""
 
+RECORDER_OUTCOMES = ("completed", "cancelled")
+"""What the recorder writes when a call's pipeline ends; a live call keeps it as its outcome."""
+
+SIMULATED_SOURCES = ("simulate", "gate")
+
+
+def unfinished_simulation(alias: str = "s") -> str:
+    """A simulated session whose result the simulator never wrote (alias `alias`).
+
+    The recorder ends a session when the bot's pipeline stops; the simulator then writes the
+    episode's outcome, reward and labels. A crash between the two leaves a simulated session
+    ended with the recorder's outcome and no reward: half-written, never trained; the
+    ledger's reconcile and the service's restart close it as `interrupted`.
+    """
+    return (
+        f"({alias}.source IN {SIMULATED_SOURCES!r}"
+        f" AND COALESCE({alias}.outcome, '') IN {RECORDER_OUTCOMES!r})"  # never NULL: NOT-able
+    )
+
+
 ELIGIBLE_SESSION = (
     "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
     " AND (s.scenario_hash IS NULL"
@@ -26,6 +46,7 @@ ELIGIBLE_SESSION = (
     " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
     " AND s.ended_at IS NOT NULL"
     f" AND (s.outcome IS NULL OR s.outcome NOT IN {NOT_TRAINABLE_OUTCOMES!r})"
+    f" AND NOT {unfinished_simulation('s')}"
 )
 """A session that may train (alias `s`)."""
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from pipecat_rl.errors import LedgerError, LedgerLockedError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
-from pipecat_rl.ledger.eligibility import Purpose
+from pipecat_rl.ledger.eligibility import Purpose, unfinished_simulation
 from pipecat_rl.ledger.jobs import (
     JOB_COLUMNS,
     TERMINAL_STATES,
@@ -941,6 +941,9 @@ class Ledger:
     ) -> list[str]:
         """End every session of `sources` started since `since` that never ended, `interrupted`.
 
+        A simulated session the recorder ended but the simulator never finished (the crash fell
+        between the two writes) counts as never ended (`eligibility.unfinished_simulation`).
+
         A crash mid-simulation leaves such sessions (opening a ledger reconciles those whose
         writer is gone the same way); `interrupted` keeps them out of training and out of the
         gate, and the metadata says why. Live calls are never touched.
@@ -949,8 +952,9 @@ class Ledger:
             ids = [
                 r[0]
                 for r in conn.execute(
-                    "SELECT id FROM sessions WHERE ended_at IS NULL AND started_at >= ? "
-                    "AND source IN (SELECT value FROM json_each(?))",
+                    "SELECT id FROM sessions s WHERE started_at >= ? "
+                    "AND source IN (SELECT value FROM json_each(?)) "
+                    f"AND (ended_at IS NULL OR {unfinished_simulation('s')})",
                     (since, dumps(list(sources))),
                 )
             ]
@@ -999,6 +1003,9 @@ class Ledger:
     def reconcile_open_sessions(self) -> list[str]:
         """Mark sessions left open by a process that is gone as `interrupted`; returns their ids.
 
+        Open means never ended, or a simulated session whose result was never written
+        (`eligibility.unfinished_simulation`).
+
         A session names its writer (pid, host, process start) in its metadata; one whose writer
         is on this host and no longer runs will never be ended by it. Sessions of live
         processes, of other hosts, or without a writer are left as they are. Best effort: a
@@ -1008,7 +1015,8 @@ class Ledger:
         try:
             with self._read() as conn:
                 rows = conn.execute(
-                    "SELECT id, metadata FROM sessions WHERE ended_at IS NULL AND outcome IS NULL"
+                    "SELECT id, metadata FROM sessions s WHERE (ended_at IS NULL AND "
+                    f"outcome IS NULL) OR {unfinished_simulation('s')}"
                 ).fetchall()
             for session_id, metadata in rows:
                 writer = (json.loads(metadata) if metadata else {}).get("writer") or {}
