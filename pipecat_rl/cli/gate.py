@@ -47,6 +47,7 @@ from pipecat_rl.gate import (
 from pipecat_rl.gate.receipt import ci_text
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.scenario import MAX_RUNS
 
 if TYPE_CHECKING:
@@ -253,8 +254,7 @@ def gate(
                 from pipecat_rl.simulator.audio.services import audio_available
 
                 mode = "audio" if audio_available() else "text"
-            if transport == "webrtc" and mode != "audio":
-                raise ConfigError("--transport webrtc carries speech: use it with --mode audio")
+            check_transport([mode], transport)  # before the server starts
             from pipecat_rl.gate.simulate import PairedRun  # imports Pipecat: only to simulate
 
             paired = PairedRun(

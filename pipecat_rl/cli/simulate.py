@@ -28,6 +28,7 @@ from pipecat_rl.cli.common import (
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.scenario import MAX_RUNS, ScenarioSet, load_scenarios
 from pipecat_rl.simulator.world import World
 
@@ -267,8 +268,7 @@ def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:
         or len(set(wanted)) < len(wanted)
     ):
         raise ConfigError(f"--mode {mode}: use text, audio or text,audio")
-    if transport == "webrtc" and "audio" not in wanted:
-        raise ConfigError("--transport webrtc carries speech: use it with --mode audio")
+    check_transport(wanted, transport)
     return sorted(wanted, key=("text", "audio").index)  # type: ignore[return-value]
 
 

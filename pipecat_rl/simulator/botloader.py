@@ -444,6 +444,24 @@ class BotEntry:
     convention): `--transport webrtc` builds each episode's SmallWebRTC transport with a fresh
     call of it (its VAD analyzer, say, is never shared between calls)."""
 
+    def webrtc_transport_params(self) -> TransportParams | None:
+        """A fresh `webrtc_params()`, or None; a `SimulationError` when it is not one.
+
+        Called only when a call goes over WebRTC: a text or local-audio run never runs it.
+        """
+        if self.webrtc_params is None:
+            return None
+        what = f"--bot {self.spec}: transport_params['webrtc']"
+        if not callable(self.webrtc_params):
+            raise SimulationError(f"{what} must be a function returning TransportParams")
+        try:
+            params = self.webrtc_params()
+        except Exception as e:
+            raise SimulationError(f"{what}() raised {type(e).__name__}: {e}") from e
+        if not isinstance(params, TransportParams):
+            raise SimulationError(f"{what}() gave {type(params).__name__}, not TransportParams")
+        return params
+
     async def run(self, transport: Any, runner_args: SimulationRunnerArguments) -> None:
         """Call the entry point with the transport and whatever else it asks for."""
         values = _parameter_values(runner_args)
@@ -557,30 +575,11 @@ def load_bot(spec: str) -> BotEntry:
         fn=fn,
         parameters=tuple(p.name for p in rest if p.name in FILLED_PARAMETERS),
         takes_runner_args=takes_runner_args,
-        webrtc_params=_declared_webrtc_params(spec, module),
+        webrtc_params=_declared_webrtc_params(module),
     )
 
 
-def _declared_webrtc_params(spec: str, module: Any) -> "Callable[[], TransportParams] | None":
-    """The factory of `transport_params["webrtc"]` a bot module declares, tried once, or None."""
+def _declared_webrtc_params(module: Any) -> "Callable[[], TransportParams] | None":
+    """The `transport_params["webrtc"]` a bot module declares, or None (not called here)."""
     declared = getattr(module, "transport_params", None)
-    factory = declared.get("webrtc") if isinstance(declared, dict) else None
-    if factory is None:
-        return None
-    if not callable(factory):
-        raise SimulationError(
-            f"--bot {spec}: transport_params['webrtc'] must be a function returning "
-            "TransportParams (Pipecat's runner calls it)"
-        )
-    try:
-        params = factory()
-    except Exception as e:
-        raise SimulationError(
-            f"--bot {spec}: transport_params['webrtc']() raised {type(e).__name__}: {e}"
-        ) from e
-    if not isinstance(params, TransportParams):
-        raise SimulationError(
-            f"--bot {spec}: transport_params['webrtc']() gave {type(params).__name__}, "
-            "not TransportParams"
-        )
-    return factory
+    return declared.get("webrtc") if isinstance(declared, dict) else None

@@ -35,6 +35,7 @@ from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
 from pipecat_rl.simulator import heldout, setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
+from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.botloader import (
     BotEntry,
     Episode,
@@ -372,7 +373,7 @@ async def run_episode(
 
         audio = AudioEpisode.build(
             scenario, seed, stt=config.stt, tts=config.tts, transport=config.transport,
-            agent_params=bot.webrtc_params() if bot.webrtc_params else None,
+            agent_params=bot.webrtc_transport_params() if config.transport == "webrtc" else None,
         )  # fmt: skip
         audio.adapt(episode)
         pair: LocalTransportPair = audio.pair
@@ -665,12 +666,13 @@ async def simulate(
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
     heldout.check_against_ledger(ledger, scenarios)  # one id, one content, before any episode
-    if config.transport == "webrtc" and config.mode != "audio":
-        raise ConfigError("--transport webrtc carries speech: use it with --mode audio")
+    check_transport([config.mode], config.transport)
     if config.mode == "audio":  # so is a missing speech model or key (before any call starts)
         from pipecat_rl.simulator.audio.episode import check_audio
 
         check_audio(scenarios, stt=config.stt, tts=config.tts, transport=config.transport)
+    if config.transport == "webrtc":
+        bot.webrtc_transport_params()  # a bot whose own params fail says so now, not per call
     gate = asyncio.Semaphore(max(1, config.concurrency))
     jobs = [
         (scenario, repeat)
