@@ -13,12 +13,17 @@ PipecatRLError
 ├── SimulationError      the simulator itself failed (a failed call is data, not this)
 ├── ToolError            a world tool failed on purpose: reported to the model, never a crash
 ├── TrainingError        a training run cannot proceed
-└── GateError            the gate cannot decide from what it was given
+│   ├── NoTrainingSignalError  the ledger holds nothing this algorithm can learn from
+│   └── GuardError           the trainer and the sampler disagree on logprobs: do not train
+├── GateError            the gate cannot decide from what it was given
+└── BudgetExhausted      a cycle's next stage would overrun its wall-time budget (resumable stop)
 ```
 
 Every message says what to do next. The CLI maps each branch to one exit code
 (`pipecat_rl.cli.common.exit_code_for`).
 """
+
+from typing import Any
 
 
 class PipecatRLError(Exception):
@@ -69,5 +74,26 @@ class TrainingError(PipecatRLError):
     """A training run cannot proceed."""
 
 
+class NoTrainingSignalError(TrainingError):
+    """Nothing to learn from: no rows, no contested group, no judged turn with a hint.
+
+    The user fixes it with data (simulate more, warm-start, raise the group size), not with a
+    bug report, so it has an exit code of its own.
+    """
+
+
+class GuardError(TrainingError):
+    """The trainer and the sampler disagree (or there was nothing to compare): do not train."""
+
+    def __init__(self, message: str, result: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.result: dict[str, Any] = dict(result or {})
+        """The guard's numbers: differences, thresholds, the cause named in the message."""
+
+
 class GateError(PipecatRLError):
     """The gate cannot decide from its inputs."""
+
+
+class BudgetExhausted(PipecatRLError):
+    """The next stage would overrun the cycle's wall-time budget; it stopped, resumably."""

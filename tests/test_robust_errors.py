@@ -5,7 +5,14 @@ import inspect
 from pathlib import Path
 
 from pipecat_rl import errors
-from pipecat_rl.cli.common import EXIT_FAILURE, exit_code_for
+from pipecat_rl.cli.common import (
+    EXIT_FAILURE,
+    EXIT_NO_SIGNAL,
+    EXIT_TABLE,
+    exit_code_for,
+    exit_code_markdown,
+)
+from pipecat_rl.gate.verdict import EXIT_CODES
 
 PKG = Path(errors.__file__).parent
 
@@ -44,12 +51,35 @@ def test_no_branch_of_the_tree_is_unused_and_each_is_drawn():
 
 
 def test_every_branch_has_a_documented_exit_code():
-    from pipecat_rl.cli import common
-
-    documented = {v for k, v in vars(common).items() if k.startswith("EXIT_")}
+    documented = {code for code, _ in EXIT_TABLE}
     for cls in _tree().values():
         assert exit_code_for(cls("x")) in documented
     assert exit_code_for(RuntimeError("bug")) == EXIT_FAILURE
+
+
+def test_the_exit_table_names_every_code_once():
+    from pipecat_rl.cli import common
+
+    constants = {v for k, v in vars(common).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    codes = [code for code, _ in EXIT_TABLE]
+    assert sorted(codes) == codes and len(set(codes)) == len(codes)
+    assert set(codes) == constants
+
+
+def test_no_training_signal_is_its_own_code_and_not_a_verdict_or_a_bug():
+    code = exit_code_for(errors.NoTrainingSignalError("no training signal"))
+    assert code == EXIT_NO_SIGNAL
+    assert code not in (*EXIT_CODES.values(), EXIT_FAILURE)
+    assert exit_code_for(errors.TrainingError("other")) == EXIT_FAILURE
+
+
+def test_the_readme_exit_table_is_the_rendered_one():
+    readme = (PKG.parent / "README.md").read_text()
+    start = readme.index("<!-- exit-codes:")
+    block = readme[readme.index("\n", start) + 1 : readme.index("<!-- /exit-codes -->")]
+    assert block.strip() + "\n" == exit_code_markdown(), (
+        "README.md's exit-code table is stale; paste in:\n" + exit_code_markdown()
+    )
 
 
 def test_an_unexpected_error_is_one_line_and_70_unless_asked_for_the_traceback(monkeypatch):

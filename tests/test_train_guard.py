@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipecat_rl.errors import GuardError
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.training.config import TrainConfig
-from pipecat_rl.training.guard import GuardError, run_guard
+from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.registry import next_name
 from tests.train_helpers import sample_turn, tiny_policy
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_rl.errors import TrainingError
+from pipecat_rl.errors import NoTrainingSignalError
 from pipecat_rl.gate.lineage import ledger_lineage
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
 from pipecat_rl.training import TrainConfig, train
@@ -85,7 +85,7 @@ def test_outcome_only_reward_with_no_variance_stops_at_once(ledger, tiny_dir, tm
     config = TrainConfig(
         algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path, shaped_reward=False
     )
-    with pytest.raises(TrainingError, match="2 of 2 groups have equal rewards"):
+    with pytest.raises(NoTrainingSignalError, match="2 of 2 groups have equal rewards"):
         train(ledger, config)
 
 
@@ -128,7 +128,7 @@ def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
     from typer.testing import CliRunner
 
     from pipecat_rl.cli import app
-    from pipecat_rl.cli.common import EXIT_FAILURE
+    from pipecat_rl.cli.common import EXIT_NO_SIGNAL
 
     args = ["train", "--algo", "grpo", "--model", str(tiny_dir), "--ledger", str(ledger.path),
             "--out", str(tmp_path)]  # fmt: skip
@@ -139,7 +139,7 @@ def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
     for sid in ("booking-0", "booking-1", "booking-2", "booking-3", "cancel-1"):
         ledger.update_session(sid, excluded_from_training=True)
     failed = CliRunner().invoke(app, [*args, "--json"])
-    assert failed.exit_code == EXIT_FAILURE
+    assert failed.exit_code == EXIT_NO_SIGNAL
     assert "no training signal: 1 of 1 groups" in failed.output
 
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_rl.errors import TrainingError
+from pipecat_rl.errors import GuardError, NoTrainingSignalError
 from pipecat_rl.gate.lineage import ledger_lineage
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.serving import VLLMAdmin
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 from pipecat_rl.training import TrainConfig, train
-from pipecat_rl.training.guard import GuardError, run_guard
+from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.policy import load_policy
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -79,5 +79,8 @@ def test_sft_loss_falls_and_the_adapter_is_served_under_its_versioned_name(
 
 def test_grpo_on_zero_signal_says_so_at_once(recorded, tmp_path):
     config = TrainConfig(algo="grpo", out_dir=tmp_path)  # one episode per scenario: no variance
-    with Ledger(recorded) as ledger, pytest.raises(TrainingError, match="frac_reward_zero_std=1.0"):
+    with (
+        Ledger(recorded) as ledger,
+        pytest.raises(NoTrainingSignalError, match="frac_reward_zero_std=1.0"),
+    ):
         train(ledger, config)

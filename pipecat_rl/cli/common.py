@@ -25,6 +25,7 @@ from pipecat_rl.errors import (
     LedgerLockedError,
     ModelError,
     NotInLedgerError,
+    NoTrainingSignalError,
     PipecatRLError,
     ScenarioError,
     ServingError,
@@ -33,30 +34,49 @@ from pipecat_rl.errors import (
 console = Console(stderr=True)
 """Human-facing messages go to stderr so stdout stays clean for `--json`."""
 
-# One table of exit codes for every verb. 0/1/2 are the gate's verdicts (PROMOTE / REJECT /
-# INCONCLUSIVE) and nothing else uses 1 or 2; the rest follow BSD sysexits so they never collide.
+# 0/1/2 are the gate's verdicts (PROMOTE / REJECT / INCONCLUSIVE) and nothing else uses 1 or 2;
+# the rest follow BSD sysexits (sysexits.h) so they never collide with a verdict.
 EXIT_OK = 0
-"""Success (and the gate's PROMOTE)."""
 EXIT_NO = 1
-"""The gate said REJECT, or a check the user asked for said no."""
 EXIT_INCONCLUSIVE = 2
-"""The gate could not decide (INCONCLUSIVE)."""
-EXIT_USAGE = 64
-"""A flag, argument or environment variable is wrong (Click's own usage errors included)."""
-EXIT_DATA = 65
-"""An input file is wrong: a scenario, config, score file or receipt."""
-EXIT_UNAVAILABLE = 69
-"""A service the verb needs is down or refused: the LLM server, the ledger file is locked."""
-EXIT_FAILURE = 70
-"""The harness itself failed (a bug, or episodes that could not run)."""
-EXIT_IO = 74
-"""A file could not be read or written (ledger, --out)."""
-EXIT_INTERRUPTED = 130
-"""Stopped by Ctrl-C / SIGINT."""
+EXIT_USAGE = 64  # EX_USAGE
+EXIT_DATA = 65  # EX_DATAERR
+EXIT_NO_SIGNAL = 66  # EX_NOINPUT: the input is there, but holds nothing to learn from
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE
+EXIT_FAILURE = 70  # EX_SOFTWARE
+EXIT_IO = 74  # EX_IOERR
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+EXIT_TABLE: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "success; the gate's PROMOTE"),
+    (EXIT_NO, "the gate's REJECT"),
+    (EXIT_INCONCLUSIVE, "the gate's INCONCLUSIVE"),
+    (EXIT_USAGE, "a flag or argument is wrong (Click's own usage errors included)"),
+    (EXIT_DATA, "an input file is wrong: scenario, gate config, scores file, receipt, model"),
+    (
+        EXIT_NO_SIGNAL,
+        "no training signal: nothing the algorithm can learn from (no passed session or "
+        "demonstration for SFT, every GRPO group with equal rewards, no judged turn with a hint "
+        "for OPSD); simulate more or warm-start",
+    ),
+    (
+        EXIT_UNAVAILABLE,
+        "a service is unavailable: the LLM server is gone or refused, the ledger stayed locked, "
+        "an optional extra is missing",
+    ),
+    (
+        EXIT_FAILURE,
+        "the harness failed: episodes that could not run to their end, or an unexpected error",
+    ),
+    (EXIT_IO, "a file could not be read or written: the ledger, `--out`"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+)
+"""The one exit-code table of every verb; the README's table is rendered from it."""
 
 _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
     # most specific first: the first match wins
     (NotInLedgerError, EXIT_USAGE),
+    (NoTrainingSignalError, EXIT_NO_SIGNAL),
     (LedgerLockedError, EXIT_UNAVAILABLE),
     (ConfigError, EXIT_USAGE),
     (ScenarioError, EXIT_DATA),
@@ -80,6 +100,12 @@ def exit_code_for(error: BaseException) -> int:
         if isinstance(error, kind):
             return code
     return EXIT_FAILURE
+
+
+def exit_code_markdown() -> str:
+    """`EXIT_TABLE` as the Markdown table the README shows (a test keeps the two equal)."""
+    rows = [f"| {code} | {meaning} |" for code, meaning in EXIT_TABLE]
+    return "\n".join(["| exit | meaning (every verb) |", "|---|---|", *rows]) + "\n"
 
 
 def error_line(message: str) -> None:

@@ -23,16 +23,12 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel
 
-from pipecat_rl.errors import ConfigError, PipecatRLError, ServingError, TrainingError
+from pipecat_rl.errors import BudgetExhausted, ConfigError, ServingError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import STAGES, LoopConfig
 
 Emit = Callable[[str, dict[str, Any]], None]
-
-
-class BudgetExhausted(PipecatRLError):
-    """The next stage would overrun the cycle's wall-time budget; it stopped, resumably."""
 
 
 class CycleSummary(BaseModel):

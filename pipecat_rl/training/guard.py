@@ -15,19 +15,11 @@ from typing import Any
 
 import torch
 
-from pipecat_rl.errors import TrainingError
+from pipecat_rl.errors import GuardError
 from pipecat_rl.ledger import BASE_ADAPTER, TurnRecord
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.rows import TrainableTurn
-
-
-class GuardError(TrainingError):
-    """The trainer and the sampler disagree (or there was nothing to compare): do not train."""
-
-    def __init__(self, message: str, result: dict[str, Any]):
-        super().__init__(message)
-        self.result = result
 
 
 def _rendered_prompt(policy: Policy, turn: TurnRecord) -> list[int] | None:

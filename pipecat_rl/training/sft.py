@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from pipecat_rl.errors import TrainingError
+from pipecat_rl.errors import NoTrainingSignalError, TrainingError
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import sft_loss
 from pipecat_rl.training.policy import Policy, score
@@ -51,7 +51,10 @@ def train_sft(
 ) -> dict[str, Any]:
     """Train `policy` on `sequences`; returns the summary metrics."""
     if not sequences:
-        raise TrainingError("SFT has no rows: no passed session or demonstration to imitate")
+        raise NoTrainingSignalError(
+            "SFT has no rows: no passed session or demonstration to imitate; simulate the "
+            "scripted expert (or a passing policy) first"
+        )
     rng = random.Random(config.seed)
     optimizer = optimizer_for(policy, config.learning_rate())
     total = config.epochs * len(sequences)

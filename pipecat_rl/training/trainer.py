@@ -21,7 +21,7 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_rl.errors import TrainingError
+from pipecat_rl.errors import NoTrainingSignalError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.training import registry
@@ -201,7 +201,7 @@ def _grpo_update(
         "dropped_off_policy_turns": dropped_old,
     }
     if not groups.sequences:
-        raise TrainingError(
+        raise NoTrainingSignalError(
             f"no training signal: {groups.zero_std_groups} of {groups.groups} groups have equal "
             f"rewards (frac_reward_zero_std={groups.frac_reward_zero_std}; outcome-only "
             f"{groups.frac_zero_std_outcome}, shaped {groups.frac_zero_std_shaped}); warm-start "
@@ -232,7 +232,7 @@ def _opsd_update(
         if hint:
             rows.append(opsd_row(TrainableTurn.from_turn(t), student.tokenizer, hint))
     if not rows:
-        raise TrainingError(
+        raise NoTrainingSignalError(
             "OPSD has no judged turns with a hint (caller's next line, failed checks or labels) "
             "sampled by the starting policy; simulate under it first"
         )
