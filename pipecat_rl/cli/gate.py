@@ -1,9 +1,8 @@
 """`pipecat-rl gate`, `promote` and `rollback`: decide on a candidate adapter, then serve it.
 
-Exit codes (`pipecat_rl.cli.common`): `gate` exits 0 for PROMOTE, 1 for REJECT and 2 for
-INCONCLUSIVE, and nothing else does: a bad flag is 64 (EXIT_USAGE), a bad input file (scores,
-config, scenarios, receipt, a refused promotion) 65 (EXIT_DATA), a server that is down or refused
-69 (EXIT_UNAVAILABLE), the ledger unusable 74 (EXIT_IO), a harness failure 70 (EXIT_FAILURE).
+Exit codes (`pipecat_rl.cli.common.EXIT_TABLE`): `gate` exits 0 for PROMOTE, 1 for REJECT and 2
+for INCONCLUSIVE, and nothing else does; every other outcome exits with its code in that table (a
+bad input file, scores, config, scenarios, receipt or a refused promotion, is EXIT_DATA).
 
 Every receipt the gate writes is recorded in the ledger (`--ledger`, else $PIPECAT_RL_LEDGER,
 else ./pipecat-rl.db), which `promote` checks it against; the scenario hashes of the held-out
