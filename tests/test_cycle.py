@@ -56,8 +56,8 @@ class FakeTraining:
             guard: dict
             metrics: dict
 
-        def train(ledger, config, *, server_url=None, scenarios=None, bot=None, progress=None):
-            self.calls.append((config, scenarios, bot))
+        def train(ledger, config, *, server_url=None, rollouts=None, progress=None):
+            self.calls.append((config, rollouts))
             name = f"cand-{config.algo}-{len(self.calls)}"
             folder = Path(config.out_dir) / name
             folder.mkdir(parents=True)
@@ -81,6 +81,11 @@ class FakeTraining:
 def world(tmp_path, monkeypatch):
     clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
                          heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
+    # A booking that fails on a seeded half of its runs: the filter's one contested scenario.
+    booking = clinic / "scenarios" / "pool" / "routine_booking.yaml"
+    booking.write_text(booking.read_text() + (
+        "faults:\n  - {tool: book, kind: error, probability: 0.5, message: database busy}\n"
+    ))  # fmt: skip
     training = FakeTraining(tmp_path / "ledger.db")
     monkeypatch.setitem(sys.modules, "pipecat_rl.training", training.module())
     with FakeVLLM() as vllm:
@@ -92,7 +97,7 @@ def loop(tmp_path: Path, clinic: Path, vllm: FakeVLLM, **kw) -> LoopConfig:
         bot=str(clinic / "expert.py"), expert_bot=str(clinic / "expert.py"),
         pool=clinic / "scenarios" / "pool", heldout=clinic / "scenarios" / "heldout",
         out=tmp_path / "cycle", ledger=tmp_path / "ledger.db", llm_url=vllm.url,
-        concurrency=4, train={"grpo_steps": 1}, gate={"repeats": 1,
+        concurrency=4, filter={"repeats": 4}, train={"grpo_steps": 1}, gate={"repeats": 1,
                                                       "overrides": {"require_latency": False}},
     )  # fmt: skip
     return LoopConfig.model_validate({**settings, **kw})
@@ -115,14 +120,19 @@ def test_a_cycle_runs_every_stage_and_writes_its_receipt(tmp_path, world):
     assert Path(snap["ledger_snapshot"]).is_file()
     assert summary.stages["preflight"]["canary"]["tokens"] == 2
     filtered = summary.stages["filter"]
-    # The expert solves both pool scenarios in both runs: nothing is contested.
-    assert filtered["always_solved"] == ["handoff_request", "routine_booking"]
-    assert filtered["left"] == 0 and filtered["tool_calls"] > 0 and filtered["tool_use"] == 1.0
+    # The expert always solves the handoff; the booking's seeded faults make it contested.
+    assert filtered["always_solved"] == ["handoff_request"]
+    assert filtered["contested"] == ["routine_booking"]
+    assert filtered["left"] == 1 and filtered["tool_calls"] > 0 and filtered["tool_use"] > 0.5
     trained = summary.stages["train"]
     assert trained["warm_start"] is False  # the incumbent already calls tools
     assert [r["algo"] for r in trained["runs"]] == ["grpo"]
-    ((grpo_config, scenarios, bot),) = training.calls
-    assert grpo_config.steps == 1 and grpo_config.parent is None and len(scenarios) == 2
+    ((grpo_config, rollouts),) = training.calls
+    assert grpo_config.steps == 1 and grpo_config.parent is None
+    # GRPO simulates the contested scenario objects only, with the loop's own callers and caps.
+    assert [s.id for s in rollouts.scenarios] == ["routine_booking"]
+    assert rollouts.options.persona == "scripted" and rollouts.options.max_tokens == 96
+    assert rollouts.options.concurrency == 4 and rollouts.bot.spec.endswith("expert.py")
     assert Path(trained["runs"][0]["metrics_jsonl"]).is_file()
     evaluated = summary.stages["evaluate"]
     assert evaluated["candidate"] == "cand-grpo-1" and evaluated["incumbent"] == "base"

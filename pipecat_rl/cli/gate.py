@@ -9,12 +9,11 @@ else ./pipecat-rl.db), which `promote` checks it against; the scenario hashes of
 runs it decided on are recorded there too, so they never train.
 """
 
-import dataclasses
 import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import typer
 
@@ -27,33 +26,26 @@ from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.gate import (
-    GateData,
+    Evidence,
+    FromLedger,
+    FromScores,
     GateReceipt,
-    Lineage,
     LiveMove,
-    evaluate,
-    hash_scenario_files,
-    ledger_lineage,
+    Simulated,
     load_gate_config,
-    load_ledger_runs,
-    load_scores,
     promote,
     resolve_policy,
     rollback,
-    unknown_lineage,
-    write_receipt,
+    run_gate,
 )
 from pipecat_rl.gate.receipt import ci_text
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.serving import VLLMAdmin
 from pipecat_rl.simulator.audio import check_transport
-from pipecat_rl.simulator.scenario import MAX_RUNS
-
-if TYPE_CHECKING:
-    from pipecat_rl.gate.simulate import PairedRun
+from pipecat_rl.simulator.options import SimulationOptions
+from pipecat_rl.simulator.scenario import MAX_RUNS, load_scenarios
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
-_SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 UrlOpt = Annotated[
@@ -73,59 +65,42 @@ def _default_out(candidate: str, incumbent: str) -> Path:
     return Path("receipts") / name
 
 
-def _load(
-    store: Ledger,
-    candidate: str,
-    incumbent: str,
+def _evidence(
     *,
     scenarios: Path | None,
-    repeats: int,
-    mode: Literal["text", "audio"],
+    bot: str | None,
     from_ledger: bool,
     scores: Path | None,
     heldout_set: str | None,
     source: Literal["gate", "simulate"] | None,
-    judged: dict[str, float],
-    paired: "PairedRun | None" = None,
-) -> tuple[GateData, Lineage, Lineage]:
-    """The runs to decide from, and both policies' lineage, from whichever input was chosen."""
-    if from_ledger and scores is not None:
-        raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
+    mode: Literal["text", "audio"] | None,
+    transport: Literal["local", "webrtc"],
+    options: SimulationOptions,
+    llm_url: str | None,
+) -> Evidence:
+    """What the gate decides from: a scores file, the ledger, or its own paired runs."""
     if scores is not None:
-        return (
-            load_scores(scores, candidate, incumbent, judged=judged),
-            unknown_lineage(candidate, candidate, _SCORES_GUARD),
-            unknown_lineage(incumbent, incumbent, _SCORES_GUARD),
-        )
-    if not from_ledger and (scenarios is None or paired is None):
+        return FromScores(scores, files=scenarios)
+    if from_ledger:
+        return FromLedger(heldout_set=heldout_set, source=source, files=scenarios)
+    if scenarios is None or bot is None:
         raise ConfigError(
             "to run the paired simulations name the held-out scenarios and the bot with "
             "--scenarios PATH --bot BOT, or decide from recorded runs with --from-ledger or "
             "--scores FILE.jsonl."
         )
-    names = resolve_policy(store, candidate), resolve_policy(store, incumbent)
-    if from_ledger or scenarios is None or paired is None:
-        data = load_ledger_runs(
-            store, *names, heldout_set=heldout_set, source=source, judged=judged
-        )
-    else:
-        from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
+    if mode is None:  # the gate's own runs: audio when it can, so latency has evidence
+        from pipecat_rl.simulator.audio.services import audio_available
 
-        data = run_paired_simulations(store, scenarios, *names, repeats, mode, paired, judged)
-    return (
-        data,
-        ledger_lineage(store, candidate, names[0]),
-        ledger_lineage(store, incumbent, names[1]),
-    )
+        mode = "audio" if audio_available() else "text"
+    check_transport([mode], transport)  # before the server starts
+    from pipecat_rl.simulator import Server, load_bot  # imports Pipecat: only to simulate
 
-
-def _record_heldout(store: Ledger, data: GateData) -> None:
-    """Every scenario hash the gate decided on is held out from now on."""
-    store.record_heldout_hashes(
-        (r.scenario_hash, r.scenario, data.source.heldout_set_id)
-        for r in data.runs
-        if r.scenario_hash
-    )
+    return Simulated(
+        scenarios=load_scenarios([scenarios]), bot=load_bot(bot),
+        options=options.model_copy(update={"mode": mode, "transport": transport}),
+        server=Server(url=llm_url), files=scenarios,
+    )  # fmt: skip
 
 
 def gate(
@@ -247,35 +222,23 @@ def gate(
             require_guard=require_guard,
             require_latency=require_latency,
         )
-        paired = None
-        if bot:
-            if mode is None:  # the gate's own runs: audio when it can, so latency has evidence
-                from pipecat_rl.simulator.audio.services import audio_available
-
-                mode = "audio" if audio_available() else "text"
-            check_transport([mode], transport)  # before the server starts
-            from pipecat_rl.gate.simulate import PairedRun  # imports Pipecat: only to simulate
-
-            paired = PairedRun(
-                bot, llm_url=llm_url, concurrency=concurrency, max_tokens=max_tokens,
-                persona=persona, seed=settings.seed, transport=transport,
-            )  # fmt: skip
+        if from_ledger and scores is not None:
+            raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
         opened = open_ledger(ledger) if from_ledger else Ledger(resolve_ledger_path(ledger))
         with opened as store:
-            data, cand, inc = _load(
-                store, candidate, incumbent, scenarios=scenarios, repeats=repeats,
-                mode=mode or "text",
-                from_ledger=from_ledger, scores=scores, heldout_set=heldout_set, source=source,
-                judged=dict(settings.judged_metrics), paired=paired,
+            evidence = _evidence(
+                scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
+                heldout_set=heldout_set, source=source, mode=mode, transport=transport,
+                options=SimulationOptions(
+                    persona=persona, seed=settings.seed, repeats=repeats,
+                    concurrency=concurrency, max_tokens=max_tokens,
+                ),
+                llm_url=llm_url,
             )  # fmt: skip
-            if scenarios is not None:
-                files = hash_scenario_files(scenarios)
-                data = dataclasses.replace(
-                    data, source=data.source.model_copy(update={"scenario_files": files})
-                )
-            _record_heldout(store, data)
-            receipt = evaluate(data, settings, cand, inc)
-            paths = write_receipt(receipt, out or _default_out(cand.name, inc.name), store)
+            names = [n if scores else resolve_policy(store, n) for n in (candidate, incumbent)]
+            folder = out or _default_out(*names)
+            done = run_gate(store, candidate, incumbent, evidence, settings, folder)
+    receipt, paths = done.receipt, done.paths
     _report(receipt, paths["json"].parent, json_out)
     raise typer.Exit(receipt.exit_code)
 

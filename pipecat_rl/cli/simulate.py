@@ -7,9 +7,6 @@ mid-run (the episodes not yet started are reported `not_run`); 70 when episodes 
 their end (harness errors, or a session the ledger could not fully write).
 """
 
-import asyncio
-import contextlib
-import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -29,11 +26,13 @@ from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.simulator.audio import check_transport
+from pipecat_rl.simulator.options import SimulationOptions
 from pipecat_rl.simulator.scenario import MAX_RUNS, ScenarioSet, load_scenarios
 from pipecat_rl.simulator.world import World
 
 if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs
-    from pipecat_rl.simulator.runner import SimulationConfig, SimulationReport
+    from pipecat_rl.simulator.runner import SimulationReport
+    from pipecat_rl.simulator.simulation import Server
 
 
 def _ms(value: float | None) -> str:
@@ -56,41 +55,31 @@ def _table(report: "SimulationReport", mode: str = "") -> Table:
     return table
 
 
-async def _run(
+def _run(
     scenarios: ScenarioSet,
     bot: str,
-    config: "SimulationConfig",
+    options: SimulationOptions,
+    policy: str,
     ledger_path: Path,
-    model: str,
-    no_server: bool,
+    server: "Server",
     show_progress: bool,
 ) -> "SimulationReport":
-    from pipecat_rl.simulator.botloader import load_bot
-    from pipecat_rl.simulator.endpoint import llm_endpoint
-    from pipecat_rl.simulator.runner import simulate, total_episodes
+    from pipecat_rl.simulator import load_bot, run
+    from pipecat_rl.simulator.runner import total_episodes
 
     entry = load_bot(bot)
-    async with contextlib.AsyncExitStack() as stack:
-        ledger = stack.enter_context(Ledger(ledger_path))
-        if not no_server:
-            if config.llm_url is None:
-                console.print("no --llm-url: starting the embedded vLLM server…")
-            url = await stack.enter_async_context(
-                llm_endpoint(
-                    config.llm_url, ledger=ledger, adapters=[config.adapter or "base"],
-                    model=model, concurrency=config.concurrency,
-                )
-            )  # fmt: skip
-            config = dataclasses.replace(config, llm_url=url)
-        progress = Progress(
-            TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, disable=not show_progress,
+    if server.needed and server.url is None:
+        console.print("no --llm-url: starting the embedded vLLM server…")
+    progress = Progress(
+        TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, disable=not show_progress,
+    )  # fmt: skip
+    with Ledger(ledger_path) as ledger, progress:
+        task = progress.add_task("episodes", total=total_episodes(scenarios, options))
+        return run(
+            scenarios, entry, options, ledger, policies=[policy], server=server,
+            on_episode=lambda _: progress.advance(task),
         )  # fmt: skip
-        stack.enter_context(progress)
-        task = progress.add_task("episodes", total=total_episodes(scenarios, config))
-        return await simulate(
-            scenarios, entry, config, ledger, on_episode=lambda _: progress.advance(task)
-        )
 
 
 def simulate_command(
@@ -205,33 +194,26 @@ def simulate_command(
         loaded = load_scenarios(list(scenarios))
         for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
             World(scenario).close()
-        from pipecat_rl.simulator.runner import SimulationConfig, check_endpoints
+        from pipecat_rl.simulator import Server
+        from pipecat_rl.simulator.runner import check_endpoints
 
-        config = SimulationConfig(
-            llm_url=llm_url,
-            adapter=adapter,
-            persona=persona,
-            mode=modes[0],
-            seed=seed,
-            repeats=repeats,
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            persona_llm_url=persona_llm_url,
-            persona_model=persona_model,
-            judge_llm_url=judge_llm_url,
-            judge_model=judge_model,
-            stt=stt,
-            tts=tts,
-        )
-        check_endpoints(loaded, config)  # before the server starts: a wrong block fails fast
+        options = SimulationOptions(
+            persona=persona, mode=modes[0], seed=seed, repeats=repeats, concurrency=concurrency,
+            max_tokens=max_tokens, persona_llm_url=persona_llm_url, persona_model=persona_model,
+            judge_llm_url=judge_llm_url, judge_model=judge_model, stt=stt, tts=tts,
+        )  # fmt: skip
+        check_endpoints(loaded, options, llm_url)  # before any server starts: fail fast
+        server = Server(url=llm_url, model=model, needed=not no_server)
         reports = []
         for channel in modes:  # text first, then audio: same scenarios, seeds and adapter
-            run_config = dataclasses.replace(
-                config, mode=channel, transport=transport if channel == "audio" else "local"
+            run_options = options.model_copy(
+                update={"mode": channel, "transport": transport if channel == "audio" else "local"}
             )
             path = resolve_ledger_path(ledger)
             show = not json_out
-            reports.append(asyncio.run(_run(loaded, bot, run_config, path, model, no_server, show)))
+            reports.append(
+                _run(loaded, bot, run_options, adapter or "base", path, server, show)
+            )
             if reports[-1].server_gone:
                 break  # no second channel against a server that is gone
     if len(reports) == 2:  # --mode text,audio: both tables and the channel gap

@@ -31,10 +31,10 @@ def train_command(
     ] = None,
     scenarios: Annotated[
         list[Path] | None,
-        typer.Option("--scenarios", help="Online GRPO: scenario files or folders to simulate."),
+        typer.Option("--scenarios", help="Online GRPO / OPSD: scenarios to simulate."),
     ] = None,
     bot: Annotated[
-        str | None, typer.Option("--bot", help="Online GRPO: the bot to simulate.")
+        str | None, typer.Option("--bot", help="Online GRPO / OPSD: the bot to simulate.")
     ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO / OPSD steps.")] = 1,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="SFT epochs (at most).")] = 10,
@@ -48,10 +48,10 @@ def train_command(
     ] = 1.0,
     persona: Annotated[
         Literal["llm", "scripted"],
-        typer.Option("--persona", help="Online GRPO: LLM persona, or the scenarios' script."),
+        typer.Option("--persona", help="Online: LLM persona, or the scenarios' script."),
     ] = "llm",
     max_tokens: Annotated[
-        int | None, typer.Option("--max-tokens", min=1, help="Online GRPO: cap agent replies.")
+        int | None, typer.Option("--max-tokens", min=1, help="Online: cap agent replies.")
     ] = None,
     opsd_loss: Annotated[
         Literal["forward_topk", "reverse"],
@@ -79,13 +79,22 @@ def train_command(
     with cli_errors():
         if (scenarios is None) != (bot is None):
             raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
-        if scenarios is not None and algo != "grpo":
-            raise ConfigError("--scenarios and --bot are for --algo grpo")
+        if scenarios is not None and algo == "sft":
+            raise ConfigError("--scenarios and --bot are for --algo grpo or opsd (online)")
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
-            out_dir=out, seed=seed, persona=persona, max_tokens=max_tokens, opsd_loss=opsd_loss,
+            out_dir=out, seed=seed, opsd_loss=opsd_loss,
         )  # fmt: skip
+        rollouts = None
+        if scenarios is not None and bot is not None:
+            from pipecat_rl.simulator import SimulationOptions, load_bot, load_scenarios
+            from pipecat_rl.simulator.options import Rollouts
+
+            rollouts = Rollouts(
+                scenarios=load_scenarios(list(scenarios)), bot=load_bot(bot),
+                options=SimulationOptions(persona=persona, max_tokens=max_tokens),
+            )  # fmt: skip
         progress = Progress(
             TextColumn(f"training ({algo})"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("{task.description}"),
@@ -102,9 +111,8 @@ def train_command(
         try:
             with Ledger(resolve_ledger_path(ledger)) as store, progress:
                 result = train(
-                    store, config, server_url=llm_url, progress=on_step, bot=bot,
-                    scenarios=[str(p) for p in scenarios] if scenarios else None,
-                )  # fmt: skip
+                    store, config, server_url=llm_url, progress=on_step, rollouts=rollouts
+                )
         except ServingError as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(EXIT_UNAVAILABLE) from e

@@ -8,12 +8,15 @@ Modules, in the order data flows:
   session-resampled P95, cost);
 - `verdict`: one check per rule, then PROMOTE / REJECT / INCONCLUSIVE;
 - `evaluate`: all of the above on one `GateData`, producing the `GateReceipt`;
+- `decide`: `run_gate`, the one gate sequence (evidence → evaluate → receipt written and recorded);
+- `simulate`: the gate's own paired runs, through `simulator.run`;
 - `receipt`, `report_html`: the receipt as JSON, Markdown and a self-contained HTML page;
 - `promote`: verify a receipt against the ledger and its own numbers, load the adapter into the
   server and move the live pointer (and back).
 """
 
 from pipecat_rl.gate.config import GateConfig, PriceTable, load_gate_config
+from pipecat_rl.gate.decide import Evidence, FromLedger, FromScores, GateRun, Simulated, run_gate
 from pipecat_rl.gate.evaluate import evaluate
 from pipecat_rl.gate.inputs import (
     GateData,
@@ -35,14 +38,19 @@ from pipecat_rl.gate.verdict import EXIT_CODES, Verdict
 
 __all__ = [
     "EXIT_CODES",
+    "Evidence",
+    "FromLedger",
+    "FromScores",
     "GateConfig",
     "GateData",
     "GateReceipt",
+    "GateRun",
     "InputSource",
     "Lineage",
     "LiveMove",
     "PriceTable",
     "RunResult",
+    "Simulated",
     "Verdict",
     "evaluate",
     "hash_scenario_files",
@@ -55,6 +63,7 @@ __all__ = [
     "render_markdown",
     "resolve_policy",
     "rollback",
+    "run_gate",
     "unknown_lineage",
     "verify_receipt",
     "write_receipt",

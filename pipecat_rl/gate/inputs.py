@@ -26,7 +26,7 @@ Every number is bounded: rewards and parts finite in [0, 1], latencies finite in
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -284,8 +284,11 @@ def load_ledger_runs(
     heldout_set: str | None = None,
     source: Literal["gate", "simulate"] | None = None,
     judged: Mapping[str, float] | None = None,
+    session_ids: Collection[str] | None = None,
 ) -> GateData:
     """Held-out sessions of the two (already resolved) policies, as runs.
+
+    `session_ids` restricts the runs to those sessions (the gate's own runs of one receipt).
 
     When a policy ran a (scenario, repeat) more than once, the newest session counts and the
     older ones are noted. Sessions without an authoritative reward part (unverified), scenario
@@ -302,6 +305,9 @@ def load_ledger_runs(
     ]
     if heldout_set is not None:
         sessions = [s for s in sessions if s.heldout_set_id == heldout_set]
+    if session_ids is not None:
+        wanted = set(session_ids)
+        sessions = [s for s in sessions if s.id in wanted]
     set_ids = {s.heldout_set_id for s in sessions}
     if len(set_ids) > 1:
         raise GateError(

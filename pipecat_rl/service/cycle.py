@@ -10,7 +10,6 @@ the snapshot's at every later stage.
 """
 
 import asyncio
-import dataclasses
 import json
 import shutil
 import sqlite3
@@ -27,6 +26,7 @@ from pipecat_rl.errors import BudgetExhausted, ConfigError, ServingError, Traini
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import STAGES, LoopConfig
+from pipecat_rl.simulator.options import Server, SimulationOptions
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -138,8 +138,7 @@ class Cycle:
             )  # fmt: skip
             asyncio.run(self._server.start())
             self._url = self._server.base_url
-            pid = self._server._process.pid if self._server._process else None
-            self.log.write("server_ready", url=self._url, pid=pid)
+            self.log.write("server_ready", url=self._url, pid=self._server.pid)
         return self._url
 
     def close(self) -> None:
@@ -168,29 +167,26 @@ class Cycle:
                 )
         return loaded
 
+    def options(self, **update: Any) -> SimulationOptions:
+        """The loop's simulation options (caller, seed, concurrency, reply cap), with `update`."""
+        c = self.config
+        return SimulationOptions(
+            persona=c.persona, seed=c.seed, concurrency=c.concurrency, max_tokens=c.max_tokens
+        ).model_copy(update=update)
+
+    def server(self) -> Server:
+        """The served model, started on first use."""
+        return Server(url=self.url(), model=self.config.model)
+
     def simulate(self, scenarios, adapter: str, *, repeats: int, bot: str, served: bool = True):
         """Simulate `scenarios` with `bot` under `adapter`; returns the report."""
-        from pipecat_rl.simulator.botloader import load_bot
-        from pipecat_rl.simulator.endpoint import llm_endpoint
-        from pipecat_rl.simulator.runner import SimulationConfig, simulate
+        from pipecat_rl.simulator import load_bot, run
 
-        c = self.config
-        config = SimulationConfig(
-            adapter=None if adapter == BASE_ADAPTER else adapter, persona=c.persona, seed=c.seed,
-            repeats=repeats, concurrency=c.concurrency, max_tokens=c.max_tokens,
+        server = self.server() if served else Server(needed=False)
+        return run(
+            scenarios, load_bot(bot), self.options(repeats=repeats), self.ledger,
+            policies=[adapter], server=server,
         )  # fmt: skip
-        entry = load_bot(bot)
-
-        async def run():
-            if not served:
-                return await simulate(scenarios, entry, config, self.ledger)
-            async with llm_endpoint(
-                self.url(), ledger=self.ledger, adapters=[adapter], model=c.model
-            ) as url:
-                cfg = dataclasses.replace(config, llm_url=url)
-                return await simulate(scenarios, entry, cfg, self.ledger)
-
-        return asyncio.run(run())
 
     def llm_busy_s(self, since: float) -> float:
         """Wall seconds since `since` during which at least one LLM request was in flight."""
@@ -449,19 +445,27 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
                        progress=progress)  # fmt: skip
         runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
         parent = result.adapter
-    files = filtered["scenario_files"]
-    contested = [files[s] for s in filtered["contested"]] or list(files.values())
+    pool = cycle.scenarios("pool")
+    contested = pool.model_copy(
+        update={"scenarios": [x for x in pool if x.id in set(filtered["contested"])]}
+    )
     for algo, steps in (("grpo", t.grpo_steps), ("opsd", t.opsd_steps)):
         if steps == 0:
             continue
+        if not len(contested):
+            cycle.log.write("rl_skipped", algo=algo, reason="no contested scenario in the pool")
+            continue
         per_step = len(contested) * t.group_size * t.episode_s / c.concurrency + t.step_s
         cycle.require(steps * per_step, f"{steps} {algo.upper()} step(s)")
+        from pipecat_rl.simulator import load_bot
+        from pipecat_rl.simulator.options import Rollouts
+
+        rollouts = Rollouts(scenarios=contested, bot=load_bot(c.bot), options=cycle.options())
         t0 = time.monotonic()
         result = train(cycle.ledger, TrainConfig(algo=algo, parent=parent, steps=steps,
                                                  group_size=t.group_size,
                                                  temperature=t.temperature, **common),
-                       server_url=url, scenarios=contested, bot=c.bot,
-                       progress=progress)  # fmt: skip
+                       server_url=url, rollouts=rollouts, progress=progress)  # fmt: skip
         runs.append(_run_record(cycle, algo, result, time.monotonic() - t0))
         parent = result.adapter
     if not runs:
@@ -490,31 +494,20 @@ def _pass_rates(cycle: Cycle, data: Any) -> dict[str, Any]:
 
 def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
     """Run both policies on the held-out set (same seeds, interleaved) and gate the candidate."""
-    from pipecat_rl.gate import evaluate, hash_scenario_files, ledger_lineage, write_receipt
+    from pipecat_rl.gate import Simulated, run_gate
     from pipecat_rl.gate.config import load_gate_config
-    from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
+    from pipecat_rl.simulator import load_bot
 
     c = cycle.config
-    cycle.scenarios("heldout")  # frozen check
+    heldout = cycle.scenarios("heldout")  # frozen check
     candidate, incumbent = cycle.results["train"]["candidate"], cycle.incumbent()
     settings = load_gate_config(c.gate.config, **c.gate.overrides)
-    run = PairedRun(
-        c.bot, llm_url=cycle.url(), model=c.model, concurrency=c.concurrency,
-        max_tokens=c.max_tokens, persona=c.persona, seed=settings.seed,
+    evidence = Simulated(
+        scenarios=heldout, bot=load_bot(c.bot), server=cycle.server(), files=c.heldout,
+        options=cycle.options(repeats=c.gate.repeats, seed=settings.seed),
     )  # fmt: skip
-    data = run_paired_simulations(
-        cycle.ledger, c.heldout, candidate, incumbent, c.gate.repeats, "text", run,
-        judged=settings.judged_metrics,
-    )
-    data = dataclasses.replace(
-        data,
-        source=data.source.model_copy(update={"scenario_files": hash_scenario_files(c.heldout)}),
-    )
-    receipt = evaluate(
-        data, settings, ledger_lineage(cycle.ledger, candidate, candidate),
-        ledger_lineage(cycle.ledger, incumbent, incumbent),
-    )  # fmt: skip
-    paths = write_receipt(receipt, c.out / "receipt", cycle.ledger)  # promote checks it there
+    done = run_gate(cycle.ledger, candidate, incumbent, evidence, settings, c.out / "receipt")
+    receipt, paths, data = done.receipt, done.paths, done.data
     p, lat, cost = receipt.paired, receipt.latency, receipt.cost
     v2v = lat.v2v_p95
     return {

@@ -8,9 +8,6 @@ half-applied. A promotion is safe either way: it loads the adapter before it mov
 in one transaction.
 """
 
-import asyncio
-import contextlib
-import dataclasses
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,6 +32,7 @@ from pipecat_rl.service.models import (
 )
 from pipecat_rl.service.security import confine
 from pipecat_rl.service.settings import ServiceSettings
+from pipecat_rl.simulator.options import Server, SimulationOptions
 
 RESUMABLE_KINDS = frozenset({"cycle"})
 """Kinds that continue where they stopped when the service restarts; the rest are failed."""
@@ -97,36 +95,26 @@ class JobContext:
 # -- one function per kind -------------------------------------------------------------------
 
 
-def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
-    from pipecat_rl.simulator.botloader import load_bot
-    from pipecat_rl.simulator.endpoint import llm_endpoint
-    from pipecat_rl.simulator.runner import SimulationConfig, simulate
-    from pipecat_rl.simulator.scenario import load_scenarios
+def _server(ctx: JobContext, needed: bool = True) -> Server:
+    return Server(url=ctx.settings.llm_url, model=ctx.settings.model, needed=needed)
 
-    scenarios = load_scenarios(list(p.scenarios))
-    entry = load_bot(p.bot)
-    config = SimulationConfig(
-        adapter=p.adapter, persona=p.persona, seed=p.seed, repeats=p.repeats,
-        concurrency=p.concurrency, max_tokens=p.max_tokens,
-    )  # fmt: skip
+
+def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
+    from pipecat_rl.simulator import load_bot, load_scenarios, run
 
     def episode(e) -> None:
         ctx.emit("episode", scenario=e.scenario_id, session=e.session_id, outcome=e.outcome,
                  reward=e.reward)  # fmt: skip
 
-    async def run():
-        async with contextlib.AsyncExitStack() as stack:
-            cfg = config
-            if not p.no_server:
-                url = await stack.enter_async_context(
-                    llm_endpoint(ctx.settings.llm_url, ledger=ctx.ledger,
-                                 adapters=[p.adapter or "base"], model=ctx.settings.model,
-                                 concurrency=p.concurrency)
-                )  # fmt: skip
-                cfg = dataclasses.replace(config, llm_url=url)
-            return await simulate(scenarios, entry, cfg, ctx.ledger, on_episode=episode)
-
-    report = asyncio.run(run())
+    options = SimulationOptions(
+        persona=p.persona, seed=p.seed, repeats=p.repeats, concurrency=p.concurrency,
+        max_tokens=p.max_tokens,
+    )  # fmt: skip
+    report = run(
+        load_scenarios(list(p.scenarios)), load_bot(p.bot), options, ctx.ledger,
+        policies=[p.adapter or "base"], server=_server(ctx, needed=not p.no_server),
+        on_episode=episode,
+    )  # fmt: skip
     episodes = report.episodes
     return {
         "episodes": len(episodes),
@@ -143,44 +131,41 @@ def _train(ctx: JobContext, p: TrainJob) -> dict[str, Any]:
     TrainConfig, train = load_training()
     fields = p.model_dump(exclude={"kind", "scenarios", "bot"}, exclude_none=True)
     config = TrainConfig(out_dir=ctx.settings.data_dir / "adapters", **fields)
+    rollouts = None
+    if p.scenarios and p.bot:
+        from pipecat_rl.simulator import load_bot, load_scenarios
+        from pipecat_rl.simulator.options import Rollouts
+
+        rollouts = Rollouts(
+            scenarios=load_scenarios(list(p.scenarios)), bot=load_bot(p.bot),
+            options=SimulationOptions(persona="scripted"),
+        )  # fmt: skip
     result = train(
-        ctx.ledger, config, server_url=ctx.settings.llm_url, scenarios=p.scenarios, bot=p.bot,
+        ctx.ledger, config, server_url=ctx.settings.llm_url, rollouts=rollouts,
         progress=lambda row: ctx.emit("progress", **row),
     )  # fmt: skip
     return {"adapter": result.adapter, "path": str(result.path), "metrics": result.metrics}
 
 
 def _gate(ctx: JobContext, p: GateJob) -> dict[str, Any]:
-    from pipecat_rl.gate import (
-        evaluate,
-        hash_scenario_files,
-        ledger_lineage,
-        load_gate_config,
-        resolve_policy,
-        write_receipt,
-    )
-    from pipecat_rl.gate.simulate import PairedRun, run_paired_simulations
+    from pipecat_rl.gate import Simulated, load_gate_config, run_gate
+    from pipecat_rl.simulator import load_bot, load_scenarios
 
     settings = load_gate_config(Path(p.config) if p.config else None)
-    cand, inc = resolve_policy(ctx.ledger, p.candidate), resolve_policy(ctx.ledger, p.incumbent)
-    ctx.emit("simulating", candidate=cand, incumbent=inc, repeats=p.repeats)
-    run = PairedRun(
-        p.bot, llm_url=ctx.settings.llm_url, model=ctx.settings.model,
-        concurrency=p.concurrency, max_tokens=p.max_tokens, persona=p.persona, seed=settings.seed,
-    )  # fmt: skip
-    data = run_paired_simulations(ctx.ledger, Path(p.scenarios), cand, inc, p.repeats, "text", run)
-    files = hash_scenario_files(Path(p.scenarios))
-    data = dataclasses.replace(
-        data, source=data.source.model_copy(update={"scenario_files": files})
-    )
-    receipt = evaluate(
-        data, settings, ledger_lineage(ctx.ledger, p.candidate, cand),
-        ledger_lineage(ctx.ledger, p.incumbent, inc),
+    ctx.emit("simulating", candidate=p.candidate, incumbent=p.incumbent, repeats=p.repeats)
+    evidence = Simulated(
+        scenarios=load_scenarios([Path(p.scenarios)]), bot=load_bot(p.bot),
+        options=SimulationOptions(
+            persona=p.persona, seed=settings.seed, repeats=p.repeats, concurrency=p.concurrency,
+            max_tokens=p.max_tokens,
+        ),
+        server=_server(ctx), files=Path(p.scenarios),
     )  # fmt: skip
     folder = ctx.settings.data_dir / "receipts" / ctx.job.id
-    paths = write_receipt(receipt, folder)
+    done = run_gate(ctx.ledger, p.candidate, p.incumbent, evidence, settings, folder)
+    receipt = done.receipt
     return {"verdict": receipt.verdict, "reason": receipt.reason, "receipt_id": ctx.job.id,
-            "receipt": str(paths["json"])}  # fmt: skip
+            "receipt": str(done.paths["json"])}  # fmt: skip
 
 
 def _admin(ctx: JobContext):
@@ -202,7 +187,8 @@ def _rollback(ctx: JobContext, p: RollbackJob) -> dict[str, Any]:
 
 
 def _cycle(ctx: JobContext, p: CycleJob) -> dict[str, Any]:
-    from pipecat_rl.service.cycle import load_loop_config, run_cycle
+    from pipecat_rl.service.cycle import run_cycle
+    from pipecat_rl.service.loop import load_loop_config
 
     config = load_loop_config(Path(p.config))
     if p.budget_s is not None:

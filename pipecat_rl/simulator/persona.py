@@ -12,7 +12,6 @@ always has its turns said by one (`script_turns.TurnsCaller`).
 """
 
 import re
-from typing import Literal
 
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.evals.persona import END_CALL_FUNCTION, END_CALL_SCHEMA, EvalPersona
@@ -33,6 +32,7 @@ from pipecat.services.openai.llm import OpenAILLMService
 from pipecat_rl.errors import SimulationError
 from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.judge import Endpoint
+from pipecat_rl.simulator.options import PersonaKind
 from pipecat_rl.simulator.scenario import Scenario, Script
 from pipecat_rl.simulator.scripted import (
     ScriptedLLMService,
@@ -101,9 +101,6 @@ class ScriptedPersona:
 def _reply(text: str, end_call: bool) -> ScriptedReply:
     calls = [(END_CALL_FUNCTION, {"success": True, "reason": "scripted"})] if end_call else []
     return ScriptedReply(text=text, tool_calls=calls)
-
-
-PersonaKind = Literal["llm", "scripted"]
 
 
 def persona_llm(

@@ -52,7 +52,8 @@ from pipecat_rl.simulator.judge import (
     judge_call,
     resolve_endpoint,
 )
-from pipecat_rl.simulator.persona import PersonaKind, build_persona_worker, persona_llm
+from pipecat_rl.simulator.options import SimulationOptions, Source
+from pipecat_rl.simulator.persona import build_persona_worker, persona_llm
 from pipecat_rl.simulator.pipecat_metrics import score_scenario
 from pipecat_rl.simulator.rewards import (
     EpisodeEvidence,
@@ -75,41 +76,15 @@ PREFLIGHT_TIMEOUT_S = 30.0
 Outcome = Literal["pass", "fail", "unverified", "error", "not_run"]
 
 
-@dataclass(frozen=True)
-class SimulationConfig:
-    """How to run a simulation."""
+class SimulationConfig(SimulationOptions):
+    """One run of episodes: the options, plus what `simulator.run` chose for them."""
 
     llm_url: str | None = None
     """The served model (OpenAI-compatible, ends in /v1) for the agent and the LLM persona."""
     adapter: str | None = None
     """The model name the agent's requests carry: an adapter, or None for `base`."""
-    persona: PersonaKind = "llm"
-    """The LLM persona (default), or the scenarios' `script:` rules."""
-    persona_model: str | None = None
-    """The persona's model (default: a `simulator:` block's, else `base` on the served model)."""
-    persona_llm_url: str | None = None
-    """Another OpenAI-compatible server for the persona (overrides `simulator:` blocks)."""
-    mode: Literal["text", "audio"] = "text"
-    """Text lines, or speech over a paced audio call (see `simulator.audio`)."""
-    transport: Literal["local", "webrtc"] = "local"
-    """Audio mode: the in-process paced pair, or SmallWebRTC over loopback (`audio.webrtc`)."""
-    stt: Literal["whisper", "deepgram"] | None = None
-    tts: Literal["piper", "cartesia"] | None = None
-    """Audio mode: the speech services chosen over the scenarios' `channel` (None: theirs)."""
-    judge_model: str | None = None
-    """The judge's model (default: a `judge.eval:` block's, else `base` on the served model)."""
-    judge_llm_url: str | None = None
-    """Another OpenAI-compatible server for the judge (overrides `judge.eval:` blocks)."""
-    source: Literal["simulate", "gate"] = "simulate"
+    source: Source = "simulate"
     """The ledger label of the sessions: `gate` for the gate's paired runs."""
-    seed: int = 0
-    repeats: int | None = None
-    """Runs per scenario; None means each scenario's own `runs`."""
-    concurrency: int = 4
-    max_tokens: int | None = None
-    """Caps the agent's replies when its bot sets no max_tokens (None: leave it as it is)."""
-    temperature: float | None = None
-    """Overrides the agent's sampling temperature (None: the bot's own, as deployed)."""
 
 
 @dataclass
@@ -209,26 +184,34 @@ async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
 
 
-def persona_endpoint(scenario: Scenario, config: SimulationConfig) -> Endpoint | None:
+def persona_endpoint(
+    scenario: Scenario, options: SimulationOptions, served_url: str | None
+) -> Endpoint | None:
     """Where the scenario's LLM persona runs (flag, `simulator:` block, served model)."""
     return resolve_endpoint(
-        scenario.simulator, flag_url=config.persona_llm_url, flag_model=config.persona_model,
-        served_url=config.llm_url, where="simulator", flag="--persona-llm-url",
+        scenario.simulator, flag_url=options.persona_llm_url, flag_model=options.persona_model,
+        served_url=served_url, where="simulator", flag="--persona-llm-url",
         path=scenario.source_path,
     )  # fmt: skip
 
 
-def judge_endpoint(scenario: Scenario, config: SimulationConfig) -> Endpoint | None:
+def judge_endpoint(
+    scenario: Scenario, options: SimulationOptions, served_url: str | None
+) -> Endpoint | None:
     """Where the scenario's judge runs (flag, `judge.eval:` block, served model)."""
     return resolve_endpoint(
-        judge_block(scenario), flag_url=config.judge_llm_url, flag_model=config.judge_model,
-        served_url=config.llm_url, where="judge.eval", flag="--judge-llm-url",
+        judge_block(scenario), flag_url=options.judge_llm_url, flag_model=options.judge_model,
+        served_url=served_url, where="judge.eval", flag="--judge-llm-url",
         path=scenario.source_path,
     )  # fmt: skip
 
 
-def check_endpoints(scenarios: ScenarioSet, config: SimulationConfig) -> None:
+def check_endpoints(
+    scenarios: ScenarioSet, options: SimulationOptions, served_url: str | None = None
+) -> None:
     """Resolve every persona and judge endpoint and check each answers, before any episode.
+
+    Endpoints on `served_url` (the run's own server, perhaps not started yet) are not probed.
 
     Raises:
         ConfigError: a block names a provider the simulator cannot reach offline, or an
@@ -236,12 +219,12 @@ def check_endpoints(scenarios: ScenarioSet, config: SimulationConfig) -> None:
     """
     named: list[tuple[Endpoint, str]] = []
     for scenario in scenarios:
-        judge = judge_endpoint(scenario, config)
-        if judge is not None and judge.url != config.llm_url:
+        judge = judge_endpoint(scenario, options, served_url)
+        if judge is not None and judge.url != served_url:
             named.append((judge, "--judge-llm-url"))
-        if config.persona == "llm" and not scenario.scripted:
-            persona = persona_endpoint(scenario, config)
-            if persona is not None and persona.url != config.llm_url:
+        if options.persona == "llm" and not scenario.scripted:
+            persona = persona_endpoint(scenario, options, served_url)
+            if persona is not None and persona.url != served_url:
                 named.append((persona, "--persona-llm-url"))
     check_reachable(named)
 
@@ -254,7 +237,7 @@ async def _pipecat_parts(
     scenario: Scenario, result: "EpisodeResult", config: SimulationConfig, ended_at: float
 ) -> dict[str, float]:
     """The scenario's Pipecat parts (`judge:success`, `judge:<m>`, `metric:<m>`) for one run."""
-    endpoint = judge_endpoint(scenario, config)
+    endpoint = judge_endpoint(scenario, config, config.llm_url)
     calls = _calls_seen(result.executions)
     if scenario.scripted:
         parts, result.score_details = await score_turns(
@@ -383,7 +366,7 @@ async def run_episode(
         )
     try:
         llm_persona = config.persona == "llm" and not scenario.scripted
-        endpoint = persona_endpoint(scenario, config) if llm_persona else None
+        endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None
         caller_llm = persona_llm(scenario, config.persona, endpoint=endpoint, pair=pair)
         stages = audio.persona_stages() if audio else None
         persona = build_persona_worker(scenario, pair, caller_llm, stages)
@@ -704,7 +687,7 @@ async def simulate(
             on_episode(result)
         return result
 
-    check_endpoints(scenarios, config)
+    check_endpoints(scenarios, config, config.llm_url)
     with simulation_environment(config.llm_url, setup_files()):
         if jobs:
             await preflight(bot, jobs[0][0], config)
@@ -761,6 +744,6 @@ def setup_files() -> list[Path]:
     return files
 
 
-def total_episodes(scenarios: ScenarioSet, config: SimulationConfig) -> int:
-    """How many episodes `simulate` will run."""
-    return sum(config.repeats or s.runs for s in scenarios)
+def total_episodes(scenarios: ScenarioSet, options: SimulationOptions) -> int:
+    """How many episodes `simulate` will run (per policy)."""
+    return sum(options.repeats or s.runs for s in scenarios)

@@ -10,7 +10,6 @@
    (with a server) hot-load it and verify it is served.
 """
 
-import asyncio
 import json
 import statistics
 import time
@@ -24,6 +23,7 @@ from loguru import logger
 from pipecat_rl.errors import NoTrainingSignalError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger.outcome import passed
+from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
 from pipecat_rl.training.advantage import outcome_reward
 from pipecat_rl.training.config import TrainConfig, TrainResult
@@ -247,30 +247,22 @@ def ledger_turns(turns: list[TurnRecord], session_id: str) -> list[TurnRecord]:
 
 
 def _simulate(
-    ledger: Ledger, scenarios: Any, bot: Any, server_url: str, adapter: str, config: TrainConfig,
+    ledger: Ledger, rollouts: Rollouts, server_url: str, adapter: str, config: TrainConfig,
     step: int,
 ) -> list[str]:  # fmt: skip
-    from pipecat_rl.serving import openai_base_url
-    from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+    from pipecat_rl.simulator import Server, run
 
-    scenario_set = (
-        scenarios
-        if hasattr(scenarios, "heldout_set_id")
-        else load_scenarios([scenarios] if isinstance(scenarios, (str, Path)) else list(scenarios))
-    )
-    entry = load_bot(bot) if isinstance(bot, (str, Path)) else bot
-    sim = SimulationConfig(
-        llm_url=openai_base_url(server_url),
-        adapter=None if adapter == BASE_ADAPTER else adapter,
-        seed=config.seed * 1000 + step,
-        repeats=config.group_size,
-        temperature=config.temperature,
-        persona=config.persona,
-        max_tokens=config.max_tokens,
-        concurrency=config.concurrency,
-    )
-    report = asyncio.run(simulate(scenario_set, entry, sim, ledger))
-    return [e.session_id for e in report.episodes]
+    options = rollouts.options.model_copy(
+        update={
+            "seed": config.seed * 1000 + step, "repeats": config.group_size,
+            "temperature": config.temperature,
+        }
+    )  # fmt: skip
+    report = run(
+        rollouts.scenarios, rollouts.bot, options, ledger, policies=[adapter],
+        server=Server(url=server_url),
+    )  # fmt: skip
+    return [e.session_id for e in report.episodes if e.session_id]
 
 
 def _new_version(
@@ -293,17 +285,16 @@ def train(
     config: TrainConfig,
     *,
     server_url: str | None = None,
-    scenarios: Any = None,
-    bot: Any = None,
+    rollouts: Rollouts | None = None,
     progress: Progress | None = None,
 ) -> TrainResult:
-    """Train one adapter from the ledger (GRPO online when `scenarios`, `bot` and a server)."""
+    """Train one adapter from the ledger (GRPO / OPSD online with `rollouts` and a server)."""
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
-    online = scenarios is not None and bot is not None
-    if config.algo == "grpo" and online and server_url is None:
-        raise TrainingError("online GRPO simulates under each new adapter: give it a server URL")
+    online = rollouts is not None
+    if online and config.algo != "sft" and server_url is None:
+        raise TrainingError("online training simulates under each new version: give a server URL")
     policy = load_policy(config, _parent_path(ledger, config.parent))
     guard_result = guard(ledger, policy, config, server_url)
     logger.info(f"guard passed: {guard_result}")
@@ -324,7 +315,7 @@ def train(
         for step in range(1, config.steps + 1):
             ids = None
             if online:
-                ids = _simulate(ledger, scenarios, bot, server_url, current, config, step)
+                ids = _simulate(ledger, rollouts, server_url, current, config, step)
             turns, sessions, dropped = rl_rows(ledger, names, ids, config)
             used_set.update(s.id for s in sessions)
             if config.algo == "grpo":

@@ -1,0 +1,128 @@
+"""`gate.run_gate`: the one gate sequence, from evidence to a recorded receipt.
+
+Simulate the held-out set (or read the ledger, or a scores file) → hash the scenario files →
+record the held-out hashes → evaluate → write the receipt → record it in the ledger. The `gate`
+verb, the service's gate job and the cycle's evaluate stage are thin callers of `run_gate`, so
+every receipt any of them writes is one `promote` accepts (or refuses) for the same reasons.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pipecat_rl.gate.config import GateConfig
+from pipecat_rl.gate.evaluate import evaluate
+from pipecat_rl.gate.inputs import GateData, hash_scenario_files, load_ledger_runs, load_scores
+from pipecat_rl.gate.lineage import Lineage, ledger_lineage, resolve_policy, unknown_lineage
+from pipecat_rl.gate.receipt import GateReceipt, write_receipt
+from pipecat_rl.ledger import Ledger
+
+if TYPE_CHECKING:  # the simulator imports Pipecat: only when the gate runs its own episodes
+    from pipecat_rl.simulator.botloader import BotEntry
+    from pipecat_rl.simulator.options import SimulationOptions
+    from pipecat_rl.simulator.scenario import ScenarioSet
+    from pipecat_rl.simulator.simulation import Server
+
+SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """The gate runs both policies on the held-out scenarios itself (`options.repeats` = K)."""
+
+    scenarios: "ScenarioSet"
+    bot: "BotEntry"
+    options: "SimulationOptions"
+    server: "Server"
+    files: Path | None = None
+    """The scenario file or folder, hashed byte for byte into the receipt."""
+
+
+@dataclass(frozen=True)
+class FromLedger:
+    """The gate decides from held-out sessions already in the ledger."""
+
+    heldout_set: str | None = None
+    source: Literal["gate", "simulate"] | None = None
+    files: Path | None = None
+
+
+@dataclass(frozen=True)
+class FromScores:
+    """The gate decides from a scores JSONL file (one line per run)."""
+
+    path: Path
+    files: Path | None = None
+
+
+Evidence = Simulated | FromLedger | FromScores
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """A decided gate: the receipt, where it was written (json, md, html), and its runs."""
+
+    receipt: GateReceipt
+    paths: dict[str, Path]
+    data: GateData
+
+
+def gather(
+    ledger: Ledger,
+    candidate: str,
+    incumbent: str,
+    evidence: Evidence,
+    judged: Mapping[str, float],
+) -> tuple[GateData, Lineage, Lineage]:
+    """The runs to decide from, and both policies' lineage."""
+    if isinstance(evidence, FromScores):
+        return (
+            load_scores(evidence.path, candidate, incumbent, judged=judged),
+            unknown_lineage(candidate, candidate, SCORES_GUARD),
+            unknown_lineage(incumbent, incumbent, SCORES_GUARD),
+        )
+    names = resolve_policy(ledger, candidate), resolve_policy(ledger, incumbent)
+    if isinstance(evidence, Simulated):
+        from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
+
+        data = run_paired_simulations(
+            ledger, evidence.scenarios, *names, evidence.bot, evidence.options, evidence.server,
+            judged,
+        )  # fmt: skip
+    else:
+        data = load_ledger_runs(
+            ledger, *names, heldout_set=evidence.heldout_set, source=evidence.source,
+            judged=judged,
+        )  # fmt: skip
+    return (
+        data,
+        ledger_lineage(ledger, candidate, names[0]),
+        ledger_lineage(ledger, incumbent, names[1]),
+    )
+
+
+def run_gate(
+    ledger: Ledger,
+    candidate: str,
+    incumbent: str,
+    evidence: Evidence,
+    settings: GateConfig,
+    out: Path,
+) -> GateRun:
+    """Decide on `candidate` against `incumbent` from `evidence`; write and record the receipt.
+
+    Every scenario hash the gate decided on is recorded as held out (it never trains again),
+    and the receipt's sha256 is recorded so that `promote` can check it.
+    """
+    data, cand, inc = gather(ledger, candidate, incumbent, evidence, settings.judged_metrics)
+    if evidence.files is not None:
+        files = hash_scenario_files(evidence.files)
+        data = replace(data, source=data.source.model_copy(update={"scenario_files": files}))
+    ledger.record_heldout_hashes(
+        (r.scenario_hash, r.scenario, data.source.heldout_set_id)
+        for r in data.runs
+        if r.scenario_hash
+    )
+    receipt = evaluate(data, settings, cand, inc)
+    return GateRun(receipt, write_receipt(receipt, out, ledger), data)

@@ -1,0 +1,86 @@
+"""How a simulation runs, as one record every caller fills in: the one source of its defaults.
+
+`SimulationOptions` is what a user chooses (the caller, the channel, seeds, repeats, how hard to
+push the server); `simulator.run` adds what the run itself decides (the served URL, the policy,
+the ledger label) and is the only place a `SimulationConfig` is built. The `simulate` verb, the
+gate, the trainer's online rollouts, the cycle and the service all hand one of these over, so
+a default changed here changes everywhere. It imports no Pipecat: verbs build it before they
+decide whether anything runs.
+"""
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # both import Pipecat; this module must not
+    from pipecat_rl.simulator.botloader import BotEntry
+    from pipecat_rl.simulator.scenario import ScenarioSet
+
+PersonaKind = Literal["llm", "scripted"]
+"""The caller: an LLM persona, or the scenarios' `script:` rules."""
+
+Mode = Literal["text", "audio"]
+Transport = Literal["local", "webrtc"]
+Source = Literal["simulate", "gate"]
+"""The ledger label of simulated sessions: `gate` for the gate's paired runs."""
+
+
+class SimulationOptions(BaseModel):
+    """What a simulation is asked to do, before a server or a policy is chosen for it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    persona: PersonaKind = "llm"
+    """The LLM persona (default), or the scenarios' `script:` rules."""
+    persona_model: str | None = None
+    """The persona's model (default: a `simulator:` block's, else `base` on the served model)."""
+    persona_llm_url: str | None = None
+    """Another OpenAI-compatible server for the persona (overrides `simulator:` blocks)."""
+    mode: Mode = "text"
+    """Text lines, or speech over a paced audio call (see `simulator.audio`)."""
+    transport: Transport = "local"
+    """Audio mode: the in-process paced pair, or SmallWebRTC over loopback (`audio.webrtc`)."""
+    stt: Literal["whisper", "deepgram"] | None = None
+    tts: Literal["piper", "cartesia"] | None = None
+    """Audio mode: the speech services chosen over the scenarios' `channel` (None: theirs)."""
+    judge_model: str | None = None
+    """The judge's model (default: a `judge.eval:` block's, else `base` on the served model)."""
+    judge_llm_url: str | None = None
+    """Another OpenAI-compatible server for the judge (overrides `judge.eval:` blocks)."""
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    repeats: int | None = Field(default=None, ge=1)
+    """Runs per scenario; None means each scenario's own `runs`."""
+    concurrency: int = Field(default=4, ge=1)
+    """Episodes at once (shared by every policy of one run)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Caps the agent's replies when its bot sets no max_tokens (None: leave it as it is)."""
+    temperature: float | None = Field(default=None, ge=0)
+    """Overrides the agent's sampling temperature (None: the bot's own, as deployed)."""
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where the agent's model is served for a run."""
+
+    url: str | None = None
+    """A running OpenAI-compatible server (vLLM); None starts the embedded vLLM for the run."""
+    model: str = "smollm2"
+    """The model the embedded server serves (a packaged name or an HF folder)."""
+    needed: bool = True
+    """False: serve nothing (a scripted persona and a bot that calls no model, e.g. an expert)."""
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """What online training simulates at every step: loaded scenarios, a loaded bot, options.
+
+    The scenarios are the ones to train on (the contested set), already loaded: never a file
+    whose other scenarios would come along. The trainer runs them `group_size` times per step
+    under the current version, at the training temperature, seeded per step; the rest of
+    `options` (the caller, reply cap, concurrency) is the caller's.
+    """
+
+    scenarios: "ScenarioSet"
+    bot: "BotEntry"
+    options: SimulationOptions

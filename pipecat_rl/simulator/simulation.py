@@ -1,0 +1,108 @@
+"""`simulator.run`: the one way any part of pipecat-rl runs simulated episodes.
+
+The `simulate` verb, the gate's paired runs, the trainer's online rollouts, the cycle's filter
+and demonstrations and the service's jobs all call `run` with scenarios and a bot already
+loaded and one `SimulationOptions`; they add nothing but arguments. `run` chooses the served
+endpoint (a given server, the embedded vLLM started for this run, or none for bots that need no
+model), makes every policy it is asked for servable there, and runs the policies interleaved
+in one event loop, so that several policies share the server's load and a latency difference
+between them is theirs, not the time of day's.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger
+from pipecat_rl.simulator.botloader import BotEntry
+from pipecat_rl.simulator.options import Server, SimulationOptions, Source
+from pipecat_rl.simulator.runner import EpisodeResult, SimulationConfig, SimulationReport, simulate
+from pipecat_rl.simulator.scenario import ScenarioSet
+
+EMBEDDED = Server()
+"""The default: the embedded vLLM, started for the run."""
+
+
+@contextlib.asynccontextmanager
+async def _endpoint(
+    server: Server, ledger: Ledger, policies: Sequence[str], concurrency: int
+) -> AsyncIterator[str | None]:
+    if not server.needed:
+        yield server.url
+        return
+    from pipecat_rl.simulator.endpoint import llm_endpoint
+
+    async with llm_endpoint(
+        server.url, ledger=ledger, adapters=policies, model=server.model, concurrency=concurrency
+    ) as url:
+        yield url
+
+
+async def arun(
+    scenarios: ScenarioSet,
+    bot: BotEntry,
+    options: SimulationOptions,
+    ledger: Ledger,
+    *,
+    policies: Sequence[str] = (BASE_ADAPTER,),
+    source: Source = "simulate",
+    server: Server = EMBEDDED,
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+) -> SimulationReport:
+    """`run` for a caller already inside an event loop."""
+    if not policies:
+        raise ValueError("simulator.run needs at least one policy")
+    async with _endpoint(server, ledger, policies, options.concurrency) as url:
+        share = max(1, options.concurrency // len(policies))  # the server's load, split fairly
+        configs = [
+            SimulationConfig(
+                **options.model_dump(), llm_url=url, source=source,
+                adapter=None if policy == BASE_ADAPTER else policy,
+            ).model_copy(update={"concurrency": share})
+            for policy in policies
+        ]  # fmt: skip
+        reports = await asyncio.gather(
+            *(simulate(scenarios, bot, c, ledger, on_episode=on_episode) for c in configs)
+        )
+    gone = next((r.server_gone for r in reports if r.server_gone), None)
+    return SimulationReport(
+        episodes=[e for r in reports for e in r.episodes],
+        heldout_set_id=scenarios.heldout_set_id,
+        wall_s=max(r.wall_s for r in reports),
+        server_gone=gone,
+    )
+
+
+def run(
+    scenarios: ScenarioSet,
+    bot: BotEntry,
+    options: SimulationOptions,
+    ledger: Ledger,
+    *,
+    policies: Sequence[str] = (BASE_ADAPTER,),
+    source: Source = "simulate",
+    server: Server = EMBEDDED,
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+) -> SimulationReport:
+    """Run every scenario under every policy, `options.repeats` times, and record each call.
+
+    Args:
+        scenarios: loaded scenarios (`load_scenarios`); only these run, never a file's neighbours.
+        bot: the loaded bot (`load_bot`).
+        options: what the run is asked to do (caller, channel, seed, repeats, concurrency).
+        ledger: where every episode is written.
+        policies: the adapters to run (`base` for the base model); several run interleaved,
+            with the same seeds, sharing `options.concurrency`.
+        source: the sessions' ledger label (`gate` for the gate's paired runs).
+        server: where the agent's model is served.
+        on_episode: called with each episode as it ends (progress bars, job events).
+
+    Returns:
+        every episode of every policy, in one report.
+    """
+    return asyncio.run(
+        arun(
+            scenarios, bot, options, ledger, policies=policies, source=source, server=server,
+            on_episode=on_episode,
+        )
+    )  # fmt: skip
