@@ -424,6 +424,14 @@ class VLLMServer:
         """Whether the child process is alive."""
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id (vLLM under its guard; its process group has the same id).
+
+        None before `start` and after `stop`.
+        """
+        return self._process.pid if self._process is not None else None
+
     async def __aenter__(self) -> "VLLMServer":
         await self.start()
         return self

@@ -75,6 +75,24 @@ async def test_register_and_call_our_own_events():
     assert seen == [(processor, 42)]
 
 
+async def test_call_event_runs_every_handler_of_an_event_pipecat_registered():
+    processor = FrameProcessor()  # Pipecat registers on_before_process_frame itself, as sync
+    seen = []
+
+    @processor.event_handler("on_before_process_frame")
+    async def first(obj, frame):
+        seen.append(("first", obj, frame))
+
+    @processor.event_handler("on_before_process_frame")
+    async def second(obj, frame):
+        seen.append(("second", obj, frame))
+
+    await compat.call_event(processor, "on_before_process_frame", "frame")
+    assert seen == [("first", processor, "frame"), ("second", processor, "frame")]
+    await compat.call_event(processor, "on_never_registered", "frame")  # no handler, no error
+    assert len(seen) == 2
+
+
 def test_stream_methods_are_looked_up_on_the_instance_per_request():
     # The tee replaces both on the instance; it works only while Pipecat's streaming path calls
     # `self.build_chat_completion_params` from `get_chat_completions`, and the frame-processing

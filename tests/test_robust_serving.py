@@ -88,6 +88,24 @@ def test_guard_runs_the_command_and_passes_its_exit_code():
     assert subprocess.run(command, **tie, timeout=30).returncode == 3
 
 
+def test_the_server_pid_leads_its_process_group_while_it_runs(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    server = VLLMServer(tmp_path)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]  # stands in for vLLM
+    monkeypatch.setattr(server, "command", lambda: sleeper)
+
+    async def healthy() -> None:
+        return None
+
+    monkeypatch.setattr(server, "_wait_healthy", healthy)
+    assert server.pid is None
+    asyncio.run(server.start())
+    pid = server.pid
+    assert pid is not None and server.running and os.getpgid(pid) == pid
+    asyncio.run(server.stop())
+    assert server.pid is None and _wait_gone([pid]) == []
+
+
 def test_a_bind_beyond_loopback_needs_a_key(tmp_path, monkeypatch):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     (tmp_path / "config.json").write_text("{}")

@@ -349,11 +349,18 @@ class AgentTransport(BaseTransport):
         on_client_disconnected(transport, client): the caller hung up (or the call ended).
     """
 
-    def __init__(self, pair: LocalTransportPair, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        pair: LocalTransportPair,
+        *,
+        input_name: str | None = None,
+        output_name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(input_name=input_name, output_name=output_name, **kwargs)
         self.pair = pair
-        self._input = AgentInput(self, pair, name=self._input_name)
-        self._output = AgentOutput(pair, name=self._output_name)
+        self._input = AgentInput(self, pair, name=input_name)
+        self._output = AgentOutput(pair, name=output_name)
         compat.register_event(self, "on_client_connected")
         compat.register_event(self, "on_client_disconnected")
 
@@ -394,11 +401,18 @@ class CallerInput(_PairInput):
 class CallerTransport(BaseTransport):
     """The persona caller bot's transport."""
 
-    def __init__(self, pair: LocalTransportPair, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        pair: LocalTransportPair,
+        *,
+        input_name: str | None = None,
+        output_name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(input_name=input_name, output_name=output_name, **kwargs)
         self.pair = pair
-        self._input = CallerInput(pair, name=self._input_name)
-        self._output = _PairOutput(pair.caller_turn, join_tool_turns=False, name=self._output_name)
+        self._input = CallerInput(pair, name=input_name)
+        self._output = _PairOutput(pair.caller_turn, join_tool_turns=False, name=output_name)
 
     def input(self) -> CallerInput:
         """The caller's input processor."""

@@ -59,6 +59,7 @@ from pipecat.transports.base_output import BaseOutputTransport
 from pipecat.transports.base_transport import BaseTransport, TransportParams
 from pipecat.utils.time import time_now_iso8601
 
+from pipecat_rl import compat
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE, VOICED_RMS
 from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, client_ready
 
@@ -345,12 +346,12 @@ class AudioAgentInput(_AudioInput):
 
     async def _call_events(self) -> None:
         await self._pair.caller_connected.wait()
-        await self._transport._call_event_handler("on_client_connected", CLIENT_ID)
+        await compat.call_event(self._transport, "on_client_connected", CLIENT_ID)
         await self.push_frame(ClientConnectedFrame())  # after the handlers, as SmallWebRTC does
         if self._pair.send_client_ready:
             await self.push_frame(InputTransportMessageFrame(message=client_ready()))
         await self._pair.done.wait()
-        await self._transport._call_event_handler("on_client_disconnected", CLIENT_ID)
+        await compat.call_event(self._transport, "on_client_disconnected", CLIENT_ID)
 
     async def _stop_events(self) -> None:
         if self._events is not None:
@@ -428,13 +429,21 @@ class AudioAgentOutput(_MouthOutput):
 class AudioAgentTransport(BaseTransport):
     """The transport handed to the user's bot in audio mode (same events as the text one)."""
 
-    def __init__(self, pair: AudioTransportPair, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        pair: AudioTransportPair,
+        *,
+        input_name: str | None = None,
+        output_name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(input_name=input_name, output_name=output_name, **kwargs)
         self.pair = pair
-        self._input = AudioAgentInput(self, pair, name=self._input_name)
+        self._input = AudioAgentInput(self, pair, name=input_name)
         self._output: AudioAgentOutput | None = None
-        self._register_event_handler("on_client_connected")
-        self._register_event_handler("on_client_disconnected")
+        self._output_label = output_name
+        compat.register_event(self, "on_client_connected")
+        compat.register_event(self, "on_client_disconnected")
 
     def input(self) -> AudioAgentInput:
         """The agent's input processor."""
@@ -443,7 +452,7 @@ class AudioAgentTransport(BaseTransport):
     def output(self) -> AudioAgentOutput:
         """The agent's output processor (built on first use: it needs the caller's input)."""
         if self._output is None:
-            self._output = AudioAgentOutput(self.pair, name=self._output_name)
+            self._output = AudioAgentOutput(self.pair, name=self._output_label)
         return self._output
 
     def get_client_id(self, client) -> str:
@@ -507,11 +516,18 @@ class AudioCallerOutput(_MouthOutput):
 class AudioCallerTransport(BaseTransport):
     """The persona caller bot's transport in audio mode."""
 
-    def __init__(self, pair: AudioTransportPair, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        pair: AudioTransportPair,
+        *,
+        input_name: str | None = None,
+        output_name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(input_name=input_name, output_name=output_name, **kwargs)
         self.pair = pair
-        self._input = AudioCallerInput(pair, name=self._input_name)
-        self._output = AudioCallerOutput(pair, name=self._output_name)
+        self._input = AudioCallerInput(pair, name=input_name)
+        self._output = AudioCallerOutput(pair, name=output_name)
 
     @property
     def mouth(self) -> Mouth:
