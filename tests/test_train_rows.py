@@ -16,7 +16,7 @@ CLINIC = Path(__file__).resolve().parent.parent / "examples" / "clinic"
 
 
 def _remember_heldout(ledger: Ledger, scenario_hash: str, scenario_id: str) -> None:
-    """What the gate does with every held-out hash it sees (issue 8 owns the writer)."""
+    """What the gate does with every held-out hash it sees (`Ledger.record_heldout_hashes`)."""
     with sqlite3.connect(ledger.path) as conn:
         conn.execute(
             "INSERT OR IGNORE INTO heldout_hashes VALUES (?, ?, ?, ?)",

@@ -1,9 +1,12 @@
 """The `pipecat-rl` command: one Typer app, each verb group registered from its own module.
 
-Exit codes (one table for every verb, `pipecat_rl.cli.common`): 0 success or PROMOTE, 1 REJECT,
-2 INCONCLUSIVE, 64 usage, 65 bad input file, 69 service unavailable, 70 harness failure, 74 I/O,
-130 interrupted. No verb shows a traceback unless run with -vv (`CLIGroup`). Verbs import
-Pipecat only when they build a pipeline, so `ledger`, `llm` and `models` start fast.
+Exit codes: one table for every verb, `pipecat_rl.cli.common.EXIT_TABLE` (the README renders
+it). No verb shows a traceback unless run with -vv (`CLIGroup`). Verbs import Pipecat only when
+they build a pipeline, so `ledger`, `llm` and `models` start fast.
+
+Each module here is named after the verb group it registers, so some share a name with the
+module that does the work (`cli/models.py` calls `pipecat_rl/models.py`, `cli/cycle.py` runs
+`service/cycle.py`): the verb module parses flags, calls that one, and prints.
 """
 
 import sys

@@ -1,4 +1,4 @@
-"""`pipecat-rl models`: prepare packaged or local weights for serving."""
+"""`pipecat-rl models`: prepare packaged or local weights for serving (`pipecat_rl.models`)."""
 
 from typing import Annotated
 

@@ -174,8 +174,8 @@ def _compare(sessions: dict[Role, list[tuple[float, ...]]], config: GateConfig):
 def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencyStats:
     """The gated P95 with session intervals (None without samples for both), stages and CDFs.
 
-    Issue 12: audio runs carry the caller-side heard gap, the figure a caller lives through;
-    when both policies have it, over one transport, the P95 checks gate on it and the in-agent
+    Audio runs carry the caller-side heard gap, the figure a caller lives through; when both
+    policies have it, over one transport, the P95 checks gate on it and the in-agent
     v2v stands beside. Heard over different transports, the in-agent v2v is gated on instead.
     """
     agent = {role: [r.v2v_ms for r in rs] for role, rs in runs.items()}

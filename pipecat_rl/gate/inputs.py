@@ -106,7 +106,7 @@ class RunResult(BaseModel):
     seed: int | None = None
     scenario_hash: str | None = None
     session_id: str | None = None
-    # Issue 12 (audio channel): what a caller heard, and the channel the run went down.
+    # Audio mode: what a caller heard, and the channel the run went down.
     heard_gap_ms: tuple[float, ...] = ()
     """Caller-side heard gaps (audio mode): the figure the P95 checks gate on when present."""
     channel: Literal["text", "audio"] | None = None

@@ -75,7 +75,7 @@ class LatencyStats(_Part):
     """The stage whose P95 grew most from incumbent to candidate (None if none grew)."""
     cdf_ms: dict[Role, list[float]]
     """Voice-to-voice quantiles at 0, 1, ..., 100 percent, for the CDF plot."""
-    # Issue 12 (audio channel): in audio mode `v2v_p95` is the caller-side heard gap.
+    # In audio mode `v2v_p95` is the caller-side heard gap.
     gated_on: Literal["v2v", "heard_gap"] = "v2v"
     """What `v2v_p95` (the gated P95) measures: in-agent v2v, or the caller-side heard gap."""
     in_agent_v2v_p95: QuantileComparison | None = None

@@ -221,8 +221,8 @@ _SERVICE = _statements(
 )
 
 _AUDIO_CHANNEL = _statements(
-    # Issue 12: the caller-side response gap of a text-mode call (caller line sent -> first agent
-    # text), kept apart from `heard_gap_ms` (audio) and `v2v_ms` (voice to voice): a text call
+    # The caller-side response gap of a text-mode call (caller line sent -> first agent text),
+    # kept apart from `heard_gap_ms` (audio) and `v2v_ms` (voice to voice): a text call
     # has no voice-to-voice evidence.
     "ALTER TABLE latencies ADD COLUMN response_gap_ms REAL",
 )

@@ -5,6 +5,9 @@ process builds, before its processors start. Inside a `recording()` context (the
 gate) the session labels come from the context; otherwise the call is a live one, recorded into
 the ledger named by `PIPECAT_RL_LEDGER` (else ./pipecat-rl.db), with consent taken from
 `PIPECAT_RL_CONSENT` (default 1) and names to redact from `PIPECAT_RL_REDACT_NAMES`.
+
+`simulator/setup_file.py` is the simulator's own setup file: both are files Pipecat loads by
+path, one per role, and a simulated episode loads both (it adapts the bot, this records it).
 """
 
 import os

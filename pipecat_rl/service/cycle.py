@@ -7,6 +7,9 @@ A stage that would overrun the budget does not start, so a budget never leaves a
 candidate behind. The pool grows from explained failures (drafted scenario files, marked for
 review, in their own folder); the held-out set never grows, and it must be byte-identical to
 the snapshot's at every later stage.
+
+`cli/cycle.py` is the `pipecat-rl cycle` verb that runs this (CLI modules are named after their
+verbs); the service runs it as a `cycle` job.
 """
 
 import asyncio

@@ -6,6 +6,9 @@ crash. A cycle is resumed (it continues from its last finished stage); any other
 failed, and the simulated sessions it left open are closed as harness errors, so nothing is
 half-applied. A promotion is safe either way: it loads the adapter before it moves the pointer,
 in one transaction.
+
+Three modules are called `jobs.py`, one per concern of this one resource: this worker, its
+HTTP routes (`routers/jobs.py`) and its records in the ledger (`ledger/jobs.py`).
 """
 
 import threading

@@ -40,8 +40,8 @@ class TrainSettings(_Part):
     sft_epochs: int = Field(default=10, ge=1)
     verify_on_server: bool = True
     """Let the trainer hot-load the SFT adapter and check a canary's served logprobs against its
-    own (issue 10's registry check). Off: the SFT runs offline from the ledger and the adapter is
-    loaded by name for evaluation, verified only by `/v1/models`."""
+    own (`training.registry.load_and_verify`). Off: the SFT runs offline from the ledger and the
+    adapter is loaded by name for evaluation, verified only by `/v1/models`."""
     grpo_steps: int = Field(default=0, ge=0)
     opsd_steps: int = Field(default=0, ge=0)
     group_size: int = Field(default=4, ge=2)

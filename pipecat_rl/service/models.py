@@ -1,7 +1,8 @@
 """Request and response bodies of the service: one pydantic model per job kind and resource.
 
 Fields that name files are plain strings here; the router confines each one to the data
-directory before a job is queued (`PATH_FIELDS` says which they are).
+directory before a job is queued (`PATH_FIELDS` says which they are). Called `models.py` as in
+FastAPI's own layout; the weights the server serves are `pipecat_rl.models`.
 """
 
 from typing import Annotated, Any, ClassVar, Literal

@@ -3,6 +3,8 @@
 Pipecat loads this file by path and calls `setup_pipeline_worker(worker)` while every
 `PipelineWorker` sets up, before any processor starts. Outside a simulated episode it does
 nothing, so the file is harmless in a process that also runs real calls.
+
+Recording is the other setup file, `processors/setup_file.py`; an episode loads both.
 """
 
 from pipecat.pipeline.worker import PipelineWorker

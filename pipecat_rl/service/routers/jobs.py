@@ -1,4 +1,7 @@
-"""`/jobs`: submit a job, list jobs, read one, stream its events (Server-Sent Events)."""
+"""`/jobs`: submit a job, list jobs, read one, stream its events (Server-Sent Events).
+
+The HTTP face of the queue only: `service/jobs.py` runs the jobs, `ledger/jobs.py` holds them.
+"""
 
 import asyncio
 import json
