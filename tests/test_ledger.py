@@ -27,6 +27,7 @@ from pipecat_rl.ledger import (
     resolve_ledger_path,
     schema,
 )
+from pipecat_rl.ledger.eligibility import TOKEN_EXACT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,6 +154,39 @@ def test_trainable_needs_server_ids_and_matching_logprobs():
 
 
 # -- round trips ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "violation",
+    [
+        {"token_exact": False},
+        {"prompt_token_ids": []},
+        {"prompt_token_ids": None},
+        {"completion_token_ids": [], "logprobs": []},
+        {"completion_token_ids": None, "logprobs": []},
+        {"logprobs": [-0.1]},
+        {"logprobs": None},
+    ],
+)
+def test_token_exact_is_one_rule_in_sql_and_in_python(ledger, violation):
+    """Each clause of `TOKEN_EXACT` says the same on a record and on its row; one planted
+    violation fails exactly one clause, on both sides, and the whole rule with it."""
+    good, bad = make_turn("s", 0), make_turn("s", 1, **violation)
+    ledger.write_session(make_session("s"), [good, bad])
+    conn = sqlite3.connect(ledger.path)
+    for turn in (good, bad):
+        sql = [
+            conn.execute(
+                f"SELECT count(*) FROM turns t WHERE t.turn_index = ? AND ({c.sql})", (turn.index,)
+            ).fetchone()[0]
+            == 1
+            for c in TOKEN_EXACT
+        ]
+        assert sql == [c.check(turn) for c in TOKEN_EXACT]
+        assert sql.count(False) == (turn is bad)
+    conn.close()
+    assert good.trainable and not bad.trainable
+    assert ledger.stats()["token_exact_turns"] == 1
 
 
 def test_round_trip_every_table(ledger):
@@ -381,7 +415,7 @@ def test_score_with_same_name_is_replaced(ledger):
 
 
 def test_end_and_update_session(ledger):
-    ledger.add_session(make_session(metadata={"a": 1}, outcome="running"))
+    ledger.add_session(make_session(metadata={"a": 1}))
     ledger.end_session(
         "s1",
         ended_at=1100.0,
@@ -409,6 +443,8 @@ def test_end_and_update_session(ledger):
         ledger.update_session("s1", id="other")
     with pytest.raises(LedgerError, match="invalid update"):
         ledger.update_session("s1", split="held-out")
+    with pytest.raises(LedgerError, match="invalid update"):  # an outcome is a SessionOutcome
+        ledger.update_session("s1", outcome="running")
     with pytest.raises(NotInLedgerError):
         ledger.end_session("missing", ended_at=1.0)
 

@@ -26,6 +26,7 @@ from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_FAILURE
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger import store as ledger_store
+from pipecat_rl.ledger.outcome import UNTRAINABLE_OUTCOMES
 from pipecat_rl.processors import RLRecorder
 from pipecat_rl.processors.llm_tee import LLMCall, tee_llm_service
 from pipecat_rl.serving import free_port
@@ -302,7 +303,7 @@ def test_a_locked_ledger_fails_the_episode_and_the_run(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("outcome", ["interrupted", "error", "not_run"])
 def test_untrainable_outcomes_are_one_list(outcome):
-    assert outcome in ledger_store.UNTRAINABLE_OUTCOMES
+    assert outcome in UNTRAINABLE_OUTCOMES
 
 
 def test_a_call_that_ends_just_before_the_process_exits_is_still_written(tmp_path):

@@ -1,4 +1,4 @@
-"""What may train: the one definition, as SQL the store runs in its queries.
+"""What may train, and what is still open: the one definition, as SQL the store runs in its queries.
 
 A session may train only if it is not held out (judged by its scenario's content hash against every
 held-out hash the ledger has seen, whatever folder the file sat in or `split:` it declared), not a
@@ -8,35 +8,51 @@ the server), its sampled-id count agrees with the server's `usage.completion_tok
 sampled without truncation (top-p < 1 or top-k bias the importance ratio). A demonstration turn
 (a scripted expert's) may train SFT only.
 
+Token-exactness is the one rule with a Python side (`TurnRecord.trainable`, read by the trainer
+on turns it already holds): both sides are rendered from the clauses of `TOKEN_EXACT`, so they
+cannot drift apart.
+
 `ELIGIBLE_SESSION` and the turn clauses use the aliases `s` (sessions) and `t` (turns).
 """
 
-from typing import Literal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pipecat_rl.ledger.outcome import RECORDER_OUTCOMES, UNTRAINABLE_OUTCOMES
+
+if TYPE_CHECKING:
+    from pipecat_rl.ledger.records import TurnRecord
 
 Purpose = Literal["sft", "rl"]
 """SFT may use demonstrations; RL (GRPO, OPSD) only the policy's own sampled turns."""
 
-NOT_TRAINABLE_OUTCOMES = ("error", "interrupted", "not_run")
-"""Outcomes of sessions that never train: the harness failed, the call was cut, nothing ran."""
-
-RECORDER_OUTCOMES = ("completed", "cancelled")
-"""What the recorder writes when a call's pipeline ends; a live call keeps it as its outcome."""
-
 SIMULATED_SOURCES = ("simulate", "gate")
+"""The sources the simulator writes (a live call is the recorder's alone)."""
+
+
+def _sql_set(values: Iterable[str]) -> str:
+    """A SQL list literal of `values`, in a stable order."""
+    return "(" + ", ".join(f"'{v}'" for v in sorted(values)) + ")"
 
 
 def unfinished_simulation(alias: str = "s") -> str:
     """A simulated session whose result the simulator never wrote (alias `alias`).
 
     The recorder ends a session when the bot's pipeline stops; the simulator then writes the
-    episode's outcome, reward and labels. A crash between the two leaves a simulated session
-    ended with the recorder's outcome and no reward: half-written, never trained; the
-    ledger's reconcile and the service's restart close it as `interrupted`.
+    episode's outcome, reward and labels (`Ledger.finish_episode`). A crash between the two
+    leaves a simulated session ended with the recorder's outcome and no result: half-written,
+    never trained, and closed `interrupted` once its writer is gone (`Ledger.close_dead_sessions`).
     """
     return (
-        f"({alias}.source IN {SIMULATED_SOURCES!r}"
-        f" AND COALESCE({alias}.outcome, '') IN {RECORDER_OUTCOMES!r})"  # never NULL: NOT-able
+        f"({alias}.source IN {_sql_set(SIMULATED_SOURCES)}"
+        f" AND COALESCE({alias}.outcome, '') IN {_sql_set(RECORDER_OUTCOMES)})"  # never NULL
     )
+
+
+def open_session(alias: str = "s") -> str:
+    """A session its writer has not finished: never ended, or an unfinished simulation."""
+    return f"({alias}.ended_at IS NULL OR {unfinished_simulation(alias)})"
 
 
 ELIGIBLE_SESSION = (
@@ -44,19 +60,47 @@ ELIGIBLE_SESSION = (
     " AND (s.scenario_hash IS NULL"
     " OR s.scenario_hash NOT IN (SELECT scenario_hash FROM heldout_hashes))"
     " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
-    " AND s.ended_at IS NOT NULL"
-    f" AND (s.outcome IS NULL OR s.outcome NOT IN {NOT_TRAINABLE_OUTCOMES!r})"
-    f" AND NOT {unfinished_simulation('s')}"
+    f" AND (s.outcome IS NULL OR s.outcome NOT IN {_sql_set(UNTRAINABLE_OUTCOMES)})"
+    f" AND NOT {open_session('s')}"
 )
 """A session that may train (alias `s`)."""
 
-TOKEN_EXACT_TURN = (
-    "t.token_exact = 1 AND t.prompt_token_ids IS NOT NULL AND t.completion_token_ids IS NOT NULL"
-    " AND t.logprobs IS NOT NULL AND json_array_length(t.prompt_token_ids) > 0"
-    " AND json_array_length(t.completion_token_ids) > 0"
-    " AND json_array_length(t.logprobs) = json_array_length(t.completion_token_ids)"
+
+@dataclass(frozen=True)
+class Clause:
+    """One rule of a turn's eligibility, as SQL on the `turns` row and as a check on a record."""
+
+    sql: str
+    """The SQL condition, with `t` for the turns table."""
+    check: Callable[["TurnRecord"], bool]
+
+
+TOKEN_EXACT: tuple[Clause, ...] = (
+    Clause("t.token_exact = 1", lambda t: t.token_exact),
+    Clause(
+        "t.prompt_token_ids IS NOT NULL AND json_array_length(t.prompt_token_ids) > 0",
+        lambda t: bool(t.prompt_token_ids),
+    ),
+    Clause(
+        "t.completion_token_ids IS NOT NULL AND json_array_length(t.completion_token_ids) > 0",
+        lambda t: bool(t.completion_token_ids),
+    ),
+    Clause(
+        "t.logprobs IS NOT NULL AND json_array_length(t.logprobs)"
+        " = COALESCE(json_array_length(t.completion_token_ids), 0)",
+        lambda t: t.logprobs is not None and len(t.logprobs) == len(t.completion_token_ids or ()),
+    ),
 )
-"""A turn whose ids and logprobs came from the server (alias `t`)."""
+"""A turn whose ids and logprobs came from the server, one logprob per sampled id."""
+
+TOKEN_EXACT_TURN = " AND ".join(f"({c.sql})" for c in TOKEN_EXACT)
+"""`TOKEN_EXACT` as SQL (alias `t`)."""
+
+
+def token_exact(turn: "TurnRecord") -> bool:
+    """`TOKEN_EXACT` on a record: what `TOKEN_EXACT_TURN` selects."""
+    return all(c.check(turn) for c in TOKEN_EXACT)
+
 
 SAMPLED_TURN = (
     f"{TOKEN_EXACT_TURN} AND t.demonstration = 0"

@@ -1,4 +1,11 @@
-"""The one definition of a session's authoritative score and of "passed".
+"""How a session ended, as one type, and the one definition of its authoritative score.
+
+A session's outcome (`SessionOutcome`) is written by three hands, and its values say whose:
+
+- the recorder, when a call's pipeline stops: `completed`, `cancelled` (a live call keeps it);
+- the simulator's verdict on an episode: `pass`, `fail`, `unverified` (nothing could decide);
+- the harness, when the call did not run to its end: `error`, `interrupted` (its process was
+  gone before it finished), `not_run` (never started). These never train and never pair.
 
 Every part of a reward is stored (see `simulator.rewards`), but only one decides whether a call
 succeeded, and `simulate`, the gate and training all read it from here:
@@ -15,7 +22,32 @@ never pairs a sum that tool credit can inflate.
 
 import math
 from collections.abc import Mapping
-from typing import Literal
+from enum import StrEnum
+
+
+class SessionOutcome(StrEnum):
+    """A session's outcome; each value is the string the ledger stores."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    PASS = "pass"
+    FAIL = "fail"
+    UNVERIFIED = "unverified"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+    NOT_RUN = "not_run"
+
+
+RECORDER_OUTCOMES = frozenset({SessionOutcome.COMPLETED, SessionOutcome.CANCELLED})
+"""What the recorder writes when a call's pipeline ends; a live call keeps it as its outcome."""
+
+VERDICTS = frozenset({SessionOutcome.PASS, SessionOutcome.FAIL, SessionOutcome.UNVERIFIED})
+"""What the simulator writes on an episode it ran to its end."""
+
+UNTRAINABLE_OUTCOMES = frozenset(
+    {SessionOutcome.ERROR, SessionOutcome.INTERRUPTED, SessionOutcome.NOT_RUN}
+)
+"""The harness's outcomes: the call did not run to its end, so it never trains and never pairs."""
 
 VERIFIER = "verifier"
 """The reward part written by the world's verifier (1.0 every check passed, 0.0 any failed)."""
@@ -30,8 +62,6 @@ AUTHORITATIVE_PARTS: tuple[str, ...] = (VERIFIER, JUDGED_SUCCESS)
 PASS_SCORE = 0.5
 """An authoritative score at or above this passed. Both authoritative parts are verdicts (0 or 1);
 a fractional judged score passes from its midpoint."""
-
-Outcome = Literal["pass", "fail", "unverified"]
 
 
 def authoritative_part(parts: Mapping[str, float]) -> str | None:
@@ -65,7 +95,9 @@ def passed(parts: Mapping[str, float]) -> bool | None:
     return None if score is None else score_passed(score)
 
 
-def outcome(parts: Mapping[str, float]) -> Outcome:
+def outcome(parts: Mapping[str, float]) -> SessionOutcome:
     """`pass`, `fail` or `unverified`, by `passed` (a harness error is the caller's to set)."""
     result = passed(parts)
-    return "unverified" if result is None else ("pass" if result else "fail")
+    if result is None:
+        return SessionOutcome.UNVERIFIED
+    return SessionOutcome.PASS if result else SessionOutcome.FAIL

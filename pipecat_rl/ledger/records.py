@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipecat_rl.ledger.eligibility import token_exact
+from pipecat_rl.ledger.outcome import SessionOutcome
+
 Source = Literal["live", "simulate", "gate"]
 """Where a session came from: a real call, a simulated episode, or a gate evaluation run."""
 
@@ -39,8 +42,8 @@ class SessionRecord(_Record):
     """The adapter name served, or the base model's name."""
     seed: int | None = None
     repeat: int | None = None
-    outcome: str | None = None
-    """For example "pass", "fail", "error", "completed"."""
+    outcome: SessionOutcome | None = None
+    """Whose hand ended it and how: the recorder's, the simulator's verdict, or the harness's."""
     reward: float | None = None
     reward_parts: dict[str, float] = Field(default_factory=dict)
     failure_labels: list[str] = Field(default_factory=list)
@@ -86,14 +89,11 @@ class TurnRecord(_Record):
 
     @property
     def trainable(self) -> bool:
-        """Whether this turn carries everything a policy-gradient row needs, from the server."""
-        return (
-            self.token_exact
-            and bool(self.prompt_token_ids)
-            and bool(self.completion_token_ids)
-            and self.logprobs is not None
-            and len(self.logprobs) == len(self.completion_token_ids or ())
-        )
+        """Whether this turn carries everything a policy-gradient row needs, from the server.
+
+        The same rule the ledger's queries select by (`eligibility.TOKEN_EXACT`).
+        """
+        return token_exact(self)
 
 
 class ToolCallRecord(_Record):

@@ -95,9 +95,6 @@ WRITE_RETRIES = 3
 RETRY_BACKOFF_S = 0.5
 """The first pause before a retry; each later pause doubles it."""
 
-UNTRAINABLE_OUTCOMES = ("interrupted", "error", "not_run")
-"""Session outcomes whose turns never train and never pair: the call did not run to its end."""
-
 
 def resolve_ledger_path(explicit: str | Path | None = None) -> Path:
     """--ledger PATH, else $PIPECAT_RL_LEDGER, else ./pipecat-rl.db in the current directory.
@@ -587,10 +584,7 @@ class Ledger:
         )
         with self._read() as conn:
             rows = conn.execute(sql, params).fetchall()
-        turns: list[TurnRecord] = [TURNS.record(r) for r in rows]
-        if require_token_exact:
-            turns = [t for t in turns if t.trainable or (purpose == "sft" and t.demonstration)]
-        return turns
+        return [TURNS.record(r) for r in rows]
 
     # -- adapters and the live pointer ---------------------------------------------------------
 
@@ -971,6 +965,7 @@ class Ledger:
                     },
                 )
         return ids
+
     # -- crash safety: write retries and reconciling sessions left open (issue 9) -------------
 
     @property

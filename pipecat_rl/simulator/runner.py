@@ -30,6 +30,7 @@ from pipecat.workers.runner import WorkerRunner
 
 from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
+from pipecat_rl.ledger.outcome import SessionOutcome as Outcome
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
@@ -72,9 +73,6 @@ SHUTDOWN_GRACE_S = 5.0
 
 PREFLIGHT_TIMEOUT_S = 30.0
 """How long the pre-flight run waits for the bot to set its pipeline up."""
-
-Outcome = Literal["pass", "fail", "unverified", "error", "not_run"]
-
 
 class SimulationConfig(SimulationOptions):
     """One run of episodes: the options, plus what `simulator.run` chose for them."""
