@@ -28,6 +28,7 @@ from pipecat_rl.ledger import (
     schema,
 )
 from pipecat_rl.ledger.eligibility import TOKEN_EXACT
+from pipecat_rl.ledger.liveness import writer_identity
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -313,9 +314,9 @@ def test_write_session_round_trip_and_atomicity(ledger):
 
 
 def test_write_session_rolls_back_on_a_database_error(ledger, monkeypatch):
-    from pipecat_rl.ledger import store as store_module
+    from pipecat_rl.ledger import sessions
 
-    monkeypatch.setattr(store_module, "PUT_SCORE", "INSERT INTO no_such_table VALUES (?)")
+    monkeypatch.setattr(sessions, "PUT_SCORE", "INSERT INTO no_such_table VALUES (?)")
     with pytest.raises(LedgerError):
         ledger.write_session(
             make_session("r"),
@@ -325,6 +326,98 @@ def test_write_session_rolls_back_on_a_database_error(ledger, monkeypatch):
     with pytest.raises(NotInLedgerError):
         ledger.session("r")
     assert ledger.turns("r") == []
+
+
+def _result(sid: str, **kw):
+    """What the simulator hands `finish_episode` for one episode."""
+    fields = dict(
+        ended_at=1100.0,
+        outcome="pass",
+        reward=1.1,
+        reward_parts={"verifier": 1.0, "tool_credit": 0.1},
+        failure_labels=[],
+        metadata_update={"end_reason": "caller_hung_up"},
+        latencies=[LatencyRecord(session_id=sid, user_turn=0, response_gap_ms=120.0)],
+        scores=[
+            ScoreRecord(session_id=sid, name="verifier", value=1.0),
+            ScoreRecord(session_id=sid, name="tool_credit", value=0.1),
+        ],
+        tool_calls=[
+            ToolCallRecord(
+                session_id=sid,
+                turn_index=None,
+                call_id="c1",
+                name="book",
+                arguments={},
+                result={"ok": True},
+                started_at=1000.2,
+                state_diff={"world": {"added": 1}},
+            )  # fmt: skip
+        ],
+    )
+    fields.update(kw)
+    return fields
+
+
+def test_finish_episode_completes_what_the_recorder_wrote(ledger):
+    ledger.add_session(make_session("e", metadata={"writer": {"pid": 1}}))
+    ledger.add_turn(make_turn("e", 0))
+    ledger.add_tool_call(
+        ToolCallRecord(
+            session_id="e",
+            turn_index=0,
+            call_id="c1",
+            name="book",
+            arguments={"slot": 3},
+            started_at=1000.1,
+            duration_ms=40.0,
+        )  # fmt: skip
+    )
+    ledger.put_latency(LatencyRecord(session_id="e", user_turn=0, v2v_ms=800.0))
+    ledger.end_session("e", ended_at=1050.0, outcome="completed")  # the recorder's end
+
+    ledger.finish_episode(make_session("e", metadata={"ignored": True}), **_result("e"))
+    s = ledger.session("e")
+    assert (s.ended_at, s.outcome, s.reward) == (1100.0, "pass", 1.1)
+    assert s.reward_parts == {"verifier": 1.0, "tool_credit": 0.1}
+    assert s.metadata == {"writer": {"pid": 1}, "end_reason": "caller_hung_up"}
+    assert [(x.name, x.value) for x in ledger.scores("e")] == [
+        ("verifier", 1.0),
+        ("tool_credit", 0.1),
+    ]
+    (call,) = ledger.tool_calls("e")  # merged into the recorder's row by call id
+    assert call.turn_index == 0 and call.arguments == {"slot": 3} and call.result == {"ok": True}
+    (lat,) = ledger.latencies("e")  # merged: the recorder's v2v and the caller's gap
+    assert (lat.v2v_ms, lat.response_gap_ms) == (800.0, 120.0)
+    assert [t.index for t in ledger.turns("e")] == [0]
+
+
+def test_finish_episode_writes_the_session_no_recorder_wrote(ledger):
+    ledger.finish_episode(make_session("n", metadata={"bot": "b"}), **_result("n", outcome="error"))
+    s = ledger.session("n")
+    assert s.outcome == "error" and s.metadata == {"bot": "b", "end_reason": "caller_hung_up"}
+    assert len(ledger.scores("n")) == 2 and len(ledger.tool_calls("n")) == 1
+
+
+def test_finish_episode_is_one_transaction(ledger, monkeypatch):
+    from pipecat_rl.ledger import sessions
+
+    ledger.add_session(make_session("e"))
+    ledger.end_session("e", ended_at=1050.0, outcome="completed")
+    before = ledger.session_bundle("e")
+    monkeypatch.setattr(sessions, "PUT_SCORE", "INSERT INTO no_such_table VALUES (?)")
+    with pytest.raises(LedgerError):
+        ledger.finish_episode(make_session("e"), **_result("e"))
+    assert ledger.session_bundle("e") == before  # the recorder's end, nothing of the result
+    with pytest.raises(LedgerError):
+        ledger.finish_episode(make_session("fresh"), **_result("fresh"))
+    with pytest.raises(NotInLedgerError):
+        ledger.session("fresh")
+    monkeypatch.undo()
+    with pytest.raises(LedgerError, match="belong"):  # a stray record aborts the whole write
+        ledger.finish_episode(make_session("e"), **_result("e", scores=[ScoreRecord(
+            session_id="other", name="x", value=1.0)]))  # fmt: skip
+    assert ledger.session_bundle("e") == before
 
 
 def test_duplicate_session_refused(ledger):
@@ -536,6 +629,58 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
     ledger.update_session("pool", consent=False)
     assert "pool" not in {t.session_id for t in ledger.training_turns()}
     assert ledger.stats()["training_eligible_turns"] == len(ledger.training_turns())
+
+
+# -- closing what a crash left open ---------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_the_closer_closes_only_open_sessions_whose_writer_is_gone(ledger):
+    me = writer_identity()
+    dead = {**me, "pid": _dead_pid()}
+    cases = {  # id: (source, writer, started_at, how the session stands)
+        "dead-open": ("simulate", dead, 10.0, "open"),
+        "dead-unfinished": ("simulate", dead, 10.0, "recorder"),  # no simulator result
+        "dead-finished": ("simulate", dead, 10.0, "finished"),
+        "dead-live-call": ("live", dead, 10.0, "recorder"),  # a live call ends there
+        "reused-pid": ("simulate", {**me, "started": (me["started"] or 0) + 1}, 10.0, "open"),
+        "dead-before": ("simulate", dead, 1.0, "open"),
+        "dead-live-open": ("live", dead, 10.0, "open"),
+        "alive": ("simulate", me, 10.0, "open"),
+        "alive-unfinished": ("simulate", me, 10.0, "recorder"),
+        "elsewhere": ("simulate", {**dead, "host": "another-host"}, 10.0, "open"),
+        "no-writer": ("simulate", None, 10.0, "open"),
+    }
+    for sid, (source, writer, started, state) in cases.items():
+        metadata = {"writer": writer} if writer else {}
+        ledger.add_session(make_session(sid, source=source, started_at=started, metadata=metadata))
+        ledger.add_turn(make_turn(sid, 0))
+        if state != "open":
+            ledger.end_session(sid, ended_at=started + 1, outcome="completed")
+        if state == "finished":
+            ledger.finish_episode(make_session(sid), **_result(sid))
+
+    closed = ledger.close_dead_sessions(reason="why", since=5.0, sources=("simulate", "gate"))
+    assert sorted(closed) == ["dead-open", "dead-unfinished", "reused-pid"]
+    for sid in closed:
+        s = ledger.session(sid)
+        assert s.outcome == "interrupted" and s.ended_at is not None
+        assert s.metadata["error"] == "why"
+    assert ledger.close_dead_sessions(reason="again", since=5.0) == ["dead-live-open"]
+    assert ledger.close_dead_sessions(reason="all") == ["dead-before"]
+    outcomes = {s.id: s.outcome for s in ledger.sessions()}
+    assert outcomes["dead-finished"] == "pass" and outcomes["dead-live-call"] == "completed"
+    # a writer that runs, or one this host cannot see, is never closed by another hand
+    for sid in ("alive", "elsewhere", "no-writer"):
+        assert outcomes[sid] is None and ledger.session(sid).ended_at is None
+    assert outcomes["alive-unfinished"] == "completed"
+    trained = {t.session_id for t in ledger.training_turns()}
+    assert trained == {"dead-finished", "dead-live-call"}  # nothing open or cut trains
 
 
 # -- latency derivations --------------------------------------------------------------------------

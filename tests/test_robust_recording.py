@@ -26,6 +26,7 @@ from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_FAILURE
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger import store as ledger_store
+from pipecat_rl.ledger.liveness import process_started
 from pipecat_rl.ledger.outcome import UNTRAINABLE_OUTCOMES
 from pipecat_rl.processors import RLRecorder
 from pipecat_rl.processors.llm_tee import LLMCall, tee_llm_service
@@ -144,7 +145,7 @@ def _dead_pid() -> int:
 def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
     path = tmp_path / "ledger.db"
     host = socket.gethostname()
-    me = {"pid": os.getpid(), "host": host, "started": ledger_store.process_started(os.getpid())}
+    me = {"pid": os.getpid(), "host": host, "started": process_started(os.getpid())}
     writers = {
         "dead": {"pid": _dead_pid(), "host": host, "started": 1},
         "alive": me,
@@ -197,7 +198,7 @@ def test_a_simulated_session_the_recorder_ended_but_the_simulator_never_finished
     path = tmp_path / "ledger.db"
     dead = {"pid": _dead_pid(), "host": socket.gethostname(), "started": 1}
     me = {"pid": os.getpid(), "host": socket.gethostname(),
-          "started": ledger_store.process_started(os.getpid())}  # fmt: skip
+          "started": process_started(os.getpid())}  # fmt: skip
     with Ledger(path) as ledger:
         for sid, source, writer in (("cut", "simulate", dead), ("running", "simulate", me),
                                     ("live", "live", dead)):  # fmt: skip

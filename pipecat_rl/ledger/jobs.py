@@ -2,7 +2,8 @@
 
 A job is queued, then `running` while the service's one worker runs it, then `done`, `failed`
 or `cancelled`. Its events (progress, stage boundaries, the result) are appended in order and
-never change, so a reader can stream them from any sequence number.
+never change, so a reader can stream them from any sequence number. Records only: the queue that
+stores them is `ledger.queue`, the handlers that run them `service.jobs`.
 """
 
 import json

@@ -185,13 +185,13 @@ _V3 = _statements(
 )
 
 _TRAINING = _statements(
-    # Issue 10: turns of a scripted expert are demonstrations (SFT only, never RL).
+    # Turns of a scripted expert are demonstrations (SFT only, never RL).
     "ALTER TABLE turns ADD COLUMN demonstration INTEGER NOT NULL DEFAULT 0",
 )
 
 _SERVICE = _statements(
-    # The side service's durable job queue (issue 13): one row per submitted job, run one at a
-    # time in submission order; a job found `running` when the service starts was interrupted.
+    # The side service's durable job queue: one row per submitted job, run one at a time in
+    # submission order; a job found `running` when the service starts was interrupted.
     """
     CREATE TABLE jobs (
         id TEXT PRIMARY KEY,

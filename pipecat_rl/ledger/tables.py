@@ -12,14 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-# The one definition of "may become a training row" lives in `eligibility`; re-exported for the
-# store's queries and stats.
-from pipecat_rl.ledger.eligibility import (  # noqa: F401
-    ELIGIBLE_SESSION,
-    SAMPLED_TURN,
-    TOKEN_EXACT_TURN,
-    eligible_turn,
-)
 from pipecat_rl.ledger.records import (
     AdapterRecord,
     LatencyRecord,
@@ -154,7 +146,6 @@ def _latency_merge() -> str:
     return LATENCIES.insert(f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {', '.join(sets)}")
 
 
-# Statements are constants so sqlite3's statement cache prepares each once per connection.
 INSERT_SESSION = SESSIONS.insert()
 UPDATE_SESSION = _upsert_all(SESSIONS, ("id",))
 UPSERT_TURN = _upsert_all(TURNS, ("session_id", "turn_index"))
@@ -187,7 +178,7 @@ SELECT_ADAPTERS = f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at
 SELECT_LIVE = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id DESC LIMIT 1"
 SELECT_LIVE_HISTORY = f"SELECT {LIVE.select()} FROM live_pointer ORDER BY id"
 
-# The gate (issue 8): every held-out scenario hash ever seen, and the receipts the gate wrote.
+# Every held-out scenario hash ever seen, and the receipts the gate wrote.
 INSERT_HELDOUT_HASH = (
     "INSERT INTO heldout_hashes (scenario_hash, scenario_id, heldout_set_id, first_seen_at) "
     "VALUES (?, ?, ?, ?) ON CONFLICT (scenario_hash) DO NOTHING"

@@ -5,8 +5,6 @@ A live bot gets a generated call id; the simulator and the gate wrap each episod
 tree) records into the given ledger under the given labels.
 """
 
-import os
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipecat_rl.ledger import Ledger, SessionRecord
+from pipecat_rl.ledger.liveness import writer_identity
 
 if TYPE_CHECKING:
     from pipecat_rl.processors.recorder import RecorderObserver
@@ -46,20 +45,12 @@ class SessionInfo(BaseModel):
     def record(self, session_id: str) -> SessionRecord:
         """The session row this info starts, naming the process that writes it.
 
-        The writer (pid, host, process start) is how a later `Ledger` open tells a session
-        whose process died from one still in progress (`Ledger.reconcile_open_sessions`).
+        The writer (pid, host, process start) is how the ledger's closer tells a session whose
+        process died from one still in progress (`Ledger.close_dead_sessions`).
         """
         fields = self.model_dump(exclude={"call_id"})
         fields["metadata"] = {**fields["metadata"], "writer": writer_identity()}
         return SessionRecord(id=session_id, started_at=time.time(), **fields)
-
-
-def writer_identity() -> dict[str, Any]:
-    """This process as a session's writer: pid, host and the process's start time."""
-    from pipecat_rl.ledger.store import process_started
-
-    pid = os.getpid()
-    return {"pid": pid, "host": socket.gethostname(), "started": process_started(pid)}
 
 
 def new_call_id() -> str:

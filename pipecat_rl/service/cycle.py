@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from pipecat_rl.errors import BudgetExhausted, ConfigError, ServingError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
+from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import STAGES, LoopConfig
 from pipecat_rl.simulator.options import Server, SimulationOptions
@@ -219,7 +220,9 @@ class Cycle:
         for stage in todo:
             if stage in started:
                 why = f"interrupted: the cycle's {stage} stage was killed"
-                closed = self.ledger.close_open_sessions(since=started[stage], reason=why)
+                closed = self.ledger.close_dead_sessions(
+                    since=started[stage], sources=SIMULATED_SOURCES, reason=why
+                )
                 self.log.write("stage_interrupted", stage=stage, closed_sessions=len(closed))
 
     def run(self) -> CycleSummary:

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter
 
 from pipecat_rl.errors import PipecatRLError
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.jobs import JobRecord
 from pipecat_rl.service.models import (
     CycleJob,
@@ -217,8 +218,9 @@ def recover_interrupted(ledger: Ledger) -> list[JobRecord]:
     """Resume or fail every job a crash left `running`; returns them as they are now."""
     recovered = []
     for job in ledger.jobs(state="running", limit=10_000):
-        closed = ledger.close_open_sessions(
+        closed = ledger.close_dead_sessions(
             since=job.started_at or job.submitted_at,
+            sources=SIMULATED_SOURCES,
             reason=f"interrupted: the service stopped while job {job.id} ran",
         )
         if job.kind in RESUMABLE_KINDS:

@@ -32,7 +32,6 @@ from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.outcome import SessionOutcome as Outcome
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
-from pipecat_rl.ledger.store import NotInLedgerError
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
 from pipecat_rl.simulator import heldout, setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
@@ -443,14 +442,17 @@ async def run_episode(
 
 
 def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
-    """The episode's outcome, reward parts, labels, checks and world executions."""
+    """The episode's outcome, reward parts, labels, checks and world executions: one write."""
     session_id = result.session_id
-    try:
-        ledger.session(session_id)
-    except NotInLedgerError:  # no recorder ran (the bot never started a worker)
-        ledger.add_session(info.record(session_id))
-    ledger.end_session(
-        session_id,
+    recorded = {lat.user_turn: lat for lat in ledger.latencies(session_id)}
+    scores = []
+    for name, value in result.reward_parts.items():
+        detail: dict[str, Any] = result.score_details.get(name, {})
+        if name == "verifier":
+            detail = {"checks": [vars(c) for c in result.checks]}
+        scores.append(ScoreRecord(session_id=session_id, name=name, value=value, detail=detail))
+    ledger.finish_episode(
+        info.record(session_id),  # written only if no recorder ran (the bot started no worker)
         ended_at=time.time(),
         outcome=result.outcome,
         reward=result.reward,
@@ -465,17 +467,9 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "checks": [vars(c) for c in result.checks],
             **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
         },
-    )
-    recorded = {lat.user_turn: lat for lat in ledger.latencies(session_id)}
-    for latency in caller_side_latencies(result, recorded):
-        ledger.put_latency(latency)
-    for name, value in result.reward_parts.items():
-        detail: dict[str, Any] = result.score_details.get(name, {})
-        if name == "verifier":
-            detail = {"checks": [vars(c) for c in result.checks]}
-        ledger.add_score(ScoreRecord(session_id=session_id, name=name, value=value, detail=detail))
-    for execution in result.world_executions:
-        ledger.add_tool_call(
+        latencies=caller_side_latencies(result, recorded),
+        scores=scores,
+        tool_calls=[
             ToolCallRecord(
                 session_id=session_id,
                 turn_index=None,
@@ -488,7 +482,9 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
                 duration_ms=execution.duration_ms,
                 state_diff={"world": execution.state_diff, "fault": execution.fault},
             )
-        )
+            for execution in result.world_executions
+        ],
+    )
 
 
 def caller_side_latencies(

@@ -1,0 +1,118 @@
+"""The ledger's adapters room: registered LoRA adapters and the live pointer.
+
+An adapter's name is never reused (vLLM keeps a stale prefix cache under a reloaded name), so a
+name identifies weights. The live pointer is a history of moves: each row says which adapter
+serves from when, on whose receipt, and what served before, so a rollback is one more move.
+"""
+
+import sqlite3
+import time
+
+from pipecat_rl.errors import LedgerError, NotInLedgerError
+from pipecat_rl.ledger.records import BASE_ADAPTER, AdapterRecord, LivePointer
+from pipecat_rl.ledger.room import Room
+from pipecat_rl.ledger.tables import (
+    ADAPTERS,
+    INSERT_ADAPTER,
+    INSERT_LIVE,
+    LIVE,
+    SELECT_ADAPTER,
+    SELECT_ADAPTERS,
+    SELECT_LIVE,
+    SELECT_LIVE_HISTORY,
+)
+
+
+class Adapters(Room):
+    """Adapters and the live pointer."""
+
+    def register_adapter(self, a: AdapterRecord) -> None:
+        """Register an adapter; a name already registered is refused, since names never repeat."""
+        if a.name == BASE_ADAPTER:
+            raise LedgerError(
+                f"the adapter name {BASE_ADAPTER!r} is reserved for the base model; pick another"
+            )
+        with self._write() as conn:
+            try:
+                conn.execute(INSERT_ADAPTER, ADAPTERS.params(a))
+            except sqlite3.IntegrityError as e:
+                raise LedgerError(
+                    f"an adapter named {a.name!r} is already registered in {self.path}; adapter "
+                    "names are never reused, so register these weights under a new name"
+                ) from e
+
+    def _get_adapter(self, conn: sqlite3.Connection, name: str) -> AdapterRecord:
+        row = conn.execute(SELECT_ADAPTER, (name,)).fetchone()
+        if row is None:
+            names = [r[0] for r in conn.execute("SELECT name FROM adapters ORDER BY created_at")]
+            known = ", ".join(names[-10:]) if names else "none yet"
+            raise NotInLedgerError(
+                f"no adapter {name!r} in the ledger {self.path} (registered: {known}); "
+                f"use {BASE_ADAPTER!r} for the base model"
+            )
+        return ADAPTERS.record(row)
+
+    def adapter(self, name: str) -> AdapterRecord:
+        """One registered adapter by name; NotInLedgerError if it is not registered."""
+        with self._read() as conn:
+            return self._get_adapter(conn, name)
+
+    def adapters(self) -> list[AdapterRecord]:
+        """Every registered adapter, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(SELECT_ADAPTERS).fetchall()
+        return [ADAPTERS.record(r) for r in rows]
+
+    def live(self) -> LivePointer | None:
+        """The current live pointer, or None if nothing was ever promoted."""
+        with self._read() as conn:
+            row = conn.execute(SELECT_LIVE).fetchone()
+        return None if row is None else LIVE.record(row)
+
+    def _move(
+        self, conn: sqlite3.Connection, adapter: str, receipt: str | None, previous: str | None
+    ) -> LivePointer:
+        pointer = LivePointer(
+            adapter=adapter, moved_at=time.time(), receipt=receipt, previous=previous
+        )
+        conn.execute(INSERT_LIVE, LIVE.params(pointer))
+        return pointer
+
+    def move_live(self, adapter: str, *, receipt: str | None = None) -> LivePointer:
+        """Point live at a registered adapter (or "base"), remembering what served before.
+
+        Before any move the base model serves, so the first move remembers "base" as previous and
+        can be rolled back. Moving to the adapter that is already live changes nothing.
+        """
+        with self._write() as conn:
+            if adapter != BASE_ADAPTER:
+                self._get_adapter(conn, adapter)
+            row = conn.execute(SELECT_LIVE).fetchone()
+            current: LivePointer | None = None if row is None else LIVE.record(row)
+            if current is not None and current.adapter == adapter:
+                return current
+            if current is None and adapter == BASE_ADAPTER:
+                return self._move(conn, adapter, receipt, None)
+            return self._move(conn, adapter, receipt, current.adapter if current else BASE_ADAPTER)
+
+    def rollback_live(self, *, receipt: str | None = None) -> LivePointer:
+        """Point live back at the adapter that served before the current one (a new history row)."""
+        with self._write() as conn:
+            row = conn.execute(SELECT_LIVE).fetchone()
+            current: LivePointer | None = None if row is None else LIVE.record(row)
+            if current is None or current.previous is None:
+                raise LedgerError(
+                    f"nothing to roll back to in {self.path}: "
+                    + (
+                        "nothing was ever promoted"
+                        if current is None
+                        else f"{current.adapter!r} has no adapter recorded before it"
+                    )
+                )
+            return self._move(conn, current.previous, receipt, current.adapter)
+
+    def live_history(self) -> list[LivePointer]:
+        """Every move of the live pointer, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute(SELECT_LIVE_HISTORY).fetchall()
+        return [LIVE.record(r) for r in rows]

@@ -1,0 +1,25 @@
+"""What every room of the ledger relies on from the store's core.
+
+The `Ledger` (in `store`) is one SQLite connection behind a lock with its transactions; each room
+(`sessions`, `adapters`, `receipts`, `queue`) is a mixin of the methods for its own tables, and
+reaches the file only through the two transactions declared here.
+"""
+
+import sqlite3
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+
+class Room(ABC):
+    """A part of the `Ledger`: its methods run inside the core's transactions."""
+
+    path: Path
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (committed on success, rolled back on any error)."""
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One read transaction."""
