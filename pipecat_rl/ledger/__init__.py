@@ -1,9 +1,12 @@
 """The ledger: one SQLite file holding every session, turn, tool call, latency, score and adapter.
 
-Records (`records`) are frozen pydantic models; the store (`store`) maps them onto tables whose
-schema (`schema`) is versioned and migrated forward on open.
+Records (`records`) are frozen pydantic models; a session's outcome is one type (`outcome`). The
+store (`store`) is one `Ledger` over rooms of tables (`sessions`, `adapters`, `receipts`,
+`queue`) whose schema (`schema`) is versioned and migrated forward on open; what may train is
+defined once (`eligibility`).
 """
 
+from pipecat_rl.ledger.outcome import SessionOutcome
 from pipecat_rl.ledger.records import (
     BASE_ADAPTER,
     AdapterRecord,
@@ -36,6 +39,7 @@ __all__ = [
     "LivePointer",
     "NotInLedgerError",
     "ScoreRecord",
+    "SessionOutcome",
     "SessionRecord",
     "Source",
     "Split",
