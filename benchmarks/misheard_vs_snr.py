@@ -23,9 +23,9 @@ from pathlib import Path
 from loguru import logger
 
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 from pipecat_rl.simulator.rewards import MISHEARD_RECOVERED, MISHEARD_SLOT
-from pipecat_rl.simulator.scenario import ScenarioSet
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "examples" / "clinic" / "scenarios"

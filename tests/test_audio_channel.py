@@ -5,6 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from pipecat_rl.scenarios.scenario import Channel
 from pipecat_rl.simulator.audio.channel import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -12,7 +13,6 @@ from pipecat_rl.simulator.audio.channel import (
     mulaw_round_trip,
 )
 from pipecat_rl.simulator.rewards import _misheard, _norm
-from pipecat_rl.simulator.scenario import Channel
 
 DIGIT_SLOTS = [
     "DX-48213-77065", "1984-03-12", "1961-01-20", "BSD-0001-00012", "KR-30917-55208",

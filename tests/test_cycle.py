@@ -15,10 +15,10 @@ import pytest
 
 from pipecat_rl.errors import ConfigError, PipecatRLError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
+from pipecat_rl.scenarios import load_scenarios
 from pipecat_rl.service.cycle import run_cycle
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import LoopConfig
-from pipecat_rl.simulator.scenario import load_scenarios
 from tests.service_helpers import FakeVLLM, clinic_copy
 
 

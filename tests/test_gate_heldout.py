@@ -4,11 +4,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from pipecat_rl.errors import ScenarioError
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
+from pipecat_rl.scenarios.heldout import session_split
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
-from pipecat_rl.simulator.heldout import session_split
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
 EXPERT = str(CLINIC / "expert.py")
@@ -147,6 +148,78 @@ def test_session_split_records_heldout_hashes(clinic, tmp_path):
         (held,) = load_scenarios([heldout_file(clinic)]).scenarios
         assert session_split(ledger, held, "heldout-x") == ("heldout", "heldout-x")
         assert set(ledger.heldout_hashes()) == {held.content_hash()}
+
+
+def _pack_path_spelled_otherwise(clinic: Path, text: str) -> str:
+    """The held-out text, its world pack named through `clinic/../clinic/world.py`."""
+    world = (clinic / "scenarios" / "world.yaml").read_text()
+    spelled = world.replace("pack: ../../world.py", "pack: ../../../clinic/world.py")
+    assert spelled != world
+    (clinic / "scenarios" / "world_spelled.yaml").write_text(spelled)
+    return text.replace("../world.yaml", "../world_spelled.yaml")
+
+
+def _verify_reordered(clinic: Path, text: str) -> str:
+    del clinic
+    lines = text.splitlines(keepends=True)
+    i = lines.index("verify:\n")
+    lines[i + 1], lines[i + 2] = lines[i + 2], lines[i + 1]
+    assert lines[i + 1].startswith("  - unchanged:")
+    return "".join(lines)
+
+
+def _persona_spaced_and_renamed(clinic: Path, text: str) -> str:
+    del clinic
+    spaced = text.replace("Tom Baker, a retired", "Tom Baker,  a retired ")
+    assert spaced != text
+    return spaced.replace(f"name: {NAME}", "name: a_new_name")
+
+
+ROUTES = pytest.mark.parametrize(
+    "route",
+    [_pack_path_spelled_otherwise, _verify_reordered, _persona_spaced_and_renamed],
+    ids=["pack-path-spelled-otherwise", "verify-reordered", "persona-spaced-and-renamed"],
+)
+
+
+@ROUTES
+async def test_heldout_content_by_another_route_never_becomes_an_rl_row(clinic, tmp_path, route):
+    ledger = Ledger(tmp_path / "ledger.db")
+    held = load_scenarios([clinic / "scenarios" / "heldout"])
+    await simulate(held, load_bot(EXPERT), SCRIPTED, ledger)
+    pool = load_scenarios([put(clinic, "pool", route(clinic, heldout_file(clinic).read_text()))])
+    assert pool.scenarios[0].split == "pool"
+    assert pool.scenarios[0].content_hash() == held.scenarios[0].content_hash()
+    (episode,) = (await simulate(pool, load_bot(EXPERT), SCRIPTED, ledger)).episodes
+    assert episode.error is None, episode.error
+    assert (episode.split, ledger.session(episode.session_id).split) == ("heldout", "heldout")
+    assert ledger.training_turns(require_token_exact=False) == []
+    ledger.close()
+
+
+@ROUTES
+def test_heldout_content_by_another_route_is_never_pooled_beside_it(clinic, route):
+    text = route(clinic, heldout_file(clinic).read_text()).replace(f"name: {NAME}", "name: copy")
+    put(clinic, "pool", text, name="copy.yaml")  # another name, or it fails as a duplicate name
+    with pytest.raises(ScenarioError, match="has the content of the held-out scenario"):
+        load_scenarios([clinic / "scenarios"])
+
+
+def test_a_near_duplicate_of_a_heldout_scenario_is_a_warning_naming_both(clinic):
+    text = heldout_file(clinic).read_text()
+    near = text.replace(f"name: {NAME}", "name: near").replace("a retired teacher", "a builder")
+    other = near.replace("name: near", "name: other").replace("Book a routine", "Cancel a")
+    put(clinic, "pool", near, name="near.yaml")
+    put(clinic, "pool", other, name="other.yaml")
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING")
+    try:
+        loaded = load_scenarios([clinic / "scenarios"])
+    finally:
+        logger.remove(sink)
+    assert len(loaded) == 3  # a warning, not an error
+    (warning,) = [w for w in warnings if "world, goal and facts" in w]
+    assert "near.yaml" in warning and f"{NAME}.yaml" in warning and "other" not in warning
 
 
 def test_a_heldout_copy_loaded_beside_it_is_an_error(clinic):

@@ -1,8 +1,8 @@
 """The judge is Pipecat's own simulation judge over an OpenAI-compatible endpoint: the goal once
 over the whole call (tool calls where they were made), each criterion once per agent turn."""
 
+from pipecat_rl.scenarios.scenario import Metric, Scenario
 from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, conversation, judge_call
-from pipecat_rl.simulator.scenario import Metric, Scenario
 from pipecat_rl.simulator.transport import Line
 from tests.fake_openai import serve_fake_openai
 from tests.pipecat_helpers import judge_and_agent

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.scenarios import load_scenario_file
 from pipecat_rl.simulator import load_scenarios
-from pipecat_rl.simulator.scenario import load_scenario_file
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
 

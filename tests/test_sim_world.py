@@ -3,10 +3,11 @@ from pathlib import Path
 import pytest
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.scenarios import load_scenario_file
+from pipecat_rl.scenarios.scenario import AsrNoise
 from pipecat_rl.simulator import World, load_scenarios
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.rewards import EpisodeEvidence, failure_labels, pass_hat_k, reward_parts
-from pipecat_rl.simulator.scenario import AsrNoise, load_scenario_file
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
 

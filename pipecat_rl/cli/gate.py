@@ -40,10 +40,10 @@ from pipecat_rl.gate import (
 )
 from pipecat_rl.gate.receipt import ci_text
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.scenarios import MAX_RUNS, load_scenarios
 from pipecat_rl.serving import VLLMAdmin
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.options import SimulationOptions
-from pipecat_rl.simulator.scenario import MAX_RUNS, load_scenarios
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 

@@ -25,9 +25,9 @@ from pipecat_rl.cli.common import (
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, load_scenarios
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.options import SimulationOptions
-from pipecat_rl.simulator.scenario import MAX_RUNS, ScenarioSet, load_scenarios
 from pipecat_rl.simulator.world import World
 
 if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs

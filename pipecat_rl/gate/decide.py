@@ -19,9 +19,9 @@ from pipecat_rl.gate.receipt import GateReceipt, write_receipt
 from pipecat_rl.ledger import Ledger
 
 if TYPE_CHECKING:  # the simulator imports Pipecat: only when the gate runs its own episodes
+    from pipecat_rl.scenarios import ScenarioSet
     from pipecat_rl.simulator.botloader import BotEntry
     from pipecat_rl.simulator.options import SimulationOptions
-    from pipecat_rl.simulator.scenario import ScenarioSet
     from pipecat_rl.simulator.simulation import Server
 
 SCORES_GUARD = "guard unavailable: results came from a scores file, with no training run to read"

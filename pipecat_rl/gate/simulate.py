@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.gate.inputs import GateData, load_ledger_runs
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.scenarios import HELDOUT, ScenarioSet
 from pipecat_rl.simulator.botloader import BotEntry
 from pipecat_rl.simulator.options import SimulationOptions
-from pipecat_rl.simulator.scenario import HELDOUT, ScenarioSet
 from pipecat_rl.simulator.simulation import Server, run
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from pipecat_rl.errors import BudgetExhausted, ConfigError, ServingError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
+from pipecat_rl.scenarios.heldout import copies_of_heldout
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import STAGES, LoopConfig
 from pipecat_rl.simulator.options import Server, SimulationOptions
@@ -158,7 +159,7 @@ class Cycle:
 
     def scenarios(self, which: Literal["pool", "heldout"]):
         """The pool or the held-out set, loaded; the held-out set must match the snapshot."""
-        from pipecat_rl.simulator.scenario import load_scenarios
+        from pipecat_rl.scenarios import load_scenarios
 
         loaded = load_scenarios([getattr(self.config, which)])
         if which == "heldout":
@@ -285,7 +286,7 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             f"`split: heldout`); it also holds {', '.join(not_heldout[:5]) or 'nothing held out'}"
         )
     heldout_hashes = {s.id: s.content_hash() for s in heldout}
-    leaked = sorted(s.id for s in pool if s.content_hash() in set(heldout_hashes.values()))
+    leaked = sorted(s.id for s, _ in copies_of_heldout(pool, heldout.scenarios))  # near: warns
     if leaked or any(s.split == "heldout" for s in pool):
         raise ConfigError(
             f"the pool {c.pool} holds held-out scenarios ({', '.join(leaked) or 'split: heldout'});"

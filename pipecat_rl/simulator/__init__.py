@@ -27,9 +27,9 @@ _EXPORTS = {
     "Server": "options",
     "arun": "simulation",
     "run": "simulation",
-    "Scenario": "scenario",
-    "ScenarioSet": "scenario",
-    "load_scenarios": "scenario",
+    "Scenario": ".scenarios",  # the scenarios room: pipecat_rl.scenarios
+    "ScenarioSet": ".scenarios",
+    "load_scenarios": ".scenarios",
     "ScriptedLLMService": "scripted",
     "ScriptedReply": "scripted",
     "LocalTransportPair": "transport",
@@ -43,7 +43,7 @@ _EXPORTS = {
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'pipecat_rl.simulator' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"pipecat_rl.simulator.{_EXPORTS[name]}"), name)
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value
 

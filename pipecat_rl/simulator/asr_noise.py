@@ -8,7 +8,7 @@ run of them), and whole words dropped.
 import random
 import re
 
-from pipecat_rl.simulator.scenario import AsrNoise
+from pipecat_rl.scenarios.scenario import AsrNoise
 
 DIGIT_CONFUSIONS = {
     "0": "4", "1": "9", "2": "3", "3": "2", "4": "0",

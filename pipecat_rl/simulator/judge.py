@@ -27,8 +27,8 @@ from pipecat.evals.simulation_judge import EvalSimulationJudge, EvalSimulationJu
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import ConfigError
+from pipecat_rl.scenarios import Scenario
 from pipecat_rl.serving import client_api_key
-from pipecat_rl.simulator.scenario import Scenario
 from pipecat_rl.simulator.transport import Line
 
 OLLAMA_URL = "http://localhost:11434/v1"

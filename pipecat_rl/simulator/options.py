@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:  # both import Pipecat; this module must not
+    from pipecat_rl.scenarios import ScenarioSet
     from pipecat_rl.simulator.botloader import BotEntry
-    from pipecat_rl.simulator.scenario import ScenarioSet
 
 PersonaKind = Literal["llm", "scripted"]
 """The caller: an LLM persona, or the scenarios' `script:` rules."""

@@ -30,10 +30,10 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
+from pipecat_rl.scenarios.scenario import Scenario, Script
 from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.options import PersonaKind
-from pipecat_rl.simulator.scenario import Scenario, Script
 from pipecat_rl.simulator.scripted import (
     ScriptedLLMService,
     ScriptedReply,
@@ -112,11 +112,11 @@ def persona_llm(
 ) -> LLMService:
     """The persona's LLM: a scripted scenario's turns, the `script:` rules, or an LLM."""
     if scenario.scripted:
-        from pipecat_rl.simulator.script_turns import TurnsCaller, caller_turns
+        from pipecat_rl.simulator.script_turns import TurnsCaller
 
         if pair is None:
             raise SimulationError("a scripted scenario's caller needs the transport pair")
-        return ScriptedLLMService(TurnsCaller(caller_turns(scenario), pair))
+        return ScriptedLLMService(TurnsCaller(scenario, pair))
     if kind == "scripted":
         if scenario.script is None:
             raise SimulationError(
@@ -168,10 +168,10 @@ def build_persona_worker(
     # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
     opening = scenario.script.opening if scenario.script else None
     if scenario.scripted:
-        from pipecat_rl.simulator.script_turns import caller_turns, pipecat_script
+        from pipecat_rl.simulator.script_turns import caller_turns
 
         opening = caller_turns(scenario)[0]
-        pair.agent_context = pipecat_script(scenario).context
+        pair.agent_context = scenario.context or None  # none given: the bot keeps its own
     messages = [{"role": "assistant", "content": opening}] if opening else []
     context = LLMContext(messages, tools=ToolsSchema(standard_tools=[END_CALL_SCHEMA]))
 

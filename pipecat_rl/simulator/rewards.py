@@ -19,7 +19,7 @@ from datetime import datetime
 from pipecat.services.llm_service import LLMService
 
 from pipecat_rl.ledger import ToolCallRecord
-from pipecat_rl.simulator.scenario import Scenario
+from pipecat_rl.scenarios import Scenario
 from pipecat_rl.simulator.transport import EndReason, Line
 from pipecat_rl.simulator.world import CheckResult, ToolExecution
 

@@ -33,7 +33,8 @@ from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.outcome import SessionOutcome as Outcome
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
-from pipecat_rl.simulator import heldout, setup_file
+from pipecat_rl.scenarios import Scenario, ScenarioSet, heldout
+from pipecat_rl.simulator import setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.botloader import (
@@ -62,7 +63,6 @@ from pipecat_rl.simulator.rewards import (
     reward_parts,
     seen_executions,
 )
-from pipecat_rl.simulator.scenario import Scenario, ScenarioSet
 from pipecat_rl.simulator.script_turns import score_turns
 from pipecat_rl.simulator.transport import EndReason, Line, LocalTransportPair
 from pipecat_rl.simulator.world import CheckResult, ToolExecution, World

@@ -1,8 +1,8 @@
 """Pipecat's scripted scenarios (`turns:`): a scripted caller, its checks scored after the call.
 
-The file is read by Pipecat's own parser (`EvalScenarioFile.load`), so a file Pipecat accepts we
-accept. The caller says turn 1 as soon as it connects and each later turn once the agent has
-answered the one before (a greeting the agent gives before hearing turn 1 is nobody's answer);
+The turns are read when the file loads, by Pipecat's own parser (`scenarios.turns`). The caller
+says turn 1 as soon as it connects and each later turn once the agent has answered
+the one before (a greeting the agent gives before hearing turn 1 is nobody's answer);
 after the agent answers the last turn, it hangs up. A turn's checks are matched against what
 the agent said and the tools it called between that turn and the next, in text mode:
 
@@ -24,83 +24,24 @@ unscored, and so is `judge:success` unless another check failed).
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from pipecat.classifiers.llm.classifier import LLMClassifier
 from pipecat.evals.judge import EvalJudge
-from pipecat.evals.scenario import EvalScenarioFile
-from pipecat.evals.script import EvalExpectation, EvalScriptScenario
 
-from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
+from pipecat_rl.scenarios import Scenario
+from pipecat_rl.scenarios.turns import CALL_EVENTS, SPOKE_EVENTS, USER_EVENTS, Expectation
 from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, judge_service
 from pipecat_rl.simulator.pipecat_metrics import SUCCESS_PART
-from pipecat_rl.simulator.scenario import Scenario
 from pipecat_rl.simulator.scripted import ScriptedReply
 from pipecat_rl.simulator.transport import Line, LocalTransportPair
-
-REPLY_EVENTS = {"response", "llm_response", "tts_response"}
-CALL_EVENTS = {"function_call", "function_call_stopped"}
-SPOKE_EVENTS = {"llm_started", "bot_started_speaking", "bot_stopped_speaking"}
-USER_EVENTS = {"user_transcription", "user_started_speaking", "user_stopped_speaking"}
-SUPPORTED_EVENTS = REPLY_EVENTS | CALL_EVENTS | SPOKE_EVENTS | USER_EVENTS
-
-
-@lru_cache(maxsize=64)
-def _pipecat_file(path: Path, mtime: float) -> EvalScenarioFile:
-    del mtime  # part of the cache key only
-    return EvalScenarioFile.load(path)
-
-
-def pipecat_script(scenario: Scenario) -> EvalScriptScenario:
-    """The scenario as Pipecat parsed it."""
-    path = Path(scenario.source_path or "")
-    loaded = _pipecat_file(path, path.stat().st_mtime)
-    found = next((s for s in loaded if s.name == scenario.name), None)
-    if not isinstance(found, EvalScriptScenario):
-        raise ScenarioError(f"{path}: {scenario.name} is not a scripted scenario")
-    return found
-
-
-def _unsupported(script: EvalScriptScenario) -> str | None:
-    for t, turn in enumerate(script.turns, 1):
-        if not isinstance(turn.user, str) or not turn.user.strip():
-            return f"turn {t} has no `user:` text (audio, DTMF or images need the audio harness)"
-        for key in ("audio", "dtmf", "send_after", "image"):
-            if getattr(turn, key, None):
-                return f"turn {t} uses `{key}:`, which needs the audio harness"
-        for e in turn.expect:
-            if e.event not in SUPPORTED_EVENTS:
-                return f"turn {t} expects `{e.event}`, which text mode cannot observe"
-            if e.marker or e.marker_first is not None or e.markers is not None:
-                return f"turn {t} checks LLM markers, which text mode cannot observe"
-    return None
-
-
-def check_scripted(path: Path, scenarios: Sequence[Scenario]) -> None:
-    """Parse the file with Pipecat's own parser; refuse what the simulator cannot run.
-
-    Raises:
-        ScenarioError: Pipecat rejects the file (its message, with the file).
-        UnsupportedScenarioError: a scripted scenario needs the audio harness.
-    """
-    try:
-        _pipecat_file.cache_clear()
-        for scenario in scenarios:
-            if scenario.scripted:
-                reason = _unsupported(pipecat_script(scenario))
-                if reason:
-                    raise UnsupportedScenarioError(f"{path}: {scenario.name}: {reason}")
-    except ValueError as e:
-        raise ScenarioError(f"{path}: {e}".replace(f"{path}: {path}", str(path))) from e
 
 
 class TurnsCaller:
     """The policy of a scripted caller: the next turn once the agent has answered the last."""
 
-    def __init__(self, turns: Sequence[str], pair: LocalTransportPair):
-        self._turns = list(turns)
+    def __init__(self, scenario: Scenario, pair: LocalTransportPair):
+        self._turns = caller_turns(scenario)
         self._pair = pair
 
     def __call__(self, messages: list[dict]) -> ScriptedReply:
@@ -121,7 +62,7 @@ class TurnsCaller:
 
 def caller_turns(scenario: Scenario) -> list[str]:
     """What the scripted caller says, turn by turn."""
-    return [str(turn.user) for turn in pipecat_script(scenario).turns]
+    return [str(turn.user) for turn in scenario.parsed_turns or []]
 
 
 @dataclass(frozen=True)
@@ -138,7 +79,7 @@ def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().casefold()
 
 
-def _calls_match(e: EvalExpectation, calls: Sequence[ToolCallSeen]) -> list[ToolCallSeen] | None:
+def _calls_match(e: Expectation, calls: Sequence[ToolCallSeen]) -> list[ToolCallSeen] | None:
     """The calls matching every entry of `e.calls` (each once), or None when one is missing."""
     specs = e.calls or []
     used: list[ToolCallSeen] = []
@@ -217,12 +158,12 @@ async def score_turns(
     judge: Endpoint | None,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Every check of every turn as a reward part, and `judge:success` (all of them passed)."""
-    script = pipecat_script(scenario)
+    turns = scenario.parsed_turns or []
     starts = [line.at for line in transcript if line.speaker == "caller"]
     turn_judge = _TurnJudge(judge)
     checks: list[Check] = []
     try:
-        for t, turn in enumerate(script.turns, 1):
+        for t, turn in enumerate(turns, 1):
             replies = [line for line in transcript if line.speaker == "agent" and line.answers == t]
             reply = " ".join(line.text for line in replies)
             begin = starts[t - 1] if t <= len(starts) else None
@@ -249,7 +190,7 @@ async def score_turns(
 
 
 async def _check(
-    e: EvalExpectation,
+    e: Expectation,
     user: str,
     reply: str,
     calls: Sequence[ToolCallSeen],

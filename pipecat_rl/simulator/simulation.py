@@ -14,10 +14,10 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger
+from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.simulator.botloader import BotEntry
 from pipecat_rl.simulator.options import Server, SimulationOptions, Source
 from pipecat_rl.simulator.runner import EpisodeResult, SimulationConfig, SimulationReport, simulate
-from pipecat_rl.simulator.scenario import ScenarioSet
 
 EMBEDDED = Server()
 """The default: the embedded vLLM, started for the run."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipecat_rl.errors import ScenarioError, ToolError
-from pipecat_rl.simulator.scenario import Check, Fault, Scenario, Where
+from pipecat_rl.scenarios.scenario import Check, Fault, Scenario, Where
 
 ToolFn = Callable[..., Any]
 

@@ -20,7 +20,7 @@ import numpy as np
 import soxr
 
 from pipecat_rl.errors import ScenarioError
-from pipecat_rl.simulator.scenario import Channel
+from pipecat_rl.scenarios.scenario import Channel
 
 SAMPLE_RATE = 16_000
 """The wire's sample rate (16-bit mono PCM) in both directions."""

@@ -28,6 +28,7 @@ from pipecat.services.tts_service import TTSService
 
 from pipecat_rl.compat import user_aggregator_vad
 from pipecat_rl.errors import ConfigError
+from pipecat_rl.scenarios import Scenario
 from pipecat_rl.simulator.audio.channel import ChannelPerturbation
 from pipecat_rl.simulator.audio.services import (
     OFFLINE_STT,
@@ -48,7 +49,6 @@ from pipecat_rl.simulator.audio.transport import (
     PersonaHearing,
 )
 from pipecat_rl.simulator.botloader import Episode
-from pipecat_rl.simulator.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 A held-out scenario must never train, wherever its file sits and whatever it declares. So:
 
-- **The scenario hash** (`scenario_hash`) is its identity: the canonical content of every field
-  except `split` (a label, not content) and `name` (an id, not content), plus the world pack's
-  code. Content pulled in by `!include` is part of the parsed fields, so it is covered too. A
-  held-out file copied into `pool/`, or renamed, has the same hash.
+- **The scenario hash** (`Scenario.content_hash`) is its identity: the hash of its canonical
+  content (see `identity`: what the caller and the world are, the world pack by its code, text
+  whitespace-normalised, order-free lists sorted), never its `name` or `split`. Content pulled
+  in by `!include` is part of the parsed fields, so it is covered too. A held-out file copied
+  into `pool/`, renamed, reformatted, its `verify` reordered or its pack path spelled another
+  way, has the same hash.
 - **The split comes from the folder** (`resolve_split`): the nearest ancestor folder named
   `heldout` or `pool` (any case) decides, however deep the file is nested under it. A `split:`
   that contradicts that folder, and a folder whose name looks like a split but is not one
@@ -15,35 +17,46 @@ A held-out scenario must never train, wherever its file sits and whatever it dec
   hash is there, whatever the file says; training excludes those hashes in its query.
 - **One id, one content** (`check_against_ledger`): a scenario whose id was held out with other
   content is an error before any episode runs (rename an edited held-out scenario); a copy of a
-  held-out scenario loaded beside it outside `heldout/` is an error too (`check_copies`).
+  held-out scenario loaded beside it outside `heldout/` is an error too (`check_copies`), and a
+  near-duplicate (the same world, goal and facts, the rest different) is a warning naming both.
 - **The held-out set id** (`heldout_set_id`) covers the held-out scenarios' hashes (so their
   packs' code), the files' bytes, and the bytes of every file they `!include`.
+
+Hashes made before the canonical form (schema 1: 16 bare hex digits, of the fields as written)
+stay in a ledger and keep meaning what they meant: the sessions that carry them stay out of
+training wherever the ledger lists them held out. They no longer equal any hash computed now,
+so `check_against_ledger` compares an id only with hashes of the current schema, and a copy of
+an old held-out scenario is recognised through the ledger once the held-out set has been
+simulated or gated again, which records its current hashes (the next gate run does); until then
+it is recognised when it is loaded beside the held-out set (`check_copies`, the cycle's
+snapshot). Held-out set ids change with the hashes, so a cycle started before resumes only
+from its snapshot stage.
 """
 
 import hashlib
-import importlib.util
-import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from loguru import logger
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.scenarios.identity import hash_version
+from pipecat_rl.scenarios.scenario import (
+    HELDOUT,
+    KNOWN_SPLITS,
+    POOL,
+    SCENARIO_SCHEMA_VERSION,
+    Scenario,
+)
 
 if TYPE_CHECKING:
     from pipecat_rl.ledger import Ledger
-    from pipecat_rl.simulator.scenario import Scenario
-
-HELDOUT = "heldout"
-POOL = "pool"
-KNOWN_SPLITS = (POOL, HELDOUT)
 
 _LOOKS_LIKE_SPLIT = re.compile(r"^(?:(?:held|hold)[\W_]*out.*|pools?)$", re.IGNORECASE)
 """Folder names a person means as a split but the loader would not read as one."""
-
-_HASH_EXCLUDES = {"split", "name", "source_path"}
 
 
 def folder_split(path: Path) -> str | None:
@@ -79,30 +92,6 @@ def resolve_split(path: Path, declared: Any, line: int | None = None) -> Any:
             f"or remove the `split:` line (a scenario's split is its folder's)"
         )
     return declared
-
-
-def pack_code(scenario: "Scenario") -> bytes:
-    """The world pack's source: the `.py` file it names, or the named module's file."""
-    path = scenario.pack_path
-    if path is None and scenario.world.pack:
-        try:
-            spec = importlib.util.find_spec(scenario.world.pack)
-        except (ImportError, ValueError):
-            spec = None
-        origin = getattr(spec, "origin", None)
-        path = Path(origin) if origin and origin.endswith(".py") else None
-    if path is not None and path.is_file():
-        return path.read_bytes()
-    return b""
-
-
-def scenario_hash(scenario: "Scenario", schema_version: int) -> str:
-    """The scenario's content identity (see the module docstring): 16 hex digits."""
-    content = scenario.model_dump(mode="json", exclude=_HASH_EXCLUDES)
-    digest = hashlib.sha256(f"scenario-v{schema_version}\0".encode())
-    digest.update(json.dumps(content, sort_keys=True).encode())
-    digest.update(b"\0pack\0" + pack_code(scenario))
-    return digest.hexdigest()[:16]
 
 
 def included_files(path: Path) -> list[Path]:
@@ -141,7 +130,7 @@ def _include_targets(node: yaml.Node | None) -> Iterable[str]:
             stack.extend(current.value)
 
 
-def heldout_set_id(scenarios: Iterable["Scenario"], files: Iterable[Path]) -> str:
+def heldout_set_id(scenarios: Iterable[Scenario], files: Iterable[Path]) -> str:
     """`heldout-<hash>`: the frozen identity of a held-out set.
 
     Covers the held-out scenarios' ids and hashes (so their packs' code), their files' bytes,
@@ -158,26 +147,55 @@ def heldout_set_id(scenarios: Iterable["Scenario"], files: Iterable[Path]) -> st
     return f"heldout-{digest.hexdigest()[:16]}"
 
 
-def check_copies(scenarios: Iterable["Scenario"]) -> None:
+def copies_of_heldout(
+    candidates: Iterable[Scenario], held: Sequence[Scenario]
+) -> list[tuple[Scenario, Scenario]]:
+    """Each candidate with the content of a held-out scenario, paired with it.
+
+    A candidate that is only a near-duplicate of one (the same world, goal and facts, the rest
+    different) is not a copy: it is logged as a warning naming both files, since training on it
+    may teach the held-out answer.
+    """
+    by_hash = {s.content_hash(): s for s in held}
+    by_near = {k: s for s in held if (k := s.near_key()) is not None}
+    copies = []
+    for s in candidates:
+        twin = by_hash.get(s.content_hash())
+        if twin is not None:
+            copies.append((s, twin))
+        elif (near := by_near.get(s.near_key())) is not None:
+            logger.warning(
+                f"{s.source_path}: scenario {s.id!r} has the world, goal and facts of the "
+                f"held-out scenario {near.id!r} ({near.source_path}); if it tests the same "
+                "thing, remove it from the pool (training on it may teach the held-out answer)"
+            )
+    return copies
+
+
+def check_copies(scenarios: Iterable[Scenario]) -> None:
     """Refuse a non-held-out scenario with the content of a held-out one loaded beside it.
+
+    A near-duplicate of one is a warning (`copies_of_heldout`).
 
     Raises:
         ScenarioError: naming both files.
     """
     loaded = list(scenarios)
-    held = {s.content_hash(): s for s in loaded if s.split == HELDOUT}
-    for s in loaded:
-        twin = held.get(s.content_hash()) if s.split != HELDOUT else None
-        if twin is not None:
-            raise ScenarioError(
-                f"{s.source_path}: scenario {s.id!r} has the content of the held-out scenario "
-                f"{twin.id!r} ({twin.source_path}); a held-out scenario is held out wherever "
-                "it sits: remove the copy"
-            )
+    held = [s for s in loaded if s.split == HELDOUT]
+    copies = copies_of_heldout([s for s in loaded if s.split != HELDOUT], held)
+    if copies:
+        s, twin = copies[0]
+        raise ScenarioError(
+            f"{s.source_path}: scenario {s.id!r} has the content of the held-out scenario "
+            f"{twin.id!r} ({twin.source_path}); a held-out scenario is held out wherever "
+            "it sits: remove the copy"
+        )
 
 
-def check_against_ledger(ledger: "Ledger", scenarios: Iterable["Scenario"]) -> None:
+def check_against_ledger(ledger: "Ledger", scenarios: Iterable[Scenario]) -> None:
     """Refuse a scenario whose id the ledger knows as held out with different content.
+
+    Only hashes of the current schema are compared (see the module docstring).
 
     Raises:
         ScenarioError: naming the file, the id and both hashes.
@@ -185,7 +203,8 @@ def check_against_ledger(ledger: "Ledger", scenarios: Iterable["Scenario"]) -> N
     known = ledger.heldout_hashes()
     by_id: dict[str, list[str]] = {}
     for h, row in known.items():
-        by_id.setdefault(row["scenario_id"], []).append(h)
+        if hash_version(h) == SCENARIO_SCHEMA_VERSION:
+            by_id.setdefault(row["scenario_id"], []).append(h)
     for s in scenarios:
         h = s.content_hash()
         if h not in known and s.id in by_id:
@@ -197,7 +216,7 @@ def check_against_ledger(ledger: "Ledger", scenarios: Iterable["Scenario"]) -> N
 
 
 def session_split(
-    ledger: "Ledger", scenario: "Scenario", heldout_set: str | None
+    ledger: "Ledger", scenario: Scenario, heldout_set: str | None
 ) -> tuple[str, str | None]:
     """The split and held-out set a session of `scenario` is recorded under.
 

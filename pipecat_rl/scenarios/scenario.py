@@ -1,14 +1,14 @@
-"""Scenario files: a superset of Pipecat's simulated-scenario YAML, validated with pydantic.
+"""Scenarios as records: a superset of Pipecat's scenario YAML, as frozen pydantic models.
 
 Pipecat's own keys (`name`, `persona`, `goal`, `success`, `metrics`, `max_turns`,
 `max_duration_s`, `max_silence_s`, `runs`, `simulator`, `user`, `judge`) mean what
 `pipecat.evals.simulation` says they mean; a file Pipecat accepts, we accept, including the
 `scenarios:` list whose file-level keys are defaults and whose scenarios are named
 `<file name>/<scenario name>`, scripted scenarios (`turns:`, `context:`, `stop_on_failure:`,
-checked by Pipecat's own parser and run by `simulator.script_turns`), and a metric's older
-`min_quality` (read as `min_score`). A file the simulator cannot run (a manifest listing other
-files, a scripted scenario whose checks need audio or timing) is skipped with a warning naming
-it, and the others run. Ours are:
+parsed by Pipecat's own parser into `turns.Turn`s and run by `simulator.script_turns`), and a
+metric's older `min_quality` (read as `min_score`). A file the simulator cannot run (a manifest
+listing other files, a scripted scenario whose checks need audio) is skipped with a warning
+naming it, and the others run (see `loading`). Ours are:
 
 ```yaml
 facts: {name: Maria Lopez, phone: "0612345678"}   # the caller gives these only when asked
@@ -31,24 +31,30 @@ script:                       # optional scripted caller (deterministic tests)
   rules: [{when: "name", say: "Maria Lopez"}, {when: "booked", say: "Thanks!", end_call: true}]
 ```
 
-Errors name the file, the line, the field and the reason (`ScenarioError`).
+A scenario's identity is its canonical content (`content_hash`, see `identity`). Reading
+files into these records, with errors naming the file, line and field, is `loading`'s.
 """
 
-import re
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from loguru import logger
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
-from pipecat_rl.simulator import heldout
-from pipecat_rl.simulator.heldout import HELDOUT, POOL
-from pipecat_rl.simulator.yaml_safe import load_yaml, read_text
+from pipecat_rl.scenarios import identity
+from pipecat_rl.scenarios.turns import Turn
 
-SCENARIO_SCHEMA_VERSION = 1
-"""Bumped when the meaning of a scenario field changes (part of every scenario's hash)."""
+SCENARIO_SCHEMA_VERSION = 2
+"""Bumped when the meaning of a scenario field or of its identity changes; part of its hash.
+
+2: the hash is of the canonical form (`identity`), and `stop_on_failure` defaults to true, as
+in Pipecat. Hashes made under 1 (16 bare hex digits) are not compared with these (see
+`heldout`).
+"""
+
+HELDOUT = "heldout"
+POOL = "pool"
+KNOWN_SPLITS = (POOL, HELDOUT)
 
 MAX_RUNS = 1000
 """Most runs of one scenario (`runs:`, `--repeats`): more is a typo, not an experiment."""
@@ -226,10 +232,6 @@ class Script(_Model):
     """Said when no rule matches; with none, the caller hangs up."""
 
 
-_SCRIPTED_FIELDS = ("turns", "context", "stop_on_failure")
-"""Fields added for Pipecat's scripted scenarios; left out of a hash while unset."""
-
-
 class Scenario(_Model):
     """One simulated scenario: Pipecat's keys plus facts, world, verify, faults, channel, split."""
 
@@ -238,9 +240,11 @@ class Scenario(_Model):
     goal: str | None = None
     success: str | None = None
     turns: list[dict[str, Any]] | None = None
-    """A scripted scenario's turns (Pipecat's `turns:`), instead of a persona."""
+    """A scripted scenario's turns (Pipecat's `turns:`) as written, instead of a persona."""
     context: list[dict[str, Any]] | None = None
+    """Messages that replace the agent's context when the caller connects (scripted)."""
     stop_on_failure: bool | None = None
+    """Whether a scripted scenario ends at its first failed turn (None: yes, as in Pipecat)."""
     metrics: list[Metric] = Field(default_factory=list)
     max_turns: int = Field(default=20, ge=1, le=MAX_TURNS)
     max_duration_s: float = Field(default=300.0, gt=0)
@@ -258,6 +262,8 @@ class Scenario(_Model):
     split: Literal["pool", "heldout"] = POOL
     script: Script | None = None
     source_path: Path | None = Field(default=None, exclude=True)
+    parsed_turns: list[Turn] | None = Field(default=None, exclude=True)
+    """The turns as Pipecat's parser reads them (set by the loader for a scripted scenario)."""
 
     @field_validator("name", "persona", "goal", "success")
     @classmethod
@@ -285,6 +291,11 @@ class Scenario(_Model):
         return self.turns is not None
 
     @property
+    def stops_on_failure(self) -> bool:
+        """Whether the first failed turn ends a scripted scenario (Pipecat's default: yes)."""
+        return self.stop_on_failure is not False
+
+    @property
     def id(self) -> str:
         """The scenario's id in the ledger (its name)."""
         return self.name
@@ -297,9 +308,31 @@ class Scenario(_Model):
         base = self.source_path.parent if self.source_path else Path.cwd()
         return (base / self.world.pack).resolve()
 
+    def pack_code(self) -> bytes | None:
+        """The world pack's source (the `.py` file it names, or the module's), None if not found."""
+        path = self.pack_path
+        if path is None and self.world.pack:
+            try:
+                spec = importlib.util.find_spec(self.world.pack)
+            except (ImportError, ValueError):
+                spec = None
+            origin = getattr(spec, "origin", None)
+            path = Path(origin) if origin and origin.endswith(".py") else None
+        return path.read_bytes() if path is not None and path.is_file() else None
+
+    def canonical(self) -> dict[str, Any]:
+        """The canonical form of what this scenario is (`identity.canonical`)."""
+        content = self.model_dump(mode="json", exclude=set(identity.NOT_IDENTITY))
+        return identity.canonical(content, self.pack_code())
+
     def content_hash(self) -> str:
-        """The scenario's identity: its content (not `split` or `name`) and its pack's code."""
-        return heldout.scenario_hash(self, SCENARIO_SCHEMA_VERSION)
+        """The scenario's identity: the hash of its canonical content (see `identity`)."""
+        return identity.digest(self.canonical(), SCENARIO_SCHEMA_VERSION)
+
+    def near_key(self) -> str | None:
+        """The hash of its world, goal and facts: equal for near-duplicates (None: no goal)."""
+        near = identity.near_content(self.canonical())
+        return None if near is None else identity.digest(near, SCENARIO_SCHEMA_VERSION)
 
 
 class ScenarioSet(_Model):
@@ -314,202 +347,3 @@ class ScenarioSet(_Model):
 
     def __len__(self) -> int:
         return len(self.scenarios)
-
-
-# -- loading -----------------------------------------------------------------------------------
-
-_PIPECAT_ONLY = {"scenarios"}
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader reading only plain decimal integers as ints, so "0612" stays a string."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
-    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"),
-    list("-+0123456789"),
-)  # fmt: skip
-
-
-def _parse(path: Path) -> tuple[Any, yaml.Node | None]:
-    """The file's data and its node tree (for line numbers), within `yaml_safe`'s limits."""
-    return load_yaml(path, _Loader)
-
-
-def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """The 1-based line of the deepest node along `loc` that exists in the YAML tree."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            node = None
-        if node is None:
-            break
-        line = node.start_mark.line + 1
-    return line
-
-
-def _explain(path: Path, node: yaml.Node | None, error: ValidationError, prefix: tuple) -> str:
-    problems = []
-    items = error.errors()
-    # `Persona:` for `persona:` is one mistake, not two: name the spelling, not the gap
-    misspelt = {
-        (*i["loc"][:-1], str(i["loc"][-1]).lower())
-        for i in items
-        if i["type"] == "extra_forbidden" and i["loc"] and str(i["loc"][-1]).lower() != i["loc"][-1]
-    }
-    for item in items:
-        loc = tuple(item["loc"])
-        if item["type"] == "missing" and loc in misspelt:
-            continue
-        field = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
-        line = _line(node, (*prefix, *loc))
-        reason = item["msg"]
-        if item["type"] == "extra_forbidden":
-            lowered = (*loc[:-1], str(loc[-1]).lower()) if loc else loc
-            reason = (
-                f"unknown field: did you mean '{lowered[-1]}'? (field names are lower case)"
-                if lowered in misspelt
-                else "unknown field (check its spelling; see pipecat_rl.simulator.scenario)"
-            )
-        elif item["type"] == "missing":
-            reason = "required field is missing"
-        problems.append(f"{path}:{f' line {line}:' if line else ''} {field}: {reason}")
-    return "\n".join(problems)
-
-
-def load_scenario_file(path: str | Path) -> list[Scenario]:
-    """Read one scenario file (a single scenario, or Pipecat's `scenarios:` list).
-
-    Raises:
-        ScenarioError: naming the file, the line, the field and the reason.
-    """
-    path = Path(path).resolve()
-    data, node = _parse(path)
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: the top level must be a mapping of scenario fields")
-    entries: list[tuple[dict, tuple]] = []
-    if "scenarios" in data:
-        file_name = data.get("name")
-        listed = data["scenarios"]
-        if not isinstance(file_name, str) or not file_name:
-            raise ScenarioError(f"{path}: name: a file with 'scenarios:' needs a 'name:'")
-        if not isinstance(listed, list) or not listed:
-            raise ScenarioError(f"{path}: scenarios: must be a non-empty list")
-        defaults = {k: v for k, v in data.items() if k not in _PIPECAT_ONLY}
-        if all(isinstance(entry, str) for entry in listed):
-            raise UnsupportedScenarioError(
-                f"{path}: lists other files under 'scenarios:' (a manifest); name the files"
-            )
-        for i, entry in enumerate(listed):
-            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-                raise ScenarioError(f"{path}: scenarios.{i}: must be a mapping with a 'name:'")
-            merged = {**defaults, **entry, "name": f"{file_name}/{entry['name']}"}
-            entries.append((merged, ("scenarios", i)))
-    else:
-        entries.append((data, ()))
-    scenarios = []
-    for raw, prefix in entries:
-        line = _line(node, (*prefix, "split"))
-        raw = {**raw, "split": heldout.resolve_split(path, raw.get("split"), line)}
-        raw["source_path"] = path
-        try:
-            scenarios.append(Scenario.model_validate(raw))
-        except ValidationError as e:
-            raise ScenarioError(_explain(path, node, e, prefix)) from e
-    if any(s.scripted for s in scenarios):
-        from pipecat_rl.simulator.script_turns import check_scripted  # Pipecat's own parser
-
-        check_scripted(path, scenarios)
-    return scenarios
-
-
-def _files(target: Path) -> list[Path]:
-    if target.is_dir():
-        return sorted(p for p in target.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
-    if target.is_file():
-        return [target]
-    raise ScenarioError(f"{target}: no such scenario file or folder")
-
-
-def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
-    """Load scenario files and folders (recursively, *.yaml / *.yml) into one set.
-
-    Fragments a file `!include`s (YAML mappings without `persona`/`scenarios`) are skipped;
-    any other file without them is an error or a warning (`_skip_fragment`).
-    """
-    scenarios: list[Scenario] = []
-    heldout_files: list[Path] = []
-    skipped: list[str] = []
-    for target in targets:
-        files = _files(Path(target))
-        for f in files:
-            if Path(target).is_dir() and _is_fragment(f) and _skip_fragment(f, files):
-                continue
-            try:
-                loaded = load_scenario_file(f)
-            except UnsupportedScenarioError as e:
-                logger.warning(f"skipped {e}")
-                skipped.append(str(f))
-                continue
-            scenarios.extend(loaded)
-            if any(s.split == HELDOUT for s in loaded):
-                heldout_files.append(f.resolve())
-    if not scenarios:
-        also = f" (skipped, not runnable here: {', '.join(skipped)})" if skipped else ""
-        raise ScenarioError(f"no scenario files found in {', '.join(map(str, targets))}{also}")
-    names = [s.name for s in scenarios]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ScenarioError(f"duplicate scenario names: {', '.join(duplicates)}; rename one")
-    heldout.check_copies(scenarios)
-    held = [s for s in scenarios if s.split == HELDOUT]
-    set_id = heldout.heldout_set_id(held, heldout_files) if heldout_files else None
-    return ScenarioSet(scenarios=scenarios, heldout_set_id=set_id)
-
-
-def _is_fragment(path: Path) -> bool:
-    try:
-        data, _ = _parse(path)
-    except ScenarioError:
-        return False  # loading it reports the error
-    return isinstance(data, dict) and not {"persona", "scenarios", "turns"} & set(data)
-
-
-_INCLUDE = re.compile(r"!include\s+[\"']?([^\s\"'#]+)")
-_SCENARIO_KEYS = {
-    "name", "persona", "goal", "success", "max_turns", "runs", "scenarios", "verify", "turns",
-}  # fmt: skip
-
-
-def _skip_fragment(path: Path, files: list[Path]) -> bool:
-    """Whether a file without `persona:` in a folder is skipped: yes if a scenario includes it.
-
-    One that looks like a scenario (`name:`, `goal:`, `Persona:`...) is loaded so that its
-    missing field is reported; any other is skipped with a warning naming it, so a held-out
-    folder never shrinks without a word.
-    """
-    for other in files:
-        if other == path:
-            continue
-        try:
-            text = read_text(other)
-        except ScenarioError:
-            continue
-        if any((other.parent / m).resolve() == path.resolve() for m in _INCLUDE.findall(text)):
-            return True
-    data, _ = _parse(path)
-    if {str(k).lower() for k in data} & _SCENARIO_KEYS:
-        return False
-    logger.warning(
-        f"{path}: skipped: not a scenario (no 'persona:', 'turns:' or 'scenarios:') and no "
-        "scenario file in the folder includes it"
-    )
-    return True

@@ -1,0 +1,248 @@
+"""Reading scenario files into `Scenario` records: one file, or folders of them.
+
+Files load through `yaml_safe` (Pipecat's `!include`, with limits a hostile file cannot pass),
+file-level keys of a `scenarios:` list are defaults, the split comes from the folder
+(`heldout.resolve_split`), and a scripted scenario's turns are read by Pipecat's own parser
+(`turns.pipecat_turns`). What the simulator cannot run is skipped with a warning naming the
+file (a manifest listing other files, turns that need the audio harness). Errors name the
+file, the line, the field and the reason (`ScenarioError`). Nothing here imports the episode
+machinery.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from loguru import logger
+from pydantic import ValidationError
+
+from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
+from pipecat_rl.scenarios import heldout
+from pipecat_rl.scenarios.scenario import HELDOUT, Scenario, ScenarioSet
+from pipecat_rl.scenarios.turns import pipecat_turns, unsupported
+from pipecat_rl.scenarios.yaml_safe import load_yaml, read_text
+
+_PIPECAT_ONLY = {"scenarios"}
+_SET_BY_THE_LOADER = ("source_path", "parsed_turns")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader reading only plain decimal integers as ints, so "0612" stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"),
+    list("-+0123456789"),
+)  # fmt: skip
+
+
+def _parse(path: Path) -> tuple[Any, yaml.Node | None]:
+    """The file's data and its node tree (for line numbers), within `yaml_safe`'s limits."""
+    return load_yaml(path, _Loader)
+
+
+def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of the deepest node along `loc` that exists in the YAML tree."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            node = None
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def _explain(path: Path, node: yaml.Node | None, error: ValidationError, prefix: tuple) -> str:
+    problems = []
+    items = error.errors()
+    # `Persona:` for `persona:` is one mistake, not two: name the spelling, not the gap
+    misspelt = {
+        (*i["loc"][:-1], str(i["loc"][-1]).lower())
+        for i in items
+        if i["type"] == "extra_forbidden" and i["loc"] and str(i["loc"][-1]).lower() != i["loc"][-1]
+    }
+    for item in items:
+        loc = tuple(item["loc"])
+        if item["type"] == "missing" and loc in misspelt:
+            continue
+        field = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
+        line = _line(node, (*prefix, *loc))
+        reason = item["msg"]
+        if item["type"] == "extra_forbidden":
+            lowered = (*loc[:-1], str(loc[-1]).lower()) if loc else loc
+            reason = (
+                f"unknown field: did you mean '{lowered[-1]}'? (field names are lower case)"
+                if lowered in misspelt
+                else "unknown field (check its spelling; see pipecat_rl.scenarios.scenario)"
+            )
+        elif item["type"] == "missing":
+            reason = "required field is missing"
+        problems.append(f"{path}:{f' line {line}:' if line else ''} {field}: {reason}")
+    return "\n".join(problems)
+
+
+def load_scenario_file(path: str | Path) -> list[Scenario]:
+    """Read one scenario file (a single scenario, or Pipecat's `scenarios:` list).
+
+    Raises:
+        ScenarioError: naming the file, the line, the field and the reason.
+    """
+    path = Path(path).resolve()
+    data, node = _parse(path)
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: the top level must be a mapping of scenario fields")
+    entries: list[tuple[dict, tuple]] = []
+    if "scenarios" in data:
+        file_name = data.get("name")
+        listed = data["scenarios"]
+        if not isinstance(file_name, str) or not file_name:
+            raise ScenarioError(f"{path}: name: a file with 'scenarios:' needs a 'name:'")
+        if not isinstance(listed, list) or not listed:
+            raise ScenarioError(f"{path}: scenarios: must be a non-empty list")
+        defaults = {k: v for k, v in data.items() if k not in _PIPECAT_ONLY}
+        if all(isinstance(entry, str) for entry in listed):
+            raise UnsupportedScenarioError(
+                f"{path}: lists other files under 'scenarios:' (a manifest); name the files"
+            )
+        for i, entry in enumerate(listed):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise ScenarioError(f"{path}: scenarios.{i}: must be a mapping with a 'name:'")
+            merged = {**defaults, **entry, "name": f"{file_name}/{entry['name']}"}
+            entries.append((merged, ("scenarios", i)))
+    else:
+        entries.append((data, ()))
+    scenarios = []
+    for raw, prefix in entries:
+        for key in _SET_BY_THE_LOADER:
+            if key in raw:
+                line = _line(node, (*prefix, key))
+                field = ".".join(str(p) for p in (*prefix, key))
+                raise ScenarioError(f"{path}:{f' line {line}:' if line else ''} {field}: "
+                                    "unknown field (the loader sets it)")  # fmt: skip
+        line = _line(node, (*prefix, "split"))
+        raw = {**raw, "split": heldout.resolve_split(path, raw.get("split"), line)}
+        raw["source_path"] = path
+        try:
+            scenarios.append(Scenario.model_validate(raw))
+        except ValidationError as e:
+            raise ScenarioError(_explain(path, node, e, prefix)) from e
+    if any(s.scripted for s in scenarios):
+        scenarios = _with_parsed_turns(path, scenarios)
+    return scenarios
+
+
+def _with_parsed_turns(path: Path, scenarios: list[Scenario]) -> list[Scenario]:
+    """The scripted scenarios with their turns as Pipecat's parser reads them.
+
+    Raises:
+        ScenarioError: Pipecat rejects the file (its message, with the file).
+        UnsupportedScenarioError: a scripted scenario needs the audio harness.
+    """
+    try:
+        parsed = pipecat_turns(path)
+    except ValueError as e:
+        raise ScenarioError(f"{path}: {e}".replace(f"{path}: {path}", str(path))) from e
+    out = []
+    for s in scenarios:
+        if s.scripted:
+            turns = parsed[s.name]
+            reason = unsupported(turns)
+            if reason:
+                raise UnsupportedScenarioError(f"{path}: {s.name}: {reason}")
+            s = s.model_copy(update={"parsed_turns": turns})
+        out.append(s)
+    return out
+
+
+def _files(target: Path) -> list[Path]:
+    if target.is_dir():
+        return sorted(p for p in target.rglob("*.y*ml") if p.suffix in (".yaml", ".yml"))
+    if target.is_file():
+        return [target]
+    raise ScenarioError(f"{target}: no such scenario file or folder")
+
+
+def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
+    """Load scenario files and folders (recursively, *.yaml / *.yml) into one set.
+
+    Fragments a file `!include`s (YAML mappings without `persona`/`scenarios`) are skipped;
+    any other file without them is an error or a warning (`_skip_fragment`).
+    """
+    scenarios: list[Scenario] = []
+    heldout_files: list[Path] = []
+    skipped: list[str] = []
+    for target in targets:
+        files = _files(Path(target))
+        for f in files:
+            if Path(target).is_dir() and _is_fragment(f) and _skip_fragment(f, files):
+                continue
+            try:
+                loaded = load_scenario_file(f)
+            except UnsupportedScenarioError as e:
+                logger.warning(f"skipped {e}")
+                skipped.append(str(f))
+                continue
+            scenarios.extend(loaded)
+            if any(s.split == HELDOUT for s in loaded):
+                heldout_files.append(f.resolve())
+    if not scenarios:
+        also = f" (skipped, not runnable here: {', '.join(skipped)})" if skipped else ""
+        raise ScenarioError(f"no scenario files found in {', '.join(map(str, targets))}{also}")
+    names = [s.name for s in scenarios]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ScenarioError(f"duplicate scenario names: {', '.join(duplicates)}; rename one")
+    heldout.check_copies(scenarios)
+    held = [s for s in scenarios if s.split == HELDOUT]
+    set_id = heldout.heldout_set_id(held, heldout_files) if heldout_files else None
+    return ScenarioSet(scenarios=scenarios, heldout_set_id=set_id)
+
+
+def _is_fragment(path: Path) -> bool:
+    try:
+        data, _ = _parse(path)
+    except ScenarioError:
+        return False  # loading it reports the error
+    return isinstance(data, dict) and not {"persona", "scenarios", "turns"} & set(data)
+
+
+_INCLUDE = re.compile(r"!include\s+[\"']?([^\s\"'#]+)")
+_SCENARIO_KEYS = {
+    "name", "persona", "goal", "success", "max_turns", "runs", "scenarios", "verify", "turns",
+}  # fmt: skip
+
+
+def _skip_fragment(path: Path, files: list[Path]) -> bool:
+    """Whether a file without `persona:` in a folder is skipped: yes if a scenario includes it.
+
+    One that looks like a scenario (`name:`, `goal:`, `Persona:`...) is loaded so that its
+    missing field is reported; any other is skipped with a warning naming it, so a held-out
+    folder never shrinks without a word.
+    """
+    for other in files:
+        if other == path:
+            continue
+        try:
+            text = read_text(other)
+        except ScenarioError:
+            continue
+        if any((other.parent / m).resolve() == path.resolve() for m in _INCLUDE.findall(text)):
+            return True
+    data, _ = _parse(path)
+    if {str(k).lower() for k in data} & _SCENARIO_KEYS:
+        return False
+    logger.warning(
+        f"{path}: skipped: not a scenario (no 'persona:', 'turns:' or 'scenarios:') and no "
+        "scenario file in the folder includes it"
+    )
+    return True

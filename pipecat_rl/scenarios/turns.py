@@ -1,0 +1,136 @@
+"""A Pipecat scripted scenario's turns (`turns:`), as data: what the caller says and expects.
+
+The file is parsed by Pipecat's own parser (`pipecat.evals.scenario.EvalScenarioFile`), so a
+file Pipecat accepts we accept and one it rejects is refused with its message; each parsed turn
+becomes a frozen `Turn` here (Pipecat's normalisations kept: `response` read for the judge's
+modality, the `name:`/`args:` shorthand as `calls:`, a pausing `user:` joined to its text). The
+simulator says the turns and scores them (`simulator.script_turns`); this module only says what
+they are, and which of them text mode can observe (`unsupported`). Pipecat's parser is imported
+only when a file has scripted scenarios.
+
+Fields Pipecat ignores without a word (a key it does not know in a turn or an expectation) are
+named by `unknown_keys`, so the loader can warn instead of running a check nobody wrote.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPLY_EVENTS = frozenset({"response", "llm_response", "tts_response"})
+"""The agent's reply (its text in text mode)."""
+CALL_EVENTS = frozenset({"function_call", "function_call_stopped"})
+SPOKE_EVENTS = frozenset({"llm_started", "bot_started_speaking", "bot_stopped_speaking"})
+"""That the agent replied at all."""
+USER_EVENTS = frozenset({"user_transcription", "user_started_speaking", "user_stopped_speaking"})
+"""The caller's own line."""
+TEXT_EVENTS = REPLY_EVENTS | CALL_EVENTS | SPOKE_EVENTS | USER_EVENTS
+"""What a text-mode call can observe."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CallSpec(_Frozen):
+    """One expected function call: its name (None: any) and a subset of its arguments."""
+
+    name: str | None = None
+    args: dict[str, Any] | None = None
+
+
+class SendAfter(_Frozen):
+    """When a turn's input is sent: `delay_ms` after `event` (or after the previous send)."""
+
+    event: str | None = None
+    delay_ms: int = 0
+
+
+class Expectation(_Frozen):
+    """One event a turn expects back from the agent (Pipecat's `EvalExpectation`)."""
+
+    event: str
+    within_ms: int | None = Field(default=None, ge=0)
+    """The latency budget from the turn's send: the event must arrive within it."""
+    text_contains: str | None = None
+    text_excludes: str | None = None
+    calls: list[CallSpec] | None = None
+    eval: str | None = None
+    marker: str | None = None
+    marker_first: bool | None = None
+    markers: int | None = None
+    text_after: bool | None = None
+    check_from: str = "previous"
+    absent: bool = False
+
+
+class Turn(_Frozen):
+    """One scripted turn: what the caller sends, and what it expects back."""
+
+    user: str | None = None
+    expect: list[Expectation] = Field(default_factory=list)
+    parts: list[str | int] | None = None
+    audio: str | None = None
+    dtmf: str | None = None
+    send_after: SendAfter | None = None
+    image: str | None = None
+
+
+_TURN_KEYS = set(Turn.model_fields) - {"parts"}
+_EXPECTATION_KEYS = set(Expectation.model_fields) | {"name", "args"}  # the calls shorthand
+
+
+def pipecat_turns(path: Path) -> dict[str, list[Turn]]:
+    """Every scripted scenario of the file, by name, as Pipecat parses it.
+
+    Raises:
+        ValueError: Pipecat rejects the file (its message).
+    """
+    from pipecat.evals.scenario import EvalScenarioFile
+    from pipecat.evals.script import EvalScriptScenario
+
+    return {
+        s.name: [_turn(s.name, i, t) for i, t in enumerate(s.turns)]
+        for s in EvalScenarioFile.load(path)
+        if isinstance(s, EvalScriptScenario)
+    }
+
+
+def _turn(name: str, index: int, parsed: Any) -> Turn:
+    try:
+        return Turn.model_validate(dataclasses.asdict(parsed))
+    except ValidationError as e:  # a value Pipecat passes on unchecked (`within_ms: soon`)
+        error = e.errors()[0]
+        field = ".".join(str(p) for p in ("turns", index, *error["loc"]))
+        raise ValueError(f"{name}: {field}: {error['msg']}") from e
+
+
+def unsupported(turns: Sequence[Turn]) -> str | None:
+    """Why text mode cannot run these turns (audio, DTMF, images, markers), or None."""
+    for t, turn in enumerate(turns, 1):
+        if not isinstance(turn.user, str) or not turn.user.strip():
+            return f"turn {t} has no `user:` text (audio, DTMF or images need the audio harness)"
+        for key in ("audio", "dtmf", "send_after", "image"):
+            if getattr(turn, key) is not None:
+                return f"turn {t} uses `{key}:`, which needs the audio harness"
+        for e in turn.expect:
+            if e.event not in TEXT_EVENTS:
+                return f"turn {t} expects `{e.event}`, which text mode cannot observe"
+            if e.marker or e.marker_first is not None or e.markers is not None:
+                return f"turn {t} checks LLM markers, which text mode cannot observe"
+    return None
+
+
+def unknown_keys(raw_turns: Sequence[Any]) -> list[str]:
+    """The keys of the written turns that Pipecat does not define (`turns.<i>.<key>`)."""
+    found = []
+    for t, turn in enumerate(raw_turns):
+        if not isinstance(turn, dict):
+            continue
+        found += [f"turns.{t}.{k}" for k in turn if k not in _TURN_KEYS]
+        for i, e in enumerate(turn.get("expect") or []):
+            if isinstance(e, dict):
+                found += [f"turns.{t}.expect.{i}.{k}" for k in e if k not in _EXPECTATION_KEYS]
+    return found
