@@ -407,9 +407,9 @@ FILLED_PARAMETERS: dict[str, str] = {
     "to_number": SIMULATED_DIALED_NUMBER,
     "dialed_number": SIMULATED_DIALED_NUMBER,
 }
-"""What the simulator passes for each entry-point parameter it knows, by name (documented in the
-README). A parameter with a default that is not listed keeps its default; one without a default
-that is not listed is a clear error naming it."""
+"""What the simulator passes for each entry-point parameter it knows, by name (docs/cli.md's
+table is rendered from it). A parameter with a default that is not listed keeps its default; one
+without a default that is not listed is a clear error naming it."""
 
 _RUNNER_ARGS_NAMES = ("runner_args", "args", "session_args")
 
