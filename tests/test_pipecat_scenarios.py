@@ -1,8 +1,11 @@
 """Pipecat's own scenario files count as Pipecat counts them: success judged, criterion and
-measured metrics scored with their `min_score`, scripted `turns:` run, mixed folders run, and
-what cannot run is skipped with a warning (the judge is a deterministic fake on loopback)."""
+measured metrics scored with their `min_score`, scripted `turns:` run with their `within_ms`
+budgets and `stop_on_failure`, mixed folders run, what cannot run is skipped with a warning and
+what is not honoured is a warning naming it (the judge is a deterministic fake on loopback)."""
 
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 from loguru import logger
@@ -10,8 +13,9 @@ from loguru import logger
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
-from pipecat_rl.simulator.judge import Endpoint, endpoint_for, resolve_endpoint
+from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, endpoint_for, resolve_endpoint
 from pipecat_rl.simulator.pipecat_metrics import score_scenario
+from pipecat_rl.simulator.script_turns import score_turns
 from pipecat_rl.simulator.transport import Line
 from tests.fake_openai import serve_fake_openai
 from tests.pipecat_helpers import BOTS, SCENARIOS, judge_and_agent
@@ -174,8 +178,6 @@ def test_the_cli_names_the_flag_for_a_block_it_cannot_reach(tmp_path):
 
 
 async def test_a_scripted_eval_check_without_a_judge_is_unscored_not_failed():
-    from pipecat_rl.simulator.script_turns import score_turns
-
     (scenario,) = load_scenarios([SCENARIOS / "scripted.yaml"])
     transcript = [
         Line("caller", "What is the capital of Germany?", "", 1.0),
@@ -193,3 +195,153 @@ async def test_a_scripted_eval_check_without_a_judge_is_unscored_not_failed():
     late = [line for line in transcript if line.text != "Berlin."]  # turn 1 went unanswered
     parts, _ = await score_turns(scenario, late, [], None)
     assert parts["metric:turn1.2.llm_response"] == 0.0 and parts["judge:success"] == 0.0
+
+
+TWO_TURNS = """\
+name: timed
+scenarios:
+  - name: capital
+    {stop}turns:
+      - user: "What is the capital of Germany?"
+        expect:
+{first}
+      - user: "And what is its river?"
+        expect:
+          - event: llm_response
+            text_contains: Spree
+"""
+
+
+def _two_turns(tmp_path, first: str, stop: str = "") -> Path:
+    path = tmp_path / "timed.yaml"
+    path.write_text(TWO_TURNS.format(first=textwrap.indent(textwrap.dedent(first), " " * 10),
+                                     stop=f"{stop}\n    " if stop else ""))  # fmt: skip
+    return path
+
+
+def _slow_agent(body: dict) -> str:
+    """The fixtures' agent and judge, the agent 300 ms slow to answer (a planted latency)."""
+    if "response_format" not in body:
+        time.sleep(0.3)
+    return judge_and_agent(body)
+
+
+async def test_within_ms_is_the_budget_a_reply_must_arrive_in(tmp_path):
+    path = _two_turns(tmp_path, """\
+        - event: llm_response
+          text_contains: Berlin
+          within_ms: 30000
+        - event: llm_response
+          text_contains: Berlin
+          within_ms: 100
+    """)  # fmt: skip
+    async with serve_fake_openai([], answer=_slow_agent) as url:
+        config = SimulationConfig(llm_url=url, persona="scripted")
+        report = await simulate(load_scenarios([path]), load_bot(BOT), config,
+                                Ledger(tmp_path / "l.db"))  # fmt: skip
+    (episode,) = report.episodes
+    assert episode.error is None, episode.error
+    parts = episode.reward_parts
+    assert parts["metric:turn1.1.llm_response"] == 1.0  # the same reply, in a 30 s budget
+    assert parts["metric:turn1.2.llm_response"] == 0.0  # ...is 300 ms late for a 100 ms one
+    assert parts["judge:success"] == 0.0
+    reason = episode.score_details["metric:turn1.2.llm_response"]["reason"]
+    assert "within 100 ms" in reason
+
+
+async def test_within_ms_times_first_text_and_whole_replies_and_calls(tmp_path):
+    path = _two_turns(tmp_path, """\
+        - event: llm_started
+          within_ms: 1000
+        - event: llm_response
+          text_contains: Berlin
+          within_ms: 1000
+        - event: function_call
+          within_ms: 1000
+        - event: function_call
+          absent: true
+          within_ms: 1000
+    """)  # fmt: skip
+    (scenario,) = load_scenarios([path])
+    said = "What is the capital of Germany?"
+    transcript = [  # first text 0.5 s after the send, the whole reply after 2.5 s
+        Line("caller", said, said, 10.0),
+        Line("agent", "Berlin.", "Berlin.", 12.5, latency_ms=500.0, answers=1),
+    ]
+    late = [ToolCallSeen("lookup", {}, at=11.5)]
+    parts, _ = await score_turns(scenario, transcript, late, None)
+    assert parts["metric:turn1.1.llm_started"] == 1.0
+    assert parts["metric:turn1.2.llm_response"] == 0.0
+    assert parts["metric:turn1.3.function_call"] == 0.0  # a call, but 1.5 s after the send
+    assert parts["metric:turn1.4.function_call"] == 1.0  # so none arrived within the budget
+    early = [ToolCallSeen("lookup", {}, at=10.2)]  # a bare function_call matches any call
+    parts, _ = await score_turns(scenario, transcript, early, None)
+    assert parts["metric:turn1.3.function_call"] == 1.0
+    assert parts["metric:turn1.4.function_call"] == 0.0
+
+
+@pytest.mark.parametrize("stop", ["", "stop_on_failure: true", "stop_on_failure: false"])
+async def test_stop_on_failure_ends_the_scenario_at_its_first_failed_turn(tmp_path, stop):
+    path = _two_turns(tmp_path, """\
+        - event: llm_response
+          text_contains: Paris
+    """, stop)  # fmt: skip
+    report, ledger = await _simulate([path], tmp_path)
+    (episode,) = report.episodes
+    assert episode.error is None, episode.error
+    callers = [line.text for line in episode.transcript if line.speaker == "caller"]
+    parts, details = episode.reward_parts, episode.score_details
+    assert parts["metric:turn1.1.llm_response"] == 0.0 and parts["judge:success"] == 0.0
+    if stop.endswith("false"):  # every turn driven and scored
+        assert len(callers) == 2 and parts["metric:turn2.1.llm_response"] == 1.0
+        assert details["judge:success"]["not_run_checks"] == []
+    else:  # Pipecat's default: the caller hangs up after the failed turn
+        assert callers == ["What is the capital of Germany?"]
+        assert "metric:turn2.1.llm_response" not in parts
+        assert details["judge:success"]["not_run_checks"] == ["metric:turn2.1.llm_response"]
+        assert "stop_on_failure" in details["metric:turn2.1.llm_response"]["reason"]
+    scores = {s.name for s in ledger.scores(episode.session_id)}
+    assert scores == set(parts)
+
+
+async def test_a_turn_failed_after_the_call_ends_the_scenario_in_the_score(tmp_path):
+    path = _two_turns(tmp_path, """\
+        - event: function_call
+          calls: [get_weather]
+    """)  # fmt: skip
+    (scenario,) = load_scenarios([path])
+    transcript = [
+        Line("caller", "What is the capital of Germany?", "", 1.0),
+        Line("agent", "Berlin.", "", 2.0, answers=1),
+        Line("caller", "And what is its river?", "", 3.0),
+        Line("agent", "The Spree.", "", 4.0, answers=2),
+    ]
+    parts, details = await score_turns(scenario, transcript, [], None)
+    assert parts == {"judge:success": 0.0, "metric:turn1.1.function_call": 0.0}
+    assert details["judge:success"]["not_run_checks"] == ["metric:turn2.1.llm_response"]
+
+
+def test_pipecat_fields_the_simulator_does_not_honour_are_warnings_naming_them(tmp_path):
+    path = tmp_path / "voiced.yaml"
+    path.write_text(textwrap.dedent("""\
+        name: voiced
+        user: {modality: audio, speech: {service: kokoro, voice: af_heart}}
+        judge: {modality: audio, transcription: {service: moonshine}}
+        scenarios:
+          - name: one
+            turns:
+              - user: "What is the capital of Germany?"
+                expect:
+                  - {event: response, text_contians: Berlin}
+    """))  # fmt: skip
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING")
+    try:
+        (scenario,) = load_scenarios([path])
+    finally:
+        logger.remove(sink)
+    text = "\n".join(warnings)
+    assert "user.modality / user.speech: not used" in text
+    assert "judge.modality / judge.transcription: not used" in text
+    assert "voiced/one: turns.0.expect.0.text_contians: not a field of Pipecat's turns" in text
+    assert scenario.parsed_turns[0].expect[0].text_contains is None  # Pipecat ignores it too

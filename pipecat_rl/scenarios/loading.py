@@ -4,9 +4,10 @@ Files load through `yaml_safe` (Pipecat's `!include`, with limits a hostile file
 file-level keys of a `scenarios:` list are defaults, the split comes from the folder
 (`heldout.resolve_split`), and a scripted scenario's turns are read by Pipecat's own parser
 (`turns.pipecat_turns`). What the simulator cannot run is skipped with a warning naming the
-file (a manifest listing other files, turns that need the audio harness). Errors name the
-file, the line, the field and the reason (`ScenarioError`). Nothing here imports the episode
-machinery.
+file (a manifest listing other files, turns that need the audio harness); a Pipecat field it
+reads but does not honour (`user.speech`, `judge.modality: audio`, a key Pipecat does not know
+in a turn) is a warning naming the field, never silence. Errors name the file, the line, the
+field and the reason (`ScenarioError`). Nothing here imports the episode machinery.
 """
 
 import re
@@ -20,11 +21,13 @@ from pydantic import ValidationError
 from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
 from pipecat_rl.scenarios import heldout
 from pipecat_rl.scenarios.scenario import HELDOUT, Scenario, ScenarioSet
-from pipecat_rl.scenarios.turns import pipecat_turns, unsupported
+from pipecat_rl.scenarios.turns import pipecat_turns, unknown_keys, unsupported
 from pipecat_rl.scenarios.yaml_safe import load_yaml, read_text
 
 _PIPECAT_ONLY = {"scenarios"}
 _SET_BY_THE_LOADER = ("source_path", "parsed_turns")
+_USER_KEYS = {"modality", "speech"}
+_JUDGE_KEYS = {"modality", "eval", "transcription"}
 
 
 class _Loader(yaml.SafeLoader):
@@ -138,6 +141,8 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
             raise ScenarioError(_explain(path, node, e, prefix)) from e
     if any(s.scripted for s in scenarios):
         scenarios = _with_parsed_turns(path, scenarios)
+    for message in dict.fromkeys(m for s in scenarios for m in _not_honoured(s)):
+        logger.warning(f"{path}: {message}")
     return scenarios
 
 
@@ -162,6 +167,29 @@ def _with_parsed_turns(path: Path, scenarios: list[Scenario]) -> list[Scenario]:
             s = s.model_copy(update={"parsed_turns": turns})
         out.append(s)
     return out
+
+
+def _not_honoured(s: Scenario) -> list[str]:
+    """The Pipecat fields of `s` the simulator reads but does not act on, each explained."""
+    found = []
+    user, judge = s.user or {}, s.judge or {}
+    if user.get("modality") == "audio" or user.get("speech") is not None:
+        found.append(
+            "user.modality / user.speech: not used: the simulated caller is sent as text, or "
+            "spoken by the channel's TTS (`channel.tts`, `channel.tts_voice`) with --mode audio"
+        )
+    if judge.get("modality") == "audio" or judge.get("transcription") is not None:
+        found.append(
+            "judge.modality / judge.transcription: not used: the judge reads the text the "
+            "agent's TTS was given, never a transcription of its audio"
+        )
+    found += [f"user.{k}: not a Pipecat field; ignored" for k in user if k not in _USER_KEYS]
+    found += [f"judge.{k}: not a Pipecat field; ignored" for k in judge if k not in _JUDGE_KEYS]
+    found += [
+        f"{s.name}: {key}: not a field of Pipecat's turns; ignored (check its spelling)"
+        for key in unknown_keys(s.turns or [])
+    ]
+    return found
 
 
 def _files(target: Path) -> list[Path]:

@@ -1,24 +1,36 @@
-"""Pipecat's scripted scenarios (`turns:`): a scripted caller, its checks scored after the call.
+"""Pipecat's scripted scenarios (`turns:`): a scripted caller, and its checks scored.
 
 The turns are read when the file loads, by Pipecat's own parser (`scenarios.turns`). The caller
-says turn 1 as soon as it connects and each later turn once the agent has answered
-the one before (a greeting the agent gives before hearing turn 1 is nobody's answer);
-after the agent answers the last turn, it hangs up. A turn's checks are matched against what
-the agent said and the tools it called between that turn and the next, in text mode:
+says turn 1 as soon as it connects and each later turn once the agent has answered the one
+before (a greeting the agent gives before hearing turn 1 is nobody's answer); after the agent
+answers the last turn, it hangs up. A turn's checks are matched against what the agent said and
+the tools it called between that turn and the next, in text mode:
 
 - `response` / `llm_response` / `tts_response`: the agent's reply (`text_contains`,
   `text_excludes`, `eval:` judged by Pipecat's judge, `absent`);
 - `function_call` / `function_call_stopped`: the turn's calls (`calls:` or the `name:`/`args:`
-  shorthand, any order; `eval:` judged per call; `args: {cancelled: ...}` for stopped calls);
+  shorthand, any order, a call without a name matching any; `eval:` judged per call;
+  `args: {cancelled: ...}` for stopped calls);
 - `llm_started`, `bot_started_speaking`, `bot_stopped_speaking`: the agent replied;
   `user_transcription`, `user_started_speaking`, `user_stopped_speaking`: the caller's line.
 
-`send_after`, audio, DTMF, images and markers need the audio harness: a file that uses them is
-skipped with a warning; `within_ms` budgets are not enforced (text mode has no real-time pacing),
-and `stop_on_failure` does not stop the call (the checks are scored after it). Each check is a
-reward part `metric:turn<T>.<N>.<event>` (1 or 0), and `judge:success` is 1 only when every
-check passed, as Pipecat passes a scripted run (an `eval:` check with no judge to ask is left
-unscored, and so is `judge:success` unless another check failed).
+As Pipecat's harness does:
+
+- `within_ms` is the event's latency budget from the turn's send: a reply, a call or a first
+  text that arrives later does not count, so the check fails (with `absent: true`, only what
+  arrives within the budget counts against it). A reply arrives when its text is complete (its
+  first text, for `llm_started` and `bot_started_speaking`); a call when it starts.
+- `stop_on_failure` (default true) ends the scenario at its first failed turn: the caller
+  hangs up instead of saying the next turn once a check of what it heard fails (the reply, its
+  timing, the caller's own line), and the later turns are reported not run. A check decided
+  only after the call (a tool call, seen whole by the recorder, or a judged `eval:`) ends the
+  scenario in the score the same way, though the caller went on. `stop_on_failure: false`
+  drives and scores every turn.
+
+Each check is a reward part `metric:turn<T>.<N>.<event>` (1 or 0), and `judge:success` is 1
+only when every check passed, as Pipecat passes a scripted run (an `eval:` check with no judge
+to ask is left unscored, and so is `judge:success` unless another check failed). Expectations
+are matched against the whole turn, so their order within it is not checked.
 """
 
 import re
@@ -28,24 +40,64 @@ from typing import Any
 
 from pipecat.classifiers.llm.classifier import LLMClassifier
 from pipecat.evals.judge import EvalJudge
+from pipecat.evals.persona import END_CALL_FUNCTION
 
 from pipecat_rl.scenarios import Scenario
-from pipecat_rl.scenarios.turns import CALL_EVENTS, SPOKE_EVENTS, USER_EVENTS, Expectation
+from pipecat_rl.scenarios.turns import CALL_EVENTS, SPOKE_EVENTS, USER_EVENTS, Expectation, Turn
 from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, judge_service
 from pipecat_rl.simulator.pipecat_metrics import SUCCESS_PART
 from pipecat_rl.simulator.scripted import ScriptedReply
 from pipecat_rl.simulator.transport import Line, LocalTransportPair
 
+_FIRST_TEXT_EVENTS = frozenset({"llm_started", "bot_started_speaking"})
+
+
+def caller_turns(scenario: Scenario) -> list[str]:
+    """What the scripted caller says, turn by turn."""
+    return [str(turn.user) for turn in scenario.parsed_turns or []]
+
+
+@dataclass(frozen=True)
+class TurnEvidence:
+    """What happened in one turn: the caller's line, the agent's replies, the calls made."""
+
+    said: bool
+    user: str
+    begin: float | None
+    """When the caller said the turn (wall clock, as `Line.at`); None if it never did."""
+    replies: list[Line]
+    calls: list[ToolCallSeen]
+
+
+def turn_evidence(
+    turns: Sequence[Turn], t: int, transcript: Sequence[Line], calls: Sequence[ToolCallSeen]
+) -> TurnEvidence:
+    """The evidence of turn `t` (1-based): from its caller line to the next one."""
+    starts = [line.at for line in transcript if line.speaker == "caller"]
+    begin = starts[t - 1] if t <= len(starts) else None
+    end = starts[t] if t < len(starts) else float("inf")
+    return TurnEvidence(
+        said=begin is not None,
+        user=turns[t - 1].user or "",
+        begin=begin,
+        replies=[line for line in transcript if line.speaker == "agent" and line.answers == t],
+        calls=[c for c in calls if begin is not None and begin <= c.at < end],
+    )
+
 
 class TurnsCaller:
-    """The policy of a scripted caller: the next turn once the agent has answered the last."""
+    """The policy of a scripted caller: the next turn once the agent has answered the last.
+
+    With `stop_on_failure` it hangs up instead, once a turn fails a check of what it heard.
+    """
 
     def __init__(self, scenario: Scenario, pair: LocalTransportPair):
-        self._turns = caller_turns(scenario)
+        self._turns = list(scenario.parsed_turns or [])
+        self._stop = scenario.stops_on_failure
         self._pair = pair
 
     def __call__(self, messages: list[dict]) -> ScriptedReply:
-        """Say the next turn, wait (say nothing), or hang up after the last turn is answered."""
+        """Say the next turn, wait (say nothing), or hang up (the last turn answered, or failed)."""
         del messages
         said = self._pair.caller_turns
         answered = any(
@@ -54,15 +106,15 @@ class TurnsCaller:
         if not answered:
             return ScriptedReply()
         if said >= len(self._turns):
-            from pipecat.evals.persona import END_CALL_FUNCTION
-
             return ScriptedReply(tool_calls=[(END_CALL_FUNCTION, {"success": True})])
-        return ScriptedReply(text=self._turns[said])
+        if self._stop and said and self._failed(said):
+            return ScriptedReply(tool_calls=[(END_CALL_FUNCTION, {"success": False})])
+        return ScriptedReply(text=str(self._turns[said].user))
 
-
-def caller_turns(scenario: Scenario) -> list[str]:
-    """What the scripted caller says, turn by turn."""
-    return [str(turn.user) for turn in scenario.parsed_turns or []]
+    def _failed(self, t: int) -> bool:
+        evidence = turn_evidence(self._turns, t, self._pair.transcript, [])
+        return any(decide(e, evidence, calls_known=False)[0] is False
+                   for e in self._turns[t - 1].expect)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -81,15 +133,14 @@ def _norm(text: str) -> str:
 
 def _calls_match(e: Expectation, calls: Sequence[ToolCallSeen]) -> list[ToolCallSeen] | None:
     """The calls matching every entry of `e.calls` (each once), or None when one is missing."""
-    specs = e.calls or []
     used: list[ToolCallSeen] = []
-    for spec in specs:
+    for spec in e.calls or []:
         found = next(
             (
                 c
                 for c in calls
                 if c not in used
-                and c.name == spec.name
+                and (spec.name is None or c.name == spec.name)
                 and all(
                     (c.cancelled if k == "cancelled" else c.arguments.get(k)) == v
                     for k, v in (spec.args or {}).items()
@@ -101,6 +152,63 @@ def _calls_match(e: Expectation, calls: Sequence[ToolCallSeen]) -> list[ToolCall
             return None
         used.append(found)
     return used
+
+
+def _arrived(line: Line, event: str, begin: float) -> float:
+    """When a reply line arrived for `event`: its first text, or its whole text."""
+    if event in _FIRST_TEXT_EVENTS and line.latency_ms is not None:
+        return begin + line.latency_ms / 1000.0
+    return line.at
+
+
+def _within_budget(e: Expectation, ev: TurnEvidence) -> tuple[str, list[ToolCallSeen]]:
+    """The reply and the calls that arrived within `e.within_ms` of the send (all, if unset)."""
+    replies, calls = ev.replies, ev.calls
+    if e.within_ms is not None and ev.begin is not None:
+        deadline = ev.begin + e.within_ms / 1000.0
+        replies = [line for line in replies if _arrived(line, e.event, ev.begin) <= deadline]
+        calls = [c for c in calls if c.at <= deadline]
+    return " ".join(line.text for line in replies), calls
+
+
+def decide(
+    e: Expectation, ev: TurnEvidence, *, calls_known: bool = True
+) -> tuple[bool | None, str, list[ToolCallSeen]]:
+    """An expectation decided without a judge: passed, why, and the calls it matched.
+
+    Passed is None when it cannot be decided from `ev`: a call check while the calls are not
+    known (`calls_known=False`, the caller's view during the call). An `eval:` still has to be
+    asked of the judge when this passes.
+    """
+    if not ev.said:
+        return False, "the call ended before this turn was said", []
+    reply, calls = _within_budget(e, ev)
+    budget = f" within {e.within_ms} ms" if e.within_ms is not None else ""
+    if e.event in USER_EVENTS:
+        ok = e.text_contains is None or _norm(e.text_contains) in _norm(ev.user)
+        return ok != e.absent, f"the caller said {ev.user!r}", []
+    if e.event in CALL_EVENTS:
+        if not calls_known:
+            return None, "decided after the call", []
+        stopped = e.event == "function_call_stopped"
+        pool = [c for c in calls if c.cancelled == stopped]
+        if e.absent:
+            return not pool, f"{len(pool)} call(s) in the turn{budget}", []
+        matched = _calls_match(e, calls if stopped else pool) if e.calls else pool[:1] or None
+        if not matched:
+            return False, f"calls made{budget}: {', '.join(c.name for c in calls) or 'none'}", []
+        return True, f"calls made: {', '.join(c.name for c in matched)}", matched
+    if e.absent:
+        return not reply, ("the agent replied" if reply else "no reply") + budget, []
+    if not reply:
+        return False, f"the agent did not reply{budget}", []
+    if e.event in SPOKE_EVENTS:
+        return True, "the agent replied", []
+    if e.text_contains is not None and _norm(e.text_contains) not in _norm(reply):
+        return False, f"the reply{budget} does not contain {e.text_contains!r}: {reply!r}", []
+    if e.text_excludes is not None and _norm(e.text_excludes) in _norm(reply):
+        return False, f"the reply contains {e.text_excludes!r}: {reply!r}", []
+    return True, f"the reply: {reply!r}", []
 
 
 class _TurnJudge:
@@ -151,87 +259,63 @@ def _until_turn(transcript: Sequence[Line], t: int) -> list[dict]:
     return out
 
 
+async def _check(
+    e: Expectation, ev: TurnEvidence, conversation: list[dict], judge: _TurnJudge
+) -> tuple[bool | None, str]:
+    """An expectation decided, asking the judge for its `eval:` once the rest of it passed."""
+    passed, reason, matched = decide(e, ev)
+    if not passed or not e.eval:
+        return passed, reason
+    if not judge.available:
+        return None, "no judge to ask (no served model and no --judge-llm-url)"
+    if e.event in CALL_EVENTS:
+        for call in matched:
+            verdict = await judge.ask(conversation, e.eval, call)
+            if verdict != "yes":
+                return False, f"the judge said {verdict} for {call.name}: {e.eval}"
+        return True, reason
+    verdict = await judge.ask(conversation, e.eval)
+    if verdict != "yes":
+        return False, f"the judge said {verdict}: {e.eval}"
+    return True, reason
+
+
 async def score_turns(
     scenario: Scenario,
     transcript: Sequence[Line],
     calls: Sequence[ToolCallSeen],
     judge: Endpoint | None,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
-    """Every check of every turn as a reward part, and `judge:success` (all of them passed)."""
+    """Every check of every turn run as a reward part, and `judge:success` (all passed)."""
     turns = scenario.parsed_turns or []
-    starts = [line.at for line in transcript if line.speaker == "caller"]
     turn_judge = _TurnJudge(judge)
     checks: list[Check] = []
+    not_run: list[Check] = []
+    failed_turn: int | None = None
     try:
         for t, turn in enumerate(turns, 1):
-            replies = [line for line in transcript if line.speaker == "agent" and line.answers == t]
-            reply = " ".join(line.text for line in replies)
-            begin = starts[t - 1] if t <= len(starts) else None
-            end = starts[t] if t < len(starts) else float("inf")
-            in_turn = [c for c in calls if begin is not None and begin <= c.at < end]
+            parts = [f"metric:turn{t}.{i}.{e.event}" for i, e in enumerate(turn.expect, 1)]
+            if failed_turn is not None:
+                reason = f"not run: turn {failed_turn} failed (stop_on_failure)"
+                not_run += [Check(part=p, passed=None, reason=reason) for p in parts]
+                continue
+            ev = turn_evidence(turns, t, transcript, calls)
             conversation = _until_turn(transcript, t)
-            for i, e in enumerate(turn.expect, 1):
-                part = f"metric:turn{t}.{i}.{e.event}"
-                passed, reason = await _check(e, turn.user or "", reply, in_turn, conversation,
-                                              turn_judge, said=begin is not None)  # fmt: skip
+            for part, e in zip(parts, turn.expect, strict=True):
+                passed, reason = await _check(e, ev, conversation, turn_judge)
                 checks.append(Check(part=part, passed=passed, reason=reason))
+            if scenario.stops_on_failure and any(c.passed is False for c in checks):
+                failed_turn = t
     finally:
         await turn_judge.close()
     scored = [c for c in checks if c.passed is not None]
     parts = {c.part: 1.0 if c.passed else 0.0 for c in scored}
     if len(scored) == len(checks) or not all(c.passed for c in scored):
         parts = {SUCCESS_PART: 1.0 if all(c.passed for c in scored) else 0.0, **parts}
-    details = {c.part: {"passed": c.passed, "reason": c.reason} for c in checks}
+    details = {c.part: {"passed": c.passed, "reason": c.reason} for c in checks + not_run}
     details[SUCCESS_PART] = {
         "failed_checks": [c.part for c in scored if not c.passed],
         "unjudged_checks": [c.part for c in checks if c.passed is None],
+        "not_run_checks": [c.part for c in not_run],
     }
     return parts, details
-
-
-async def _check(
-    e: Expectation,
-    user: str,
-    reply: str,
-    calls: Sequence[ToolCallSeen],
-    conversation: list[dict],
-    judge: _TurnJudge,
-    *,
-    said: bool,
-) -> tuple[bool | None, str]:
-    if not said:
-        return False, "the call ended before this turn was said"
-    if e.eval and not judge.available:
-        return None, "no judge to ask (no served model and no --judge-llm-url)"
-    if e.event in USER_EVENTS:
-        ok = e.text_contains is None or _norm(e.text_contains) in _norm(user)
-        return ok != bool(e.absent), f"the caller said {user!r}"
-    if e.event in CALL_EVENTS:
-        stopped = e.event == "function_call_stopped"
-        pool = [c for c in calls if c.cancelled == stopped]
-        if e.absent:
-            return not pool, f"{len(pool)} call(s) in the turn"
-        matched = _calls_match(e, calls if stopped else pool) if e.calls else pool[:1] or None
-        if not matched:
-            return False, f"calls made: {', '.join(c.name for c in calls) or 'none'}"
-        if e.eval:
-            for call in matched:
-                verdict = await judge.ask(conversation, e.eval, call)
-                if verdict != "yes":
-                    return False, f"the judge said {verdict} for {call.name}: {e.eval}"
-        return True, f"calls made: {', '.join(c.name for c in matched)}"
-    if e.absent:
-        return not reply, "the agent replied" if reply else "no reply"
-    if not reply:
-        return False, "the agent did not reply"
-    if e.event in SPOKE_EVENTS:
-        return True, "the agent replied"
-    if e.text_contains is not None and _norm(e.text_contains) not in _norm(reply):
-        return False, f"the reply does not contain {e.text_contains!r}: {reply!r}"
-    if e.text_excludes is not None and _norm(e.text_excludes) in _norm(reply):
-        return False, f"the reply contains {e.text_excludes!r}: {reply!r}"
-    if e.eval:
-        verdict = await judge.ask(conversation, e.eval)
-        if verdict != "yes":
-            return False, f"the judge said {verdict}: {e.eval}"
-    return True, f"the reply: {reply!r}"
