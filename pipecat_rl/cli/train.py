@@ -1,8 +1,10 @@
 """`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO or OPSD).
 
 Prints a progress bar while it trains, writes a metrics JSONL with TRL's names, and ends with the
-adapter's name (on stdout with `--json`, as part of the result). Exit codes: 0 trained; 64 usage;
-69 the LLM server is unavailable; 70 training could not proceed (guard, zero signal, no rows).
+adapter's name (on stdout with `--json`, as part of the result). Exit codes (one table,
+`cli.common.EXIT_TABLE`): 0 trained; 66 no training signal (no rows, zero-variance groups, no
+hinted turn: more or better data fixes it); 70 training could not proceed otherwise (the logprob
+guard, a canary that does not match); 64 usage; 69 the LLM server is unavailable.
 """
 
 from pathlib import Path
