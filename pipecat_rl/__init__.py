@@ -22,6 +22,11 @@ _EXPORTS = {
     "VLLMServer": "pipecat_rl.serving",
     "VLLMAdmin": "pipecat_rl.serving",
     "prepare_model": "pipecat_rl.models",
+    # simulation: the one entry point and what it takes
+    "SimulationOptions": "pipecat_rl.simulator",
+    "run_simulation": "pipecat_rl.simulator:run",
+    # rewards
+    "Rubric": "pipecat_rl.rubric",
     # training
     "TrainConfig": "pipecat_rl.training",
     "TrainResult": "pipecat_rl.training",
@@ -30,6 +35,7 @@ _EXPORTS = {
     "GateConfig": "pipecat_rl.gate",
     "GateReceipt": "pipecat_rl.gate",
     "evaluate": "pipecat_rl.gate",
+    "run_gate": "pipecat_rl.gate",
     "promote": "pipecat_rl.gate",
     "rollback": "pipecat_rl.gate",
     # errors
@@ -42,7 +48,8 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'pipecat_rl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    module, _, attribute = _EXPORTS[name].partition(":")  # `module:attr` renames on export
+    value = getattr(importlib.import_module(module), attribute or name)
     globals()[name] = value
     return value
 

@@ -46,6 +46,7 @@ class FakeTraining:
             temperature: float = 1.0
             out_dir: Path = Path("adapters")
             seed: int = 0
+            rubric: object = None
 
         @dataclass
         class TrainResult:

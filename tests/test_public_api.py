@@ -7,7 +7,8 @@ EXPECTED = {
     "Ledger", "RLRecorder", "RecorderObserver", "LiveAdapterSelector", "Redactor", "SessionInfo",
     "recording", "setup_file_path", "VLLMServer", "VLLMAdmin", "prepare_model", "GateConfig",
     "GateReceipt", "evaluate", "promote", "rollback", "PipecatRLError",
-    "TrainConfig", "TrainResult", "train",
+    "TrainConfig", "TrainResult", "train", "SimulationOptions", "run_simulation", "Rubric",
+    "run_gate",
 }  # fmt: skip
 
 

@@ -201,3 +201,38 @@ def test_recovery_fails_plain_jobs_and_requeues_cycles(tmp_path):
 def test_service_help_names_the_token_variable():
     result = CliRunner().invoke(cli, ["service", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "PIPECAT_RL_SERVICE_TOKEN" in result.output
+
+
+def test_a_gate_job_records_its_receipt_and_promote_accepts_it(tmp_path):
+    """The service's gate goes through `gate.run_gate`: its receipt is one `promote` accepts."""
+    clinic_copy(tmp_path, pool=[], heldout=["heldout_terse_booking", "heldout_chatty_medical"])
+    folder = tmp_path / "adapters" / "v1"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        ledger.register_adapter(AdapterRecord(
+            name="v1", path=str(folder), base_model="smollm2", created_at=1.0,
+            training_run={"id": "run-1", "guard": {"passed": True, "max_abs": 0.001}},
+        ))  # fmt: skip
+    # The scripted expert plays both arms alike (delta 0): a gate that accepts a candidate no
+    # worse than -0.2 promotes it on genuine, recorded statistics.
+    (tmp_path / "gate.yaml").write_text("min_delta: -0.2\nrequire_latency: false\n")
+    job = {
+        "kind": "gate", "candidate": "v1", "incumbent": "base", "bot": "clinic/expert.py",
+        "scenarios": "clinic/scenarios/heldout", "repeats": 1, "config": "gate.yaml",
+    }  # fmt: skip
+    with FakeVLLM() as vllm, TestClient(create_app(settings(tmp_path, llm_url=vllm.url))) as c:
+        submitted = c.post("/jobs", json=job, headers=AUTH)
+        assert submitted.status_code == 202, submitted.text
+        assert events(c, submitted.json()["id"])[-1][1] == {"state": "done"}
+        result = c.get(f"/jobs/{submitted.json()['id']}", headers=AUTH).json()["result"]
+        assert result["verdict"] == "PROMOTE", result
+        with Ledger(tmp_path / "ledger.db") as ledger:
+            gate_sessions = ledger.sessions(source="gate")
+            assert {s.policy for s in gate_sessions} == {"v1", "base"}
+            assert len(gate_sessions) == 4  # 2 held-out scenarios x 1 run x 2 arms
+        move = c.post("/live", json={"action": "promote", "receipt": result["receipt"]},
+                      headers=AUTH)  # fmt: skip
+        assert move.status_code == 202
+        assert events(c, move.json()["id"])[-1][1] == {"state": "done"}
+        assert c.get("/live", headers=AUTH).json()["adapter"] == "v1"

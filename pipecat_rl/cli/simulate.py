@@ -41,15 +41,15 @@ def _ms(value: float | None) -> str:
 
 def _table(report: "SimulationReport", mode: str = "") -> Table:
     table = Table(title=f"simulation {mode}".strip(), title_justify="left")
-    for column in ("scenario", "split", "pass", "mean reward", "P50 ms", "P95 ms", "labels"):
-        table.add_column(column, justify="right" if column in ("pass", "mean reward") else "left")
+    for column in ("scenario", "split", "pass", "score", "P50 ms", "P95 ms", "labels"):
+        table.add_column(column, justify="right" if column in ("pass", "score") else "left")
     for s in report.summaries:
         rate = "—" if s.pass_rate is None else f"{s.passes}/{s.verified}"
         labels = ", ".join(f"{k}×{v}" for k, v in sorted(s.labels.items())) or ""
         if s.errors:
             labels = f"[red]error×{s.errors}[/red] " + labels
         table.add_row(
-            s.scenario_id, s.split, rate, f"{s.mean_reward:.2f}",
+            s.scenario_id, s.split, rate, "—" if s.mean_score is None else f"{s.mean_score:.2f}",
             _ms(s.latency_p50_ms), _ms(s.latency_p95_ms), labels,
         )  # fmt: skip
     return table

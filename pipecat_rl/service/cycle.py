@@ -176,8 +176,9 @@ class Cycle:
         """The loop's simulation options (caller, seed, concurrency, reply cap), with `update`."""
         c = self.config
         return SimulationOptions(
-            persona=c.persona, seed=c.seed, concurrency=c.concurrency, max_tokens=c.max_tokens
-        ).model_copy(update=update)
+            persona=c.persona, seed=c.seed, concurrency=c.concurrency, max_tokens=c.max_tokens,
+            rubric=c.rubric,
+        ).model_copy(update=update)  # fmt: skip
 
     def server(self) -> Server:
         """The served model, started on first use."""
@@ -431,7 +432,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     url = cycle.url()
     runs: list[dict[str, Any]] = []
     common = dict(base_model=c.model, rank=t.rank, alpha=t.alpha, lr=t.lr, seed=c.seed,
-                  out_dir=c.out / "adapters")  # fmt: skip
+                  out_dir=c.out / "adapters", rubric=c.rubric)  # fmt: skip
 
     def progress(row: dict[str, Any]) -> None:
         cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})

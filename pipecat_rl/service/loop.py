@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipecat_rl.errors import ConfigError
+from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
 
 STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
 """The cycle's stages, in order; each is recorded and never rerun once finished."""
@@ -90,6 +91,8 @@ class LoopConfig(_Part):
     concurrency: int = Field(default=8, ge=1)
     max_tokens: int | None = Field(default=96, ge=1)
     seed: int = 0
+    rubric: Rubric = DEFAULT_RUBRIC
+    """The reward's parts, weights and roles for simulation and training (`pipecat_rl.rubric`)."""
     budget_s: float = Field(default=1800.0, gt=0)
     """Wall-time budget of one invocation: a stage that would overrun it does not start."""
     min_free_gb: float = Field(default=1.0, ge=0)

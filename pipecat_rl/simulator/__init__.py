@@ -25,7 +25,6 @@ _EXPORTS = {
     "SimulationOptions": "options",
     "Rollouts": "options",
     "Server": "options",
-    "arun": "simulation",
     "run": "simulation",
     "Scenario": ".scenarios",  # the scenarios room: pipecat_rl.scenarios
     "ScenarioSet": ".scenarios",
@@ -70,7 +69,6 @@ __all__ = [
     "WorldPack",
     "load_bot",
     "load_scenarios",
-    "arun",
     "pass_hat_k",
     "run",
     "run_episode",

@@ -108,6 +108,9 @@ class Episode:
     """A cap on the agent's replies, when the bot sets none (keeps a rambling model bounded)."""
     temperature: float | None = None
     """Overrides the bot's sampling temperature (GRPO explores at its own, recorded one)."""
+    seed: int | None = None
+    """The agent's sampling seed when the bot sets none: the episode's, so run r of two
+    policies shares its sampling noise (vLLM honours a per-request `seed`)."""
     workers: list[PipelineWorker] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     """Pipeline errors (ErrorFrames) the bot's workers reported."""
@@ -296,6 +299,9 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
         settings.max_tokens = episode.max_tokens
     if episode.temperature is not None:
         settings.temperature = episode.temperature
+    unseeded = hasattr(settings, "seed") and not isinstance(settings.seed, int)
+    if episode.seed is not None and unseeded:
+        settings.seed = episode.seed
 
 
 def _adapt_llms(worker: PipelineWorker, episode: Episode) -> None:

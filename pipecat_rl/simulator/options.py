@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+
 if TYPE_CHECKING:  # both import Pipecat; this module must not
     from pipecat_rl.scenarios import ScenarioSet
     from pipecat_rl.simulator.botloader import BotEntry
@@ -57,6 +59,8 @@ class SimulationOptions(BaseModel):
     """Caps the agent's replies when its bot sets no max_tokens (None: leave it as it is)."""
     temperature: float | None = Field(default=None, ge=0)
     """Overrides the agent's sampling temperature (None: the bot's own, as deployed)."""
+    rubric: Rubric = DEFAULT_RUBRIC
+    """How the stored reward weighs the episode's parts (`pipecat_rl.rubric`)."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pipecat.workers.runner import WorkerRunner
 from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
 from pipecat_rl.ledger.outcome import SessionOutcome as Outcome
+from pipecat_rl.ledger.outcome import authoritative_score
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
 from pipecat_rl.scenarios import Scenario, ScenarioSet, heldout
@@ -72,6 +73,7 @@ SHUTDOWN_GRACE_S = 5.0
 
 PREFLIGHT_TIMEOUT_S = 30.0
 """How long the pre-flight run waits for the bot to set its pipeline up."""
+
 
 class SimulationConfig(SimulationOptions):
     """One run of episodes: the options, plus what `simulator.run` chose for them."""
@@ -345,6 +347,7 @@ async def run_episode(
         model=model,
         max_tokens=config.max_tokens,
         temperature=config.temperature,
+        seed=seed,
     )
     recorded = []
     audio = None
@@ -429,7 +432,7 @@ async def run_episode(
         judged=judged,
     )
     result.reward_parts = reward_parts(evidence)
-    result.reward = round(sum(result.reward_parts.values()), 6)
+    result.reward = config.rubric.shown(result.reward_parts)
     result.labels = failure_labels(evidence)
     result.outcome = "error" if result.error else passed_outcome(result.reward_parts)
     result.duration_s = time.monotonic() - started
@@ -527,6 +530,9 @@ class ScenarioSummary:
     verified: int
     errors: int
     mean_reward: float
+    """The training reward by the run's rubric (authoritative + weighted shaped/judged parts)."""
+    mean_score: float | None
+    """The authoritative score over verified runs: the scale the gate pairs (None: none)."""
     latency_p50_ms: float | None
     latency_p95_ms: float | None
     labels: dict[str, int]
@@ -557,6 +563,7 @@ def summarise(episodes: list[EpisodeResult]) -> list[ScenarioSummary]:
     for scenario_id, runs in by_scenario.items():
         verified = [r.passed for r in runs if r.passed is not None]
         latencies = [ms for r in runs for ms in r.latencies_ms]
+        scores = [authoritative_score(r.reward_parts) for r in runs if r.passed is not None]
         out.append(
             ScenarioSummary(
                 scenario_id=scenario_id,
@@ -566,6 +573,7 @@ def summarise(episodes: list[EpisodeResult]) -> list[ScenarioSummary]:
                 verified=len(verified),
                 errors=sum(1 for r in runs if r.outcome == "error"),
                 mean_reward=statistics.fmean(r.reward for r in runs),
+                mean_score=statistics.fmean(scores) if scores else None,
                 latency_p50_ms=_quantile(latencies, 0.5),
                 latency_p95_ms=_quantile(latencies, 0.95),
                 labels=dict(Counter(label for r in runs for label in r.labels)),

@@ -38,41 +38,6 @@ async def _endpoint(
         yield url
 
 
-async def arun(
-    scenarios: ScenarioSet,
-    bot: BotEntry,
-    options: SimulationOptions,
-    ledger: Ledger,
-    *,
-    policies: Sequence[str] = (BASE_ADAPTER,),
-    source: Source = "simulate",
-    server: Server = EMBEDDED,
-    on_episode: Callable[[EpisodeResult], None] | None = None,
-) -> SimulationReport:
-    """`run` for a caller already inside an event loop."""
-    if not policies:
-        raise ValueError("simulator.run needs at least one policy")
-    async with _endpoint(server, ledger, policies, options.concurrency) as url:
-        share = max(1, options.concurrency // len(policies))  # the server's load, split fairly
-        configs = [
-            SimulationConfig(
-                **options.model_dump(), llm_url=url, source=source,
-                adapter=None if policy == BASE_ADAPTER else policy,
-            ).model_copy(update={"concurrency": share})
-            for policy in policies
-        ]  # fmt: skip
-        reports = await asyncio.gather(
-            *(simulate(scenarios, bot, c, ledger, on_episode=on_episode) for c in configs)
-        )
-    gone = next((r.server_gone for r in reports if r.server_gone), None)
-    return SimulationReport(
-        episodes=[e for r in reports for e in r.episodes],
-        heldout_set_id=scenarios.heldout_set_id,
-        wall_s=max(r.wall_s for r in reports),
-        server_gone=gone,
-    )
-
-
 def run(
     scenarios: ScenarioSet,
     bot: BotEntry,
@@ -100,9 +65,27 @@ def run(
     Returns:
         every episode of every policy, in one report.
     """
-    return asyncio.run(
-        arun(
-            scenarios, bot, options, ledger, policies=policies, source=source, server=server,
-            on_episode=on_episode,
-        )
-    )  # fmt: skip
+    if not policies:
+        raise ValueError("simulator.run needs at least one policy")
+
+    async def both() -> list[SimulationReport]:
+        async with _endpoint(server, ledger, policies, options.concurrency) as url:
+            share = max(1, options.concurrency // len(policies))  # the load, split fairly
+            configs = [
+                SimulationConfig(
+                    **{**dict(options), "concurrency": share}, llm_url=url, source=source,
+                    adapter=None if policy == BASE_ADAPTER else policy,
+                )
+                for policy in policies
+            ]  # fmt: skip
+            return await asyncio.gather(
+                *(simulate(scenarios, bot, c, ledger, on_episode=on_episode) for c in configs)
+            )
+
+    reports = asyncio.run(both())
+    return SimulationReport(
+        episodes=[e for r in reports for e in r.episodes],
+        heldout_set_id=scenarios.heldout_set_id,
+        wall_s=max(r.wall_s for r in reports),
+        server_gone=next((r.server_gone for r in reports if r.server_gone), None),
+    )

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipecat_rl.ledger import SessionRecord
-from pipecat_rl.ledger.outcome import TOOL_CREDIT, authoritative_score
+from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
 
 RewardFn = Callable[[SessionRecord], float | None]
 """A session's training reward (None: not usable, e.g. the scenario verifies nothing)."""
@@ -19,17 +19,15 @@ ZERO_STD = 1e-9
 """Rewards closer than this count as equal."""
 
 
-def outcome_reward(session: SessionRecord) -> float | None:
-    """The authoritative score (`ledger.outcome`: the verifier, else judged success)."""
-    return authoritative_score(session.reward_parts)
+def rubric_reward(rubric: Rubric, *, shaped: bool = True) -> RewardFn:
+    """A session's training reward by `rubric` (its authoritative score, plus shaped parts)."""
+    return lambda session: rubric.reward(session.reward_parts, shaped=shaped)
 
 
-def shaped_reward(session: SessionRecord) -> float | None:
-    """The verifier plus the shaped tool credit (+0.1 per successful execution, -0.1 per failed)."""
-    outcome = outcome_reward(session)
-    if outcome is None:
-        return None
-    return outcome + float(session.reward_parts.get(TOOL_CREDIT, 0.0))
+outcome_reward = rubric_reward(DEFAULT_RUBRIC, shaped=False)
+"""The authoritative score (`ledger.outcome`: the verifier, else judged success)."""
+shaped_reward = rubric_reward(DEFAULT_RUBRIC)
+"""The authoritative score plus the default rubric's shaped tool credit (±0.1 per execution)."""
 
 
 @dataclass(frozen=True)

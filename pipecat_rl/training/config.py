@@ -5,6 +5,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+
 Algo = Literal["sft", "grpo", "opsd"]
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -35,12 +37,6 @@ class TrainConfig(BaseModel):
     """None picks per algorithm: 3e-4 for SFT, 2e-5 for GRPO and OPSD."""
     temperature: float = 1.0
     """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
-    persona: Literal["llm", "scripted"] = "llm"
-    """Online GRPO: the caller the simulator plays (the scenarios' script, or the LLM persona)."""
-    max_tokens: int | None = None
-    """Online GRPO: cap on the agent's replies when the bot sets none."""
-    concurrency: int = 8
-    """Online GRPO: episodes simulated at once."""
     max_seq_len: int = 4096
     """Sequences longer than this are split at turn boundaries or dropped (counted)."""
     seed: int = 0
@@ -57,7 +53,9 @@ class TrainConfig(BaseModel):
     scale_std: bool = False
     """Divide advantages by the group's reward std (off: it inflates ±0.1 shaping noise)."""
     shaped_reward: bool = True
-    """Train on verifier + tool credit (True) or the verifier alone."""
+    """Train on the rubric's authoritative + shaped parts (True) or the authoritative alone."""
+    rubric: Rubric = DEFAULT_RUBRIC
+    """The reward's parts, weights and roles (`pipecat_rl.rubric`): what GRPO's advantage reads."""
     beta: float = 0.0
     """KL coefficient against the sampler (0: none, as the GRPO references default)."""
     max_off_policy_steps: int = 1

@@ -18,8 +18,7 @@ from pipecat_rl.training.advantage import (
     RewardFn,
     frac_zero_std,
     group_advantages,
-    outcome_reward,
-    shaped_reward,
+    rubric_reward,
 )
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import grpo_loss
@@ -60,13 +59,14 @@ def build_groups(
     reward_fn: RewardFn | None = None,
 ) -> Groups:
     """Advantages per group of sessions; a zero-variance group's sequences are dropped."""
-    reward_fn = reward_fn or (shaped_reward if config.shaped_reward else outcome_reward)
+    reward_fn = reward_fn or rubric_reward(config.rubric, shaped=config.shaped_reward)
     by_group: dict[str, list[SessionRecord]] = {}
     for s in sessions:
         if reward_fn(s) is not None:
             by_group.setdefault(group_key(s), []).append(s)
-    outcome = {k: [outcome_reward(s) or 0.0 for s in v] for k, v in by_group.items()}
-    shaped = {k: [shaped_reward(s) or 0.0 for s in v] for k, v in by_group.items()}
+    with_shaping = rubric_reward(config.rubric), rubric_reward(config.rubric, shaped=False)
+    shaped = {k: [with_shaping[0](s) or 0.0 for s in v] for k, v in by_group.items()}
+    outcome = {k: [with_shaping[1](s) or 0.0 for s in v] for k, v in by_group.items()}
     advantage: dict[str, float] = {}
     zero = 0
     rewards: list[float] = []

@@ -25,7 +25,6 @@ from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
-from pipecat_rl.training.advantage import outcome_reward
 from pipecat_rl.training.config import TrainConfig, TrainResult
 from pipecat_rl.training.grpo import build_groups, grpo_step
 from pipecat_rl.training.guard import run_guard
@@ -226,7 +225,7 @@ def _opsd_update(
     rows = []
     for t in turns:
         session = by_session[t.session_id]
-        if outcome_reward(session) is None:
+        if config.rubric.outcome_score(session.reward_parts) is None:
             continue  # only judged turns have a hint worth distilling
         hint = session_hint(session, ledger_turns(turns, t.session_id), t.index)
         if hint:
