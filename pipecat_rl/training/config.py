@@ -29,6 +29,20 @@ class TrainConfig(BaseModel):
     """SFT: passes over the rows (stopped early once the epoch loss reaches `target_loss`)."""
     target_loss: float = 0.01
     """SFT stops once an epoch's mean loss is at or below this (0 disables early stopping)."""
+    holdout: float = Field(default=0.15, ge=0.0, lt=1.0)
+    """SFT: share of the sessions held aside; their loss after each epoch picks the epoch count
+    (0, or too few sessions for one: none, and only `target_loss` stops early)."""
+    patience: int = Field(default=1, ge=1)
+    """SFT: epochs the held-aside loss may go without improving before the run stops (the best
+    epoch's weights are kept)."""
+    min_improvement: float = Field(default=0.01, ge=0.0, lt=1.0)
+    """SFT: a held-aside loss counts as improved only if this much (relative) below the best."""
+    batch_sequences: int = Field(default=4, ge=1)
+    """SFT: sequences per optimiser step; those sharing a prefix compute it once."""
+    batch_tokens: int = Field(default=4096, ge=1)
+    """SFT: most token positions one step runs (the prefix once, every suffix padded): memory."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """SFT: bf16 autocast where the CPU has native bf16 (AVX512-BF16, AMX), else fp32 (auto)."""
     group_size: int = Field(default=4, ge=2)
     """GRPO: episodes per scenario per step (the group)."""
     rank: int = Field(default=16, ge=1)
