@@ -5,7 +5,8 @@ PipecatRLError
 ├── ConfigError          a flag, environment variable or config file is wrong
 ├── LedgerError          the ledger file cannot be opened, migrated or written
 │   ├── NotInLedgerError     a session, turn or adapter asked for by id is not there
-│   └── LedgerLockedError    another process held the write lock past every retry
+│   ├── LedgerLockedError    another process held the write lock past every retry
+│   └── ScoreRefusedError    a score for a session that may not take one (gate, held out, open)
 ├── ModelError           a model cannot be found or prepared
 ├── ServingError         the LLM server would not start, is gone, or refused an admin request
 ├── ScenarioError        a scenario file is invalid (names file, line, field and reason)
@@ -44,6 +45,10 @@ class NotInLedgerError(LedgerError):
 
 class LedgerLockedError(LedgerError):
     """A write waited out the busy timeout and every retry: another process holds the file."""
+
+
+class ScoreRefusedError(LedgerError):
+    """A score posted for a session whose scores may never train (gate, held out) or still open."""
 
 
 class ModelError(PipecatRLError):

@@ -117,7 +117,7 @@ def test_a_pool_labelled_session_of_a_heldout_hash_is_excluded_from_training(tmp
     with Ledger(tmp_path / "ledger.db") as ledger:
         for sid, scenario_hash in (("a", "h-held"), ("b", "h-pool")):
             ledger.write_session(
-                SessionRecord(id=sid, source="live", started_at=1.0, ended_at=2.0, split="pool",
+                SessionRecord(id=sid, source="simulate", started_at=1.0, ended_at=2.0, split="pool",
                               scenario_id=sid, scenario_hash=scenario_hash),
                 turns=[TurnRecord(session_id=sid, index=0, adapter="base", created_at=1.0,
                                   request={})],

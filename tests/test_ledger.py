@@ -20,6 +20,7 @@ from pipecat_rl.ledger import (
     Ledger,
     LivePointer,
     NotInLedgerError,
+    ScoreIn,
     ScoreRecord,
     SessionRecord,
     ToolCallRecord,
@@ -590,17 +591,20 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
         "no-consent": {"source": "live", "consent": False, "policy": "v1"},
         "gate": {"source": "gate", "policy": "v1"},
         "other-policy": {"split": "pool", "policy": "v2"},
+        "live-unscored": {"source": "live", "policy": "v1"},
     }
     for i, (sid, kw) in enumerate(cases.items()):
+        live = kw.get("source") == "live"  # a live call trains only redacted (and scored)
         ledger.write_session(
             make_session(sid, started_at=float(i), ended_at=float(i) + 0.5, **kw),
             [
-                make_turn(sid, 0),
-                make_turn(sid, 1, exact=False),
-                make_turn(sid, 2, logprobs=[-1.0]),
+                make_turn(sid, 0, redacted=live),
+                make_turn(sid, 1, exact=False, redacted=live),
+                make_turn(sid, 2, logprobs=[-1.0], redacted=live),
                 make_turn(sid, 3, redacted=True),
             ],
         )
+    ledger.post_score("live", ScoreIn(metric="success", value="pass", source="human"))
 
     eligible = ledger.training_turns()
     # a redacted turn of a consented session keeps its ids and trains
@@ -659,7 +663,7 @@ def test_the_closer_closes_only_open_sessions_whose_writer_is_gone(ledger):
     for sid, (source, writer, started, state) in cases.items():
         metadata = {"writer": writer} if writer else {}
         ledger.add_session(make_session(sid, source=source, started_at=started, metadata=metadata))
-        ledger.add_turn(make_turn(sid, 0))
+        ledger.add_turn(make_turn(sid, 0, redacted=source == "live"))
         if state != "open":
             ledger.end_session(sid, ended_at=started + 1, outcome="completed")
         if state == "finished":
@@ -679,6 +683,7 @@ def test_the_closer_closes_only_open_sessions_whose_writer_is_gone(ledger):
     for sid in ("alive", "elsewhere", "no-writer"):
         assert outcomes[sid] is None and ledger.session(sid).ended_at is None
     assert outcomes["alive-unfinished"] == "completed"
+    ledger.post_score("dead-live-call", ScoreIn(metric="success", value=1, source="human"))
     trained = {t.session_id for t in ledger.training_turns()}
     assert trained == {"dead-finished", "dead-live-call"}  # nothing open or cut trains
 

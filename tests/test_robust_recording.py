@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from pipecat_rl import compat
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_FAILURE
-from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
+from pipecat_rl.ledger import Ledger, ScoreIn, SessionRecord, TurnRecord
 from pipecat_rl.ledger import store as ledger_store
 from pipecat_rl.ledger.liveness import process_started
 from pipecat_rl.ledger.outcome import UNTRAINABLE_OUTCOMES
@@ -193,7 +193,7 @@ def test_a_simulated_session_the_recorder_ended_but_the_simulator_never_finished
 
     The recorder wrote `completed` (a live call's outcome) and no reward; it must not train, and
     opening the ledger after its writer died closes it `interrupted`. A live call that ended the
-    same way is finished, and may train.
+    same way is finished, and may train once scored.
     """
     path = tmp_path / "ledger.db"
     dead = {"pid": _dead_pid(), "host": socket.gethostname(), "started": 1}
@@ -209,14 +209,15 @@ def test_a_simulated_session_the_recorder_ended_but_the_simulator_never_finished
                 TurnRecord(
                     session_id=sid, index=0, adapter="base", created_at=1.0, request={},
                     prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.1],
-                    token_exact=True,
+                    token_exact=True, redacted=source == "live",
                 )  # fmt: skip
             )
             ledger.end_session(sid, ended_at=2.0, outcome="completed")  # the recorder's write
+        ledger.post_score("live", ScoreIn(metric="success", value=1, source="human"))
         assert {t.session_id for t in ledger.training_turns()} == {"live"}
     with Ledger(path) as ledger:
         outcomes = {s.id: s.outcome for s in ledger.sessions()}
-        assert outcomes == {"cut": "interrupted", "running": "completed", "live": "completed"}
+        assert outcomes == {"cut": "interrupted", "running": "completed", "live": "pass"}
         ledger.end_session("running", ended_at=3.0, outcome="pass")  # the simulator's result
         assert {t.session_id for t in ledger.training_turns()} == {"live", "running"}
 

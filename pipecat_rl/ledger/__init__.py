@@ -1,11 +1,12 @@
 """The ledger: one SQLite file holding every session, turn, tool call, latency, score and adapter.
 
 Records (`records`) are frozen pydantic models; a session's outcome is one type (`outcome`). The
-store (`store`) is one `Ledger` over rooms of tables (`sessions`, `adapters`, `receipts`,
-`queue`) whose schema (`schema`) is versioned and migrated forward on open; what may train is
-defined once (`eligibility`).
+store (`store`) is one `Ledger` over rooms of tables (`sessions`, `scores`, `adapters`,
+`receipts`, `queue`) whose schema (`schema`) is versioned and migrated forward on open; what may
+train is defined once (`eligibility`), live calls by the scorers it trusts (`LiveTrust`).
 """
 
+from pipecat_rl.ledger.eligibility import LiveTrust
 from pipecat_rl.ledger.outcome import SessionOutcome
 from pipecat_rl.ledger.records import (
     BASE_ADAPTER,
@@ -19,6 +20,7 @@ from pipecat_rl.ledger.records import (
     ToolCallRecord,
     TurnRecord,
 )
+from pipecat_rl.ledger.scores import PostedScore, ScoreIn
 from pipecat_rl.ledger.store import (
     BUSY_TIMEOUT_S,
     DEFAULT_LEDGER_NAME,
@@ -37,7 +39,10 @@ __all__ = [
     "LatencyRecord",
     "Ledger",
     "LivePointer",
+    "LiveTrust",
     "NotInLedgerError",
+    "PostedScore",
+    "ScoreIn",
     "ScoreRecord",
     "SessionOutcome",
     "SessionRecord",

@@ -2,24 +2,37 @@
 
 A session may train only if it is not held out (judged by its scenario's content hash against every
 held-out hash the ledger has seen, whatever folder the file sat in or `split:` it declared), not a
-gate run, not excluded, consented, and ended with an outcome other than a harness failure. A turn
-of such a session may train a policy-gradient row only if it is token-exact (ids and logprobs from
-the server), its sampled-id count agrees with the server's `usage.completion_tokens`, and it was
-sampled without truncation (top-p < 1 or top-k bias the importance ratio). A demonstration turn
-(a scripted expert's) may train SFT only.
+gate run, not excluded, consented, and ended with an outcome other than a harness failure. A live
+call must also be redacted (none of its turns written without the redactor), decided by a source
+the configuration trusts (`LiveTrust.sources`: the source whose `success` is its authoritative
+part, `ledger.outcome.deciding_source`), and have ended at least `LiveTrust.settle_s` ago, so
+that the scores that arrive late (a person's review after a platform's) are in before it trains.
+
+A turn of such a session may train a policy-gradient row only if it is token-exact (ids and
+logprobs from the server), its sampled-id count agrees with the server's
+`usage.completion_tokens`, and it was sampled without truncation (top-p < 1 or top-k bias the
+importance ratio). A demonstration turn (a scripted expert's) may train SFT only.
 
 Token-exactness is the one rule with a Python side (`TurnRecord.trainable`, read by the trainer
 on turns it already holds): both sides are rendered from the clauses of `TOKEN_EXACT`, so they
 cannot drift apart.
 
-`ELIGIBLE_SESSION` and the turn clauses use the aliases `s` (sessions) and `t` (turns).
+`eligible_session` and the turn clauses use the aliases `s` (sessions) and `t` (turns).
 """
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pipecat_rl.ledger.outcome import RECORDER_OUTCOMES, UNTRAINABLE_OUTCOMES
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipecat_rl.ledger.outcome import (
+    HUMAN_SOURCE,
+    JUDGE_SOURCE,
+    RECORDER_OUTCOMES,
+    UNTRAINABLE_OUTCOMES,
+)
 
 if TYPE_CHECKING:
     from pipecat_rl.ledger.records import TurnRecord
@@ -55,15 +68,73 @@ def open_session(alias: str = "s") -> str:
     return f"({alias}.ended_at IS NULL OR {unfinished_simulation(alias)})"
 
 
-ELIGIBLE_SESSION = (
-    "(s.split IS NULL OR s.split = 'pool') AND s.heldout_set_id IS NULL"
-    " AND (s.scenario_hash IS NULL"
-    " OR s.scenario_hash NOT IN (SELECT scenario_hash FROM heldout_hashes))"
-    " AND s.source != 'gate' AND s.excluded_from_training = 0 AND s.consent = 1"
-    f" AND (s.outcome IS NULL OR s.outcome NOT IN {_sql_set(UNTRAINABLE_OUTCOMES)})"
-    f" AND NOT {open_session('s')}"
+HELDOUT_OR_GATE = (
+    "(COALESCE(s.split, '') = 'heldout' OR s.heldout_set_id IS NOT NULL OR s.source = 'gate'"
+    " OR COALESCE(s.scenario_hash IN (SELECT scenario_hash FROM heldout_hashes), 0))"
 )
-"""A session that may train (alias `s`)."""
+"""A held-out session or a gate run (alias `s`): it never trains, and takes no score that could."""
+
+SCORE_SOURCE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
+"""A scorer's name: lowercase, short, no spaces (`coval`, `pipecat-evals`, `human`, `judge`)."""
+
+DEFAULT_TRUSTED_SOURCES = (HUMAN_SOURCE, "coval", "pipecat-evals", JUDGE_SOURCE)
+"""The scorers a live call may train on when the configuration names none."""
+
+DEFAULT_SETTLE_S = 3600.0
+"""How long after a live call ends its scores are taken as complete (late reviews come in)."""
+
+
+class LiveTrust(BaseModel):
+    """Which live calls may train: whose verdict counts, and how long scores take to settle."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sources: tuple[str, ...] = DEFAULT_TRUSTED_SOURCES
+    """The deciding source of a live call must be one of these (empty: no live call trains)."""
+    settle_s: float = Field(default=DEFAULT_SETTLE_S, ge=0, allow_inf_nan=False)
+    """A live call trains only once it ended at least this many seconds ago."""
+
+    @field_validator("sources")
+    @classmethod
+    def _names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [v for v in value if not SCORE_SOURCE.match(v)]
+        if bad:
+            raise ValueError(
+                f"score source(s) {', '.join(map(repr, bad))} are not source names "
+                "(lowercase letters, digits, '.', '_' or '-', e.g. coval, human, judge)"
+            )
+        return value
+
+
+DEFAULT_LIVE_TRUST = LiveTrust()
+
+_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
+"""Unix seconds now, evaluated by SQLite when the query runs."""
+
+DECIDING_SOURCE = "json_extract(s.metadata, '$.verdict.source')"
+"""The source whose `success` decides a live call (written by `Ledger.post_score`)."""
+
+UNREDACTED_TURN = "EXISTS (SELECT 1 FROM turns r WHERE r.session_id = s.id AND r.redacted = 0)"
+"""A session with a turn the recorder wrote without its redactor (alias `s`)."""
+
+
+def trusted_live(trust: LiveTrust) -> str:
+    """A live call fit to train by `trust` (any other session passes this clause; alias `s`)."""
+    return (
+        "(s.source != 'live' OR ("
+        f"{DECIDING_SOURCE} IN {_sql_set(trust.sources)}"
+        f" AND s.ended_at <= {_NOW} - {float(trust.settle_s)!r}"
+        f" AND NOT {UNREDACTED_TURN}))"
+    )
+
+
+def eligible_session(trust: LiveTrust = DEFAULT_LIVE_TRUST) -> str:
+    """A session that may train (alias `s`), live calls judged by `trust`."""
+    return (
+        f"NOT {HELDOUT_OR_GATE} AND s.excluded_from_training = 0 AND s.consent = 1"
+        f" AND (s.outcome IS NULL OR s.outcome NOT IN {_sql_set(UNTRAINABLE_OUTCOMES)})"
+        f" AND NOT {open_session('s')} AND {trusted_live(trust)}"
+    )
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ A session's outcome (`SessionOutcome`) is written by three hands, and its values
 
 - the recorder, when a call's pipeline stops: `completed`, `cancelled` (a live call keeps it);
 - the simulator's verdict on an episode: `pass`, `fail`, `unverified` (nothing could decide);
+  and a live call's verdict once a scorer posts its `success` (`pass`, `fail`; see below);
 - the harness, when the call did not run to its end: `error`, `interrupted` (its process was
   gone before it finished), `not_run` (never started). These never train and never pair.
 
@@ -18,10 +19,18 @@ succeeded, and `simulate`, the gate and training all read it from here:
 `tool_credit` (+0.1 per successful tool execution, -0.1 per failed one) is shaping for training
 only: a call that fails its verifier with five successful lookups has not passed, and the gate
 never pairs a sum that tool credit can inflate.
+
+A live call has no world to verify: its authoritative part is `judge:success`, taken from the
+scores posted for it (`ledger.scores`). Each scorer (`source`: a person, an evaluation platform,
+the nightly judge) posts named metrics; the one that decides is the highest-ranked source that
+posted `success` (`deciding_source`: people, then platforms, then our own LLM judge). Its
+`success` becomes `judge:success` and its other metrics `judge:<metric>` (judged parts, weighted
+by the rubric), and the call's outcome moves from `completed` to `pass` or `fail`. Whether that
+source is trusted enough to train on is the eligibility query's to say, not the verdict's.
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 
@@ -101,3 +110,22 @@ def outcome(parts: Mapping[str, float]) -> SessionOutcome:
     if result is None:
         return SessionOutcome.UNVERIFIED
     return SessionOutcome.PASS if result else SessionOutcome.FAIL
+
+
+SUCCESS_METRIC = "success"
+"""The metric a scorer posts for whether a live call succeeded (Pipecat evals' `success`)."""
+
+HUMAN_SOURCE = "human"
+"""A person's score: it outranks every platform and judge."""
+JUDGE_SOURCE = "judge"
+"""`pipecat-rl judge`, an LLM over the transcript: it ranks below every other source."""
+
+
+def source_rank(source: str) -> tuple[int, str]:
+    """How far a scorer's word counts, lowest first: people, platforms (by name), our judge."""
+    return (0 if source == HUMAN_SOURCE else 2 if source == JUDGE_SOURCE else 1, source)
+
+
+def deciding_source(sources: Iterable[str]) -> str | None:
+    """Of the sources that posted `success` for a call, the one whose verdict stands."""
+    return min(sources, key=source_rank, default=None)

@@ -217,13 +217,28 @@ class LatencyRecord(_Record):
         )
 
 
+SIMULATOR_SCORE_SOURCE = "simulator"
+"""The source of the scores an episode's own result writes (its reward parts and judge metrics)."""
+
+
 class ScoreRecord(_Record):
-    """A named number about a session (a reward part, a judge metric), with its working."""
+    """A named number about a session (a reward part, a judge metric), with its working.
+
+    One per (session, name, source): a score posted again by the same source replaces the first,
+    so a retried webhook never duplicates. `source` says who scored it: the simulator for an
+    episode's own parts, else the platform or person that posted it (`ledger.scores`).
+    """
 
     session_id: str
     name: str
     value: float
     detail: dict[str, Any] = Field(default_factory=dict)
+    source: str = SIMULATOR_SCORE_SOURCE
+    explanation: str | None = None
+    """Why the scorer decided so (a judge's reason, a reviewer's note): an OPSD hint's material."""
+    external_id: str | None = None
+    """The scorer's own id for this score (a platform's evaluation id), kept for tracing."""
+    received_at: float | None = None
 
 
 class AdapterRecord(_Record):

@@ -1,8 +1,8 @@
 """What every room of the ledger relies on from the store's core.
 
 The `Ledger` (in `store`) is one SQLite connection behind a lock with its transactions; each room
-(`sessions`, `adapters`, `receipts`, `queue`) is a mixin of the methods for its own tables, and
-reaches the file only through the two transactions declared here.
+(`sessions`, `scores`, `adapters`, `receipts`, `queue`) is a mixin of the methods for its own
+tables, and reaches the file only through the two transactions declared here.
 """
 
 import sqlite3

@@ -227,6 +227,32 @@ _AUDIO_CHANNEL = _statements(
     "ALTER TABLE latencies ADD COLUMN response_gap_ms REAL",
 )
 
+_SCORE_SOURCES = _statements(
+    # Scores come from several hands (the simulator, an evaluation platform, a person, the
+    # nightly judge): one row per (session, name, source), so a retried webhook replaces its
+    # own score and never another source's. SQLite cannot change a UNIQUE constraint in place,
+    # so the table is rebuilt; the scores already there were the simulator's.
+    """
+    CREATE TABLE scores_by_source (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        value REAL NOT NULL,
+        detail TEXT NOT NULL DEFAULT '{}',
+        source TEXT NOT NULL DEFAULT 'simulator',
+        explanation TEXT,
+        external_id TEXT,
+        received_at REAL,
+        UNIQUE (session_id, name, source)
+    )
+    """,
+    "INSERT INTO scores_by_source (id, session_id, name, value, detail) "
+    "SELECT id, session_id, name, value, detail FROM scores",
+    "DROP TABLE scores",
+    "ALTER TABLE scores_by_source RENAME TO scores",
+    "CREATE INDEX scores_source ON scores (source, session_id)",
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
@@ -234,6 +260,7 @@ MIGRATIONS: list[Migration] = [
     Migration("turns: demonstration flag (training)", _TRAINING),
     Migration("the side service's job queue and job events", _SERVICE),
     Migration("text-mode caller-side response gap on latencies", _AUDIO_CHANNEL),
+    Migration("scores: one per (session, name, source), explanation, external id", _SCORE_SOURCES),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 

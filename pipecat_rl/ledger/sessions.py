@@ -19,10 +19,12 @@ from pydantic import ValidationError
 from pipecat_rl.errors import LedgerError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.eligibility import (
-    ELIGIBLE_SESSION,
+    DEFAULT_LIVE_TRUST,
     SAMPLED_TURN,
     TOKEN_EXACT_TURN,
+    LiveTrust,
     Purpose,
+    eligible_session,
     eligible_turn,
     open_session,
 )
@@ -36,6 +38,7 @@ from pipecat_rl.ledger.records import (
     TurnRecord,
 )
 from pipecat_rl.ledger.room import Room
+from pipecat_rl.ledger.scores import live_score_states
 from pipecat_rl.ledger.tables import (
     INSERT_SESSION,
     INSERT_TOOL_CALL,
@@ -492,16 +495,18 @@ class Sessions(Room):
         require_token_exact: bool = True,
         purpose: Purpose = "rl",
         session_ids: Sequence[str] | None = None,
+        live: LiveTrust = DEFAULT_LIVE_TRUST,
     ) -> list[TurnRecord]:
         """Turns that may become training rows, oldest session first.
 
         Enforced in the query itself, by the one definition in `ledger.eligibility`: never a
         held-out session (by split, held-out set or any held-out scenario hash ever seen), a gate
-        session, an excluded, non-consented, unfinished or harness-failed session; with
-        `require_token_exact`, only turns sampled token-exactly without truncation (RL), or also
-        demonstrations (`purpose="sft"`).
+        session, an excluded, non-consented, unfinished or harness-failed session, nor a live
+        call that `live` does not trust (unredacted, unscored, decided by an untrusted source, or
+        too recent for its late scores); with `require_token_exact`, only turns sampled
+        token-exactly without truncation (RL), or also demonstrations (`purpose="sft"`).
         """
-        where = [ELIGIBLE_SESSION]
+        where = [eligible_session(live)]
         params: list[Any] = []
         if require_token_exact:
             where.append(eligible_turn(purpose))
@@ -524,8 +529,12 @@ class Sessions(Room):
 
     # -- summaries and export ------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """Counts that show at a glance what the ledger holds and how much of it can train."""
+    def stats(self, live: LiveTrust = DEFAULT_LIVE_TRUST) -> dict[str, Any]:
+        """Counts that show at a glance what the ledger holds and how much of it can train.
+
+        Live calls by score state (`live_sessions`) and training-eligible turns count by the
+        same eligibility query `training_turns` runs, with the same `live` trust.
+        """
         tables = (
             "sessions",
             "turns",
@@ -551,9 +560,10 @@ class Sessions(Room):
             ).fetchone()
             (eligible,) = conn.execute(
                 "SELECT count(*) FROM turns t JOIN sessions s ON s.id = t.session_id "
-                f"WHERE {ELIGIBLE_SESSION} AND {SAMPLED_TURN}"
+                f"WHERE {eligible_session(live)} AND {SAMPLED_TURN}"
             ).fetchone()
             live_row = conn.execute(SELECT_LIVE).fetchone()
+            live_sessions = live_score_states(conn, live)
         return {
             "path": str(self.path),
             "schema_version": _schema.current_version(),
@@ -562,6 +572,7 @@ class Sessions(Room):
             "sessions_by_split": by_split,
             "token_exact_turns": token_exact,
             "training_eligible_turns": eligible,
+            "live_sessions": live_sessions,
             "live": None if live_row is None else LIVE.record(live_row).adapter,
         }
 

@@ -6,7 +6,7 @@ transaction, so a crash loses at most the write in flight.
 
 This module is the core (opening, migrating, transactions, retries on a busy file) and the one
 `Ledger` facade; the methods of each group of tables live in a room of their own (`sessions`,
-`adapters`, `receipts`, `queue`) that `Ledger` mixes in.
+`scores`, `adapters`, `receipts`, `queue`) that `Ledger` mixes in.
 """
 
 import os
@@ -24,6 +24,7 @@ from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.adapters import Adapters
 from pipecat_rl.ledger.queue import JobQueue
 from pipecat_rl.ledger.receipts import Receipts
+from pipecat_rl.ledger.scores import Scores
 from pipecat_rl.ledger.sessions import Sessions
 
 __all__ = [
@@ -63,13 +64,14 @@ def resolve_ledger_path(explicit: str | Path | None = None) -> Path:
     return Path.cwd() / DEFAULT_LEDGER_NAME
 
 
-class Ledger(Sessions, Adapters, Receipts, JobQueue):
+class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
     """The SQLite ledger: one facade over its rooms, on one connection.
 
     Rooms: `Sessions` (sessions, turns, tool calls, latencies, scores, the closer, export and
-    stats), `Adapters` (adapters and the live pointer), `Receipts` (held-out hashes and gate
-    receipts), `JobQueue` (the side service's jobs). This class is their core: the connection,
-    its transactions and the schema's migrations.
+    stats), `Scores` (scores posted for a call, a live call's verdict from them), `Adapters`
+    (adapters and the live pointer), `Receipts` (held-out hashes and gate receipts), `JobQueue`
+    (the side service's jobs). This class is their core: the connection, its transactions and
+    the schema's migrations.
 
     Safe to share between threads (one connection behind a lock) and between processes (WAL with
     a busy timeout). Opening a file from an older pipecat-rl migrates it; opening one from a newer

@@ -157,7 +157,7 @@ UPDATE_TOOL_CALL = (
     f"UPDATE tool_calls SET {', '.join(f'{c} = ?' for c in TOOL_CALLS.columns)} WHERE id = ?"
 )
 PUT_LATENCY = _latency_merge()
-PUT_SCORE = _upsert_all(SCORES, ("session_id", "name"))
+PUT_SCORE = _upsert_all(SCORES, ("session_id", "name", "source"))
 INSERT_ADAPTER = ADAPTERS.insert()
 INSERT_LIVE = LIVE.insert()
 
