@@ -3,7 +3,9 @@
 - `settings`, `security`: configuration, the bearer token, the bind rule, path confinement;
 - `models`: request and response bodies;
 - `jobs`: the durable job queue's worker and one function per job kind;
-- `routers`: one per resource (jobs, adapters, receipts, live);
+- `routers`: one per resource (jobs, adapters, receipts, live, sessions);
+- `scores`: the bodies of a call's scores (`/sessions/{call_id}/scores`);
+- `drafts`: scenario drafts grown from failed calls, simulated or live, for review;
 - `app`: the FastAPI app;
 - `cycle`: the night loop's stages, resumable and recorded as JSONL events.
 """

@@ -7,7 +7,7 @@ from fastapi import Depends, FastAPI
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.service.jobs import JobWorker
-from pipecat_rl.service.routers import adapters, jobs, live, receipts
+from pipecat_rl.service.routers import adapters, jobs, live, receipts, sessions
 from pipecat_rl.service.security import BodyLimit, check_bind, require_token
 from pipecat_rl.service.settings import ServiceSettings
 
@@ -41,7 +41,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     )  # fmt: skip
     app.state.settings = settings
     app.state.worker = worker
-    for module in (jobs, adapters, receipts, live):
+    for module in (jobs, adapters, receipts, live, sessions):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
