@@ -1,4 +1,7 @@
-"""`pipecat-rl ledger`: look inside the ledger (stats, sessions, one transcript) and export it."""
+"""`pipecat-rl ledger`: look inside the ledger (stats, sessions, one transcript), export it, score.
+
+`score` is the CLI face of the service's `POST /sessions/{call_id}/scores` (`Ledger.post_score`).
+"""
 
 import sys
 from collections.abc import Iterator
@@ -8,25 +11,29 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pipecat_rl.cli.common import cli_errors, console, print_json
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.cli.common import HELP_MARKUP, cli_errors, console, print_json
+from pipecat_rl.errors import ConfigError, ScoreRefusedError
 from pipecat_rl.ledger import (
     LEDGER_ENV,
     LatencyRecord,
     Ledger,
     NotInLedgerError,
+    ScoreIn,
     ToolCallRecord,
     TurnRecord,
     resolve_ledger_path,
 )
+from pipecat_rl.ledger.scores import MAX_EXPLANATION_CHARS
 
 ledger_app = typer.Typer(
     help="Inspect and export the ledger (sessions, turns, tool calls, latencies, adapters).",
     no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
 )
 
 LedgerOpt = Annotated[
@@ -104,6 +111,11 @@ def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
     out.print(f"  sessions by split:  {splits or '-'}")
     out.print(f"  token-exact turns:  {data['token_exact_turns']}")
     out.print(f"  training-eligible turns: {data['training_eligible_turns']}")
+    live = data["live_sessions"]
+    out.print(
+        f"  live sessions: {live['unscored']} unscored, {live['scored']} scored "
+        f"({live['trainable']} trainable)"
+    )
     out.print(f"  live: {escape(data['live'] or 'nothing promoted yet')}")
 
 
@@ -334,6 +346,67 @@ def export(
         print_json({"count": count, "out": str(out)})
     else:
         console.print(f"exported {count} session(s)" + (f" to {out}" if out else ""))
+
+
+@ledger_app.command("score")
+def score(
+    call_id: Annotated[str, typer.Argument(metavar="CALL_ID", help="The call's (session's) id.")],
+    value: Annotated[str, typer.Option("--value", help="A score in [0, 1], or pass / fail.")],
+    metric: Annotated[
+        str, typer.Option("--metric", help="The metric; `success` decides whether a call passed.")
+    ] = "success",
+    source: Annotated[
+        str, typer.Option("--source", help="Who scored it: human, coval, pipecat-evals, judge, ...")
+    ] = "human",
+    explanation: Annotated[
+        str | None,
+        typer.Option(
+            "--explanation",
+            help=f"Why (the first {MAX_EXPLANATION_CHARS} characters are kept).",
+            show_default=False,
+        ),
+    ] = None,
+    external_id: Annotated[
+        str | None,
+        typer.Option("--external-id", help="The scorer's own id for it.", show_default=False),
+    ] = None,
+    ledger: LedgerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Score a call by its id, as the service's POST /sessions/{call_id}/scores does.
+
+    Posting the same (metric, source) again replaces the first score. A gate run, a held-out
+    session or a call still in progress is refused (exit 64).
+    """
+    from pipecat_rl.service.scores import ScorePosted
+
+    with cli_errors(), open_ledger(ledger) as store:
+        try:
+            given = ScoreIn(
+                metric=metric, value=value, source=source, explanation=explanation,
+                external_id=external_id,
+            )  # fmt: skip
+            posted = store.post_score(call_id, given)
+        except ValidationError as e:
+            raise ConfigError("; ".join(err["msg"] for err in e.errors())) from e
+        except ScoreRefusedError as e:
+            raise ConfigError(str(e)) from e
+    if json_out:
+        print_json(ScorePosted.of(call_id, posted).model_dump(mode="json"))
+        return
+    verdict = f"outcome {posted.outcome or '-'}" + (
+        f", decided by {posted.decided_by}" if posted.decided_by else ""
+    )
+    action = "stored" if posted.created else "replaced"
+    console.print(
+        f"{action} {escape(metric)} = {_num(given.value)} ({escape(source)}) for "
+        f"{escape(call_id)}: {escape(verdict)}"
+    )
+    if posted.truncated:
+        console.print(
+            f"[yellow]explanation cut to its first {MAX_EXPLANATION_CHARS} of "
+            f"{posted.explanation_chars} characters[/yellow]"
+        )
 
 
 def register(app: typer.Typer) -> None:
