@@ -16,10 +16,13 @@ from pipecat_rl.ledger import (
     Ledger,
     ScoreRecord,
     SessionRecord,
+    ToolCallRecord,
     TurnRecord,
 )
 
 GUARD_OK = {"id": "run-1", "guard": {"passed": True, "logprob_agreement": 0.998}}
+LATENCY_TURNS = 6
+"""Per session: 6 scenarios x 4 runs x 6 turns is enough to bound a P95 from above."""
 
 
 def add_run(
@@ -37,6 +40,9 @@ def add_run(
     labels: tuple[str, ...] = (),
     v2v_ms: float = 700.0,
     score_writes: float | None = None,
+    latency_turns: int = LATENCY_TURNS,
+    metadata: dict | None = None,
+    tool_calls: tuple[ToolCallRecord, ...] = (),
 ) -> str:
     sid = f"{policy}-{scenario}-{repeat}-{started}-{set_id}-{source}"
     t0 = started + scenario * 100 + repeat
@@ -56,6 +62,7 @@ def add_run(
         reward_parts={"verifier": reward, "tool_credit": 0.3},
         outcome="pass" if reward >= 0.5 else "fail",
         failure_labels=list(labels),
+        metadata=metadata or {},
     )
     turns = [
         TurnRecord(
@@ -65,6 +72,7 @@ def add_run(
             created_at=t0 + i,
             request={"messages": []},
             usage={"prompt_tokens": 500, "completion_tokens": 40},
+            timestamps={"llm_request": t0 + i, "llm_done": t0 + i + 0.4},
         )
         for i in range(2)
     ]
@@ -78,7 +86,7 @@ def add_run(
             stt_ms=120.0,
             llm_ttft_ms=300.0,
         )
-        for i in range(3)
+        for i in range(latency_turns)
     ]
     scores = (
         []
@@ -86,6 +94,8 @@ def add_run(
         else [ScoreRecord(session_id=sid, name="unauthorized_writes", value=score_writes)]
     )
     ledger.write_session(session, turns=turns, latencies=latencies, scores=scores)
+    for call in tool_calls:
+        ledger.add_tool_call(call.model_copy(update={"session_id": sid}))
     return sid
 
 
@@ -150,7 +160,7 @@ def test_promote_against_the_live_adapter_with_lineage(ledger, tmp_path):
     assert receipt["input"]["scenario_hashes"]["scn-00"] == "hash-0"
     assert receipt["paired"]["n_pairs"] == 24
     v2v = receipt["latency"]["v2v_p95"]
-    assert 700 <= v2v["candidate"]["estimate"] <= 730
+    assert 700 <= v2v["candidate"]["estimate"] <= 760  # turn i waits 700 + 10 i + repeat ms
     stages = receipt["latency"]["stages"]["candidate"]
     assert stages["stt_ms"]["p50"] == 120.0 and stages["endpointing_ms"]["n"] == 0
 
@@ -162,7 +172,10 @@ def test_usage_comes_from_turns_session_length_and_spoken_audio(ledger, tmp_path
     usage = runs[0].usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (1000, 80)
     assert usage.stt_seconds == pytest.approx(30.0)
-    assert usage.tts_seconds == pytest.approx(3 * (3.0 - (700 + runs[0].run) / 1000) - 0.03)
+    turns = LATENCY_TURNS  # turn i starts after (700 + 10 i + run) ms and stops at 3 s
+    spoken = turns * (3.0 - (700 + runs[0].run) / 1000) - 0.01 * turns * (turns - 1) / 2
+    assert usage.tts_seconds == pytest.approx(spoken)
+    assert runs[0].llm_turn_ms == pytest.approx((400.0, 400.0))
 
 
 @pytest.mark.parametrize(
@@ -218,13 +231,18 @@ def test_unauthorised_write_labels_and_scores_reject(ledger, tmp_path):
     assert "3 unauthorised write(s)" in check(receipt, "unauthorized_writes")["detail"]
 
 
-def test_the_newest_session_of_a_repeated_run_counts(ledger, tmp_path):
+def test_every_session_of_a_repeated_run_counts_none_replaces_another(ledger, tmp_path):
     populate(ledger, inc="base", scenarios=3)
-    add_run(ledger, "v2", 0, 0, 0.0, started=5000.0)  # re-run of scn-00 repeat 0, newer
+    add_run(ledger, "v2", 0, 0, 0.0, started=5000.0)  # scn-00 repeat 0 again, same seed, newer
     data = load_ledger_runs(ledger, "v2", "base")
-    run = next(r for r in data.runs if r.policy == "v2" and r.scenario == "scn-00" and r.run == 0)
-    assert run.reward == 0.0
-    assert any("older session" in n for n in data.source.notes)
+    again = [r for r in data.runs if r.policy == "v2" and r.scenario == "scn-00" and r.run == 0]
+    assert sorted((r.occurrence, r.reward) for r in again) == [(0, 1.0), (1, 0.0)]
+    assert any("none replaces another" in n for n in data.source.notes)
+    # the incumbent ran it once: the second run has no partner and is left out, never swapped in
+    _, receipt = gate(ledger, tmp_path, "--incumbent", "base")
+    row = next(r for r in receipt["scenarios"] if r["scenario"] == "scn-00")
+    assert (row["pairs"], row["candidate_mean"]) == (4, 1.0)
+    assert any("scn-00" in n and "without a partner" in n for n in receipt["notes"])
 
 
 def test_several_heldout_sets_need_a_choice(ledger, tmp_path):
@@ -274,23 +292,34 @@ def test_a_missing_ledger_is_a_usage_error(tmp_path):
 def test_the_gate_pairs_the_verifier_never_the_stored_sum(ledger, tmp_path):
     populate(ledger, scenarios=6)
     # a candidate run that failed its verifier but earned lots of tool credit
-    sid = add_run(ledger, "v2", 0, 0, 0.0, started=2000.0)
+    (sid,) = [s.id for s in ledger.sessions(policy="v2", scenario_id="scn-00") if s.repeat == 0]
     ledger.update_session(sid, reward=1.5, reward_parts={"verifier": 0.0, "tool_credit": 1.5})
     _, receipt = gate(ledger, tmp_path, "--incumbent", "v1")
     row = next(r for r in receipt["scenarios"] if r["scenario"] == "scn-00")
     assert row["candidate_mean"] == 0.75 and row["candidate_passed"] == 3
 
 
-def test_unverified_and_error_sessions_are_not_paired(ledger, tmp_path):
-    populate(ledger, scenarios=3)
-    for s in range(3):  # newer, but unverified (only shaped credit) or a harness error
+def test_unverified_and_error_sessions_are_counted_and_too_many_are_inconclusive(ledger, tmp_path):
+    populate(ledger, scenarios=6)
+    for s in range(3):  # more runs, but unverified (only shaped credit) or a harness error
         sid = add_run(ledger, "v2", s, 0, 1.0, started=3000.0)
         ledger.update_session(sid, reward_parts={"tool_credit": 0.4})
         sid = add_run(ledger, "v2", s, 1, 1.0, started=3000.0)
         ledger.update_session(sid, outcome="error")
-    _, receipt = gate(ledger, tmp_path, "--incumbent", "v1")
-    assert receipt["paired"]["n_pairs"] == 12
-    assert any("unverified, harness errors" in n for n in receipt["notes"])
+    result, receipt = gate(ledger, tmp_path, "--incumbent", "v1")
+    assert receipt["paired"]["n_pairs"] == 24
+    lost = receipt["runs"]["unusable"]
+    assert (lost["candidate"]["harness_errors"], lost["candidate"]["unverified"]) == (3, 3)
+    assert lost["incumbent"] == {"harness_errors": 0, "unverified": 0, "unindexed": 0}
+    lost_check = check(receipt, "unusable_runs")
+    assert lost_check["status"] == "uncertain" and "6 of 30 runs (20%)" in lost_check["detail"]
+    assert result.exit_code == 2 and receipt["verdict"] == "INCONCLUSIVE"
+    assert any("3 harness error(s), 3 unverified" in n for n in receipt["notes"])
+    # a share the config allows does not hold the verdict back
+    config = tmp_path / "gate.yaml"
+    config.write_text("max_unusable_share: 0.25\n")
+    result, receipt = gate(ledger, tmp_path, "--incumbent", "v1", "--config", str(config))
+    assert result.exit_code == 0, result.output
 
 
 def test_an_out_of_range_part_names_the_ledger_session_and_field(ledger, tmp_path):
@@ -310,3 +339,49 @@ def test_gated_scenario_hashes_are_held_out_from_then_on(ledger, tmp_path):
     held = ledger.heldout_hashes()
     assert set(held) == {"hash-0", "hash-1", "hash-2"}
     assert held["hash-1"]["scenario_id"] == "scn-01"
+
+
+def _guarded(passed: dict[str, bool]) -> dict:
+    return {"checks": [{"check": c, "passed": ok, "detail": ""} for c, ok in passed.items()]}
+
+
+def _world_call(name: str, call_id: str, tables: tuple[str, ...]) -> ToolCallRecord:
+    return ToolCallRecord(
+        session_id="", turn_index=None, call_id=call_id, name=name, arguments={},
+        started_at=1.0, state_diff={"world": {t: {"added": [], "removed": []} for t in tables}},
+    )  # fmt: skip
+
+
+def test_unauthorised_writes_of_both_arms_over_their_guarded_runs(ledger, tmp_path):
+    safe = _guarded({"unchanged appointments": True, "unchanged handoffs": True})
+    unguarded = {"checks": [{"check": "count handoffs", "passed": True, "detail": ""}]}
+    for s in range(6):
+        for r in range(4):
+            meta = safe if s < 4 else unguarded  # 4 of 6 scenarios carry a guarded check
+            add_run(ledger, "v2", s, r, 1.0, metadata=meta)
+            add_run(ledger, "base", s, r, float(r % 2), metadata=meta)
+    booked = _guarded({"unchanged appointments": False, "unchanged slots": False,
+                       "unchanged handoffs": True})  # fmt: skip
+    book = _world_call("book_appointment", "call-7", ("appointments", "slots"))
+    add_run(ledger, "v2", 6, 0, 1.0, metadata=booked, tool_calls=(book,))
+    add_run(ledger, "base", 6, 0, 0.0, metadata=safe)
+    transferred = _guarded({"unchanged appointments": True, "unchanged handoffs": False})
+    add_run(ledger, "base", 7, 0, 0.0, metadata=transferred,
+            tool_calls=(_world_call("transfer_call", "call-9", ("handoffs",)),))  # fmt: skip
+    add_run(ledger, "v2", 7, 0, 1.0, metadata=safe)
+    result, receipt = gate(ledger, tmp_path, "--incumbent", "base")
+    assert result.exit_code == 1
+    cand, inc = receipt["safety"]["candidate"], receipt["safety"]["incumbent"]
+    assert (cand["writes"], cand["guarded_runs"], cand["runs"]) == (1, 18, 26)
+    assert cand["by_kind"] == {"appointments+slots": 1}
+    (incident,) = cand["incidents"]
+    assert (incident["tool"], incident["call_id"], incident["scenario"]) == (
+        "book_appointment", "call-7", "scn-06",
+    )  # fmt: skip
+    assert inc["by_kind"] == {"handoffs": 1} and inc["incidents"][0]["tool"] == "transfer_call"
+    assert 0 < cand["rate_upper_95"] < 0.3
+    detail = check(receipt, "unauthorized_writes")["detail"]
+    assert "candidate: 1 unauthorised write(s) in 1 of 18 runs with a guarded check" in detail
+    assert "book_appointment (appointments+slots) in scn-06 run 0" in detail
+    assert "incumbent: 1 unauthorised write(s)" in detail and "handoffs 1" in detail
+    assert receipt["scenarios"][6]["candidate_unauthorized_writes"] == 1

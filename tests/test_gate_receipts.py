@@ -9,7 +9,15 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_DATA
 from pipecat_rl.errors import GateError
-from pipecat_rl.gate import GateConfig, GateData, InputSource, RunResult, evaluate, verify_receipt
+from pipecat_rl.gate import (
+    GateConfig,
+    GateData,
+    InputSource,
+    RunResult,
+    evaluate,
+    promote,
+    verify_receipt,
+)
 from pipecat_rl.gate.lineage import unknown_lineage
 from pipecat_rl.gate.receipt import receipt_sha256, write_receipt
 from pipecat_rl.ledger import AdapterRecord, Ledger
@@ -23,18 +31,22 @@ def gated_receipt(
     incumbent: str,
     *,
     requested_incumbent: str | None = None,
+    kind: str = "ledger",
 ) -> Path:
-    """A genuine PROMOTE or REJECT receipt, evaluated and recorded by the gate's functions."""
-    wins = verdict == "PROMOTE"
+    """A genuine PROMOTE or REJECT receipt, evaluated and recorded by the gate's functions.
+
+    The winner passes every run; the loser passes run 0 of the first two scenarios too.
+    """
+    winner = candidate if verdict == "PROMOTE" else incumbent
     runs = tuple(
-        RunResult(scenario=f"s{s}", policy=p, run=r, reward=float(wins == (p == candidate)),
-                  passed=wins == (p == candidate), v2v_ms=(700.0 + r,))
-        for s in range(4) for r in range(2) for p in (candidate, incumbent)
+        RunResult(scenario=f"s{s}", policy=p, run=r,
+                  reward=float(p == winner or (s < 2 and r == 0)), seed=r)
+        for s in range(8) for r in range(2) for p in (candidate, incumbent)
     )  # fmt: skip
-    data = GateData(candidate, incumbent, runs, InputSource(kind="scores", path="test"))
+    data = GateData(candidate, incumbent, runs, InputSource(kind=kind, path="test"))
     receipt = evaluate(
         data,
-        GateConfig(),
+        GateConfig(require_latency=False),
         unknown_lineage(candidate, candidate, "test"),
         unknown_lineage(requested_incumbent or incumbent, incumbent, "test"),
     )
@@ -155,3 +167,25 @@ def test_cli_promote_refusal_names_the_rule_and_exits_with_the_data_code(ledger,
     assert result.exit_code == EXIT_DATA
     assert "promotion refused (not_recorded)" in " ".join(result.stderr.split())
     assert ledger.live() is None
+
+
+def test_a_receipt_gated_from_a_scores_file_is_refused_unless_allowed(ledger, tmp_path):
+    path = gated_receipt(tmp_path / "r", ledger, "PROMOTE", "v2", "base", kind="scores")
+    with pytest.raises(GateError, match=r"promotion refused \(scores_input\).*--allow-scores"):
+        verify_receipt(path, ledger)
+    assert verify_receipt(path, ledger, allow_scores_receipt=True).verdict == "PROMOTE"
+    with pytest.raises(GateError, match="scores_input"):
+        promote(path, ledger)
+    assert promote(path, ledger, allow_scores_receipt=True).adapter == "v2"
+
+
+def test_an_edited_regression_table_is_caught(ledger, tmp_path):
+    path = gated_receipt(tmp_path / "r", ledger, "PROMOTE", "v2", "base")
+
+    def hide(d):  # claim the candidate lost a run it won
+        d["scenarios"][0]["worse_runs"] += 3
+
+    data = edit(path, hide)
+    forge_row(ledger, path, data)
+    with pytest.raises(GateError, match=r"\(statistics\).*regression tests do not follow"):
+        verify_receipt(path, ledger)

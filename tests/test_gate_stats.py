@@ -15,16 +15,19 @@ from pipecat_rl.gate.latency import (
     attribute_regression,
     cdf_points,
     compare_quantiles,
+    compare_ratio,
     quantile,
-    session_quantile_ci,
     stage_quantiles,
 )
 from pipecat_rl.gate.stats import (
+    EXACT_FLIPS_MAX_N,
     cluster_bootstrap,
     pass_hat_k,
     pass_k_curve,
     sample_size,
     scenario_deltas,
+    sign_flip_p,
+    sign_flip_test,
     win_loss_tie,
 )
 
@@ -151,49 +154,48 @@ def test_quantile_is_the_inverted_cdf_one():
     assert stage_quantiles([]) == StageQuantiles(n=0, p50=None, p95=None)
 
 
-def test_session_bootstrap_equals_a_direct_loop_over_the_same_draws():
-    rng = np.random.default_rng(11)
-    sessions = [rng.gamma(4, 200, size=rng.integers(1, 7)).tolist() for _ in range(30)]
-    ci = session_quantile_ci(sessions, resamples=500, seed=4)
-    # Re-draw the same session indices and pool each resample explicitly.
-    idx = np.random.default_rng(4).integers(0, len(sessions), size=(500, len(sessions)))
-    direct = [
-        np.quantile(np.concatenate([sessions[j] for j in row]), 0.95, method="inverted_cdf")
-        for row in idx
-    ]
-    low, high = np.quantile(direct, [0.025, 0.975])
-    assert (ci.low, ci.high) == (pytest.approx(low), pytest.approx(high))
-    assert ci.estimate == quantile([v for s in sessions for v in s], 0.95)
-
-
-def test_session_bootstrap_covers_a_known_p95():
-    # Turns are exponential with mean 500 ms, so the true P95 is 500 * ln(20).
-    true_p95 = 500 * math.log(20)
-    rng = np.random.default_rng(0)
-    trials, covered = 200, 0
-    for t in range(trials):
-        sessions = [rng.exponential(500, size=5).tolist() for _ in range(120)]
-        ci = session_quantile_ci(sessions, resamples=1000, seed=t)
-        covered += ci.low <= true_p95 <= ci.high
-    assert 0.88 <= covered / trials <= 0.99
-
-
-def test_compare_quantiles_reuses_each_policy_interval():
+def test_compare_quantiles_detects_a_planted_shift_and_counts_what_it_used():
     rng = np.random.default_rng(2)
-    cand = [rng.normal(900, 100, size=4).tolist() for _ in range(40)]
-    inc = [rng.normal(800, 100, size=4).tolist() for _ in range(40)]
+    cand = [[rng.normal(900, 100, size=4).tolist() for _ in range(2)] for _ in range(20)]
+    inc = [[rng.normal(800, 100, size=4).tolist() for _ in range(2)] for _ in range(20)]
+    inc[0] = [[], []]  # a scenario with no incumbent sample is left out of the comparison
     cmp = compare_quantiles(cand, inc, resamples=2000, seed=9)
-    assert cmp.candidate == session_quantile_ci(cand, resamples=2000, seed=9)
-    assert cmp.incumbent == session_quantile_ci(inc, resamples=2000, seed=10)
     assert cmp.difference.estimate == pytest.approx(cmp.candidate.estimate - cmp.incumbent.estimate)
     assert cmp.difference.low > 0  # a planted +100 ms shift is detected
-    assert (cmp.candidate_sessions, cmp.candidate_turns) == (40, 160)
+    assert (cmp.clusters, cmp.candidate_sessions, cmp.candidate_turns) == (19, 38, 152)
+    assert cmp.candidate.low <= cmp.candidate.estimate <= cmp.candidate.high
+    assert compare_quantiles(cand[:1], inc[1:2], resamples=100, seed=0) is None
 
 
-def test_sessions_without_samples_are_ignored_and_none_at_all_is_an_error():
-    assert session_quantile_ci([[100.0], []], resamples=100, seed=0).estimate == 100.0
-    with pytest.raises(ValueError):
-        session_quantile_ci([[], []], resamples=100, seed=0)
+def test_compare_ratio_estimates_a_planted_ratio():
+    rng = np.random.default_rng(4)
+    inc = [[rng.lognormal(np.log(500), 0.3, size=3).tolist()] for _ in range(24)]
+    cand = [[[2 * x for x in s] for s in scenario] for scenario in inc]  # exactly twice as slow
+    r = compare_ratio("llm_ttft_ms", cand, inc, resamples=2000, seed=0)
+    assert r.ratio.estimate == pytest.approx(2.0) and (r.ratio.low, r.ratio.high) == (
+        pytest.approx(2.0),
+        pytest.approx(2.0),
+    )
+    assert r.candidate == pytest.approx(2 * r.incumbent) and r.clusters == 24
+
+
+def test_sign_flip_p_values_equal_the_count_over_every_flip():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 9):
+        deltas = np.round(rng.normal(0.1, 0.5, (40, n)) * 4) / 4  # ties and exact zeros
+        greater, less = sign_flip_p(deltas)
+        for row, above, below in zip(deltas, greater, less, strict=True):
+            sums = [np.dot(eps, row) for eps in itertools.product((-1, 1), repeat=n)]
+            assert above == pytest.approx(np.mean([x >= row.sum() - 1e-9 for x in sums]))
+            assert below == pytest.approx(np.mean([x <= row.sum() + 1e-9 for x in sums]))
+
+
+def test_sign_flip_test_speaks_where_the_t_interval_has_no_width():
+    assert sign_flip_test([0.5] * 12).p_greater == pytest.approx(2**-12)
+    assert sign_flip_test([0.0] * 12).p_two_sided == 1.0
+    big = sign_flip_test(np.random.default_rng(1).normal(0, 1, EXACT_FLIPS_MAX_N + 1))
+    assert big.method == "monte_carlo" and 0 < big.p_two_sided <= 1
+    assert sign_flip_test([1.0, -1.0, 0.5]).method == "exact"
 
 
 def test_attribution_names_the_stage_whose_p95_grew_most():

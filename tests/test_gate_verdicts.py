@@ -79,11 +79,16 @@ def test_promote(tmp_path):
     assert result.exit_code == 0, result.output
     assert receipt["verdict"] == "PROMOTE"
     assert receipt["paired"]["mean_delta"] == pytest.approx(0.5)
+    # every scenario +0.5: the interval has no width, and the exact sign-flip test decides
     assert receipt["paired"]["ci95"] == pytest.approx([0.5, 0.5])
+    assert receipt["paired"]["zero_width"] is True
+    assert receipt["paired"]["sign_flip"]["p_greater"] == pytest.approx(2**-SCENARIOS)
+    assert "sign-flip test" in _check(receipt, "paired_reward")["detail"]
     assert receipt["paired"]["method"] == "student_t"
     assert _check(receipt, "training_guard")["status"] == "unavailable"
     assert "scores file" in _check(receipt, "training_guard")["detail"]
-    assert "not checked: training_guard" in receipt["reason"]
+    unchecked = receipt["reason"].split("not checked: ")[1]
+    assert "training_guard" in unchecked and "llm_ttft_ratio" in unchecked
     for name in ("receipt.json", "receipt.md", "receipt.html"):
         assert (tmp_path / "receipt" / name).is_file()
     assert "PROMOTE" in result.stderr
@@ -92,11 +97,11 @@ def test_promote(tmp_path):
 def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
     scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin, seed=1))
     _, receipt = _gate(tmp_path, scores, "--min-delta", "0.1", "--seed", "5")
-    assert receipt["schema_version"] == 2
+    assert receipt["schema_version"] == 3
     assert receipt["input"]["kind"] == "scores"
     assert receipt["input"]["sha256"] == hashlib.sha256(scores.read_bytes()).hexdigest()
     assert receipt["thresholds"]["min_delta"] == 0.1
-    assert receipt["thresholds"]["seed"] == receipt["latency"]["v2v_p95"]["candidate"]["seed"] == 5
+    assert receipt["thresholds"]["seed"] == receipt["latency"]["v2v_p95"]["difference"]["seed"] == 5
     assert receipt["thresholds"]["resamples"] >= 10_000
     assert receipt["paired"]["method"] == "student_t" and receipt["paired"]["df"] == SCENARIOS - 1
     assert receipt["repeats"] == REPEATS
@@ -116,52 +121,74 @@ def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
     assert (row["candidate"], row["incumbent"]) == ("cand", "inc")
 
 
-def test_identical_arms_are_rejected(tmp_path):
+def test_zero_width_evidence_is_inconclusive_never_reject(tmp_path):
     scores = _write(tmp_path / "s.jsonl", _lines("cand", coin), _lines("inc", coin, seed=1))
     result, receipt = _gate(tmp_path, scores)
-    assert result.exit_code == 1
-    assert receipt["verdict"] == "REJECT"
-    assert receipt["paired"]["ci95"] == [0.0, 0.0]
-    assert _check(receipt, "paired_reward")["status"] == "fail"
+    assert result.exit_code == 2, result.output
+    assert receipt["verdict"] == "INCONCLUSIVE"
+    assert receipt["paired"]["ci95"] == [0.0, 0.0] and receipt["paired"]["zero_width"]
+    assert receipt["paired"]["sign_flip"]["p_two_sided"] == 1.0
+    assert _check(receipt, "paired_reward")["status"] == "uncertain"
+    assert "no width" in _check(receipt, "paired_reward")["detail"]
 
 
-def test_regressions_beyond_the_cap_reject_on_their_own_evidence(tmp_path):
-    def mostly_better(s, r):
-        return 0.0 if s < 2 else 1.0  # loses scenarios 0 and 1 in every run
+def test_only_a_surely_worse_candidate_is_rejected_on_the_interval(tmp_path):
+    rng = np.random.default_rng(8)
+    noise = rng.random((2, SCENARIOS, REPEATS))
+    worse = _lines("cand", lambda s, r: float(noise[0, s, r] < 0.2))
+    base = _lines("inc", lambda s, r: float(noise[1, s, r] < 0.9), seed=1)
+    result, receipt = _gate(tmp_path, _write(tmp_path / "s.jsonl", worse, base))
+    assert result.exit_code == 1, result.output
+    assert receipt["paired"]["ci95"][1] < 0
+    assert "surely worse than the incumbent" in _check(receipt, "paired_reward")["detail"]
+    # not shown better by min_delta, and not shown worse either: inconclusive, not a rejection
+    same = _lines("cand", lambda s, r: float(noise[1, s, r] < 0.9))
+    result, receipt = _gate(tmp_path, _write(tmp_path / "s.jsonl", same, base))
+    assert receipt["verdict"] != "REJECT"
 
-    def always(s, r):
-        return 1.0 if s < 2 else 0.0
 
-    # 8 paired runs, all worse: each lost scenario's sign test confirms it (p = 1/256)
-    cand, inc = _lines("cand", mostly_better, repeats=8), _lines("inc", always, repeats=8)
+def _two_lost(s, r):
+    return 0.0 if s < 2 else 1.0  # loses scenarios 0 and 1 in every run, wins the rest
+
+
+def _two_kept(s, r):
+    return 1.0 if s < 2 else 0.0
+
+
+def test_per_scenario_regressions_reject_on_their_own_evidence(tmp_path):
+    config = tmp_path / "gate.yaml"
+    config.write_text("regression_tests: [scenarios]\n")
+    # 8 paired runs, all lost: each lost scenario's exact test gives 1/256, Holm over 12 clears
+    cand, inc = _lines("cand", _two_lost, repeats=8), _lines("inc", _two_kept, repeats=8)
     scores = _write(tmp_path / "s.jsonl", cand, inc)
-    result, receipt = _gate(tmp_path, scores)
-    assert result.exit_code == 1
-    assert receipt["paired"]["regressed"] == 2
+    result, receipt = _gate(tmp_path, scores, "--config", str(config))
+    assert result.exit_code == 1, result.output
+    assert receipt["regressions"]["confirmed"] == 2
     assert [s["regression"] for s in receipt["scenarios"][:3]] == ["regressed", "regressed", "none"]
-    assert receipt["scenarios"][0]["sign_p"] == pytest.approx(1 / 256)
+    assert receipt["scenarios"][0]["regression_p"] == pytest.approx(1 / 256)
+    assert receipt["scenarios"][0]["worse_runs"] == 8
     assert _check(receipt, "paired_reward")["status"] == "pass"
     assert _check(receipt, "regressions")["status"] == "fail"
     assert receipt["reason"].startswith("regressions:")
+    assert "Holm" in receipt["regressions"]["control"]
     # The same data passes with the cap raised.
-    result, receipt = _gate(tmp_path, scores, "--max-regressions", "2")
+    result, receipt = _gate(tmp_path, scores, "--config", str(config), "--max-regressions", "2")
     assert receipt["verdict"] == "PROMOTE"
-
-
-def test_a_loss_its_runs_cannot_confirm_is_inconclusive_not_reject(tmp_path):
-    def mostly_better(s, r):
-        return 0.0 if s < 2 else 1.0
-
-    def always(s, r):
-        return 1.0 if s < 2 else 0.0
-
-    # 4 paired runs can never confirm a regression over 12 scenarios (p >= 1/16)
-    scores = _write(tmp_path / "s.jsonl", _lines("cand", mostly_better), _lines("inc", always))
+    # The default pooled test sees a net gain: it cannot see two broken scenarios, and says so.
     result, receipt = _gate(tmp_path, scores)
-    assert result.exit_code == 2, result.output
-    assert (receipt["paired"]["regressed"], receipt["paired"]["uncertain_regressions"]) == (0, 2)
-    assert _check(receipt, "regressions")["status"] == "uncertain"
-    assert "paired runs per scenario can confirm or clear them" in receipt["reason"]
+    assert receipt["verdict"] == "PROMOTE"
+    assert "smallest loss it could confirm" in _check(receipt, "regressions")["detail"]
+    assert [s["regression"] for s in receipt["scenarios"][:2]] == ["untested", "untested"]
+
+
+def test_a_per_scenario_test_the_repeats_cannot_fire_is_refused(tmp_path):
+    config = tmp_path / "gate.yaml"
+    config.write_text("regression_tests: [scenarios]\n")
+    scores = _write(tmp_path / "s.jsonl", _lines("cand", _two_lost), _lines("inc", _two_kept))
+    result, receipt = _gate(tmp_path, scores, "--config", str(config))
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert receipt is None and not (tmp_path / "receipt").exists()
+    assert "Run at least 8 repeats" in " ".join(result.stderr.split())
 
 
 def test_identical_noisy_arms_never_promote_and_never_reject_on_regressions(tmp_path):
@@ -387,3 +414,43 @@ def test_scenario_files_named_with_scores_are_hashed_into_the_receipt(tmp_path):
     _, receipt = _gate(tmp_path, scores, "--scenarios", str(folder))
     expected = hashlib.sha256(b"persona: x\n").hexdigest()
     assert receipt["input"]["scenario_files"] == {"a.yaml": expected}
+
+
+def _text_lines(policy: str, reward, ttft_ms: float, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    lines = _lines(policy, reward, latency_ms=None, seed=seed)
+    for line in lines:
+        line["channel"] = "text"
+        line["stages_ms"] = {"llm_ttft_ms": rng.lognormal(np.log(ttft_ms), 0.4, TURNS).tolist()}
+        line["llm_turn_ms"] = rng.lognormal(np.log(3 * ttft_ms), 0.4, TURNS).tolist()
+    return lines
+
+
+def test_a_more_accurate_slower_candidate_fails_in_text_mode_saying_why(tmp_path):
+    fast = _text_lines("inc", coin, 568.0, seed=1)
+    slow = _write(tmp_path / "s.jsonl", _text_lines("cand", better, 5457.0, seed=2), fast)
+    result, receipt = _gate(tmp_path, slow)
+    assert result.exit_code == 1, result.output
+    assert receipt["latency"]["text_mode"] is True
+    ttft = _check(receipt, "llm_ttft_ratio")
+    assert ttft["status"] == "fail" and _check(receipt, "llm_turn_ratio")["status"] == "fail"
+    assert "candidate's LLM TTFT P50 is 9" in ttft["detail"]
+    assert "the incumbent's" in ttft["detail"] and "above the 3x limit" in ttft["detail"]
+    assert _check(receipt, "p95_budget")["status"] == "unavailable"  # text mode has no voice
+    assert _check(receipt, "paired_reward")["status"] == "pass"  # more accurate, and still out
+    same_speed = _write(tmp_path / "s.jsonl", _text_lines("cand", better, 568.0, seed=2), fast)
+    result, receipt = _gate(tmp_path, same_speed)
+    assert result.exit_code == 0, result.output
+    assert _check(receipt, "llm_ttft_ratio")["status"] == "pass"
+
+
+def test_text_mode_without_llm_stages_is_inconclusive_unless_latency_is_not_required(tmp_path):
+    def text(policy, reward):
+        return [{**line, "channel": "text"} for line in _lines(policy, reward, latency_ms=None)]
+
+    scores = _write(tmp_path / "s.jsonl", text("cand", better), text("inc", coin))
+    result, receipt = _gate(tmp_path, scores)
+    assert result.exit_code == 2
+    assert _check(receipt, "llm_ttft_ratio")["status"] == "uncertain"
+    result, receipt = _gate(tmp_path, scores, "--no-require-latency")
+    assert result.exit_code == 0

@@ -5,16 +5,30 @@ Defaults, and why:
 - `min_delta` 0.02, in [-0.25, 1): the paired 95% CI's lower bound must exceed this score gain
   (a negative value is a non-inferiority margin).
 - `tie_band` 0.05, in [0, 0.5): a scenario whose mean delta is within +-this is a tie.
-- `max_regressions` 1, 0..1000: most scenarios the candidate may have regressed, on their own
-  paired runs' evidence.
-- `regression_alpha` 0.05, in (0, 0.2]: family level of the per-scenario sign tests (Holm).
+- `max_regressions` 0, 0..1000: most units (a group, a scenario, or all of them pooled) the
+  candidate may have confirmably regressed (see `gate.regressions`).
+- `regression_alpha` 0.05, in (0, 0.2]: family-wise level (Holm) over every regression test.
+- `regression_tests` [pooled]: which exact discordant-pair tests form that family: `pooled` (all
+  paired runs), `groups` (each of `regression_groups`), `scenarios` (each scenario alone; needs
+  about log2(scenarios / alpha) repeats, 9 at 24 scenarios). A configured test that could never
+  fire at the repeats run is refused (a ConfigError naming the repeats it needs).
+- `regression_groups` {}: group name -> glob patterns of scenario ids (the clinic's are intents).
 - `judged_metrics` {}, weights in (0, 1]: `judge:<name>` parts averaged into the gate score.
-- `p95_budget_ms` 1500, in (0, 60000]: budget on the candidate's voice-to-voice P95.
+- `p95_budget_ms` 1500, in (0, 60000]: budget on the candidate's voice-to-voice P95 (the
+  caller-side heard gap in audio mode).
 - `p95_margin_ms` 100, in [0, 60000]: how much slower than the incumbent's P95 it may be.
 - `resamples` 10000, 10000..200000: latency bootstrap resamples (memory grows with it).
 - `seed` 0, 0..2^32-1: seed of every bootstrap, so a receipt can be reproduced exactly.
 - `require_guard` False: fail when no training guard can be read (imported, scores).
-- `require_latency` True: latency checks cannot pass without v2v samples for both policies.
+- `require_latency` True: latency checks cannot pass without samples for both policies (v2v or
+  the heard gap in audio mode; the LLM stages in text mode, which has no voice).
+- `max_llm_latency_ratio` 3.0, in [1, 100]: the candidate's LLM TTFT P50 and LLM time per turn
+  P50 may be at most this many times the incumbent's (paired runs under the same interleaved
+  load). Measured on lognormal turns as spread as the clinic cycle's on a busy 2-core server
+  (P95 / P50 ~ 15): at 24 scenarios x 2 runs identical policies pass 97% at 3 (67% at 2) and a
+  10x slower candidate fails 98%.
+- `max_unusable_share` 0.1, in [0, 1]: above this share of an arm's runs being harness errors or
+  unverified, the verdict is INCONCLUSIVE (a broken harness is not evidence).
 
 Every number must be finite. The score the gate pairs is the authoritative one
 (`pipecat_rl.ledger.outcome`: the verifier, else the judged `success`), never the shaped tool
@@ -26,12 +40,22 @@ LLM, a streaming STT and a streaming TTS; set your own vendor's prices before co
 """
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipecat_rl.errors import ConfigError, GateError
+
+RegressionKind = Literal["pooled", "groups", "scenarios"]
+"""Units of the regression tests: all paired runs pooled, each configured group, each scenario."""
 
 
 class PriceTable(BaseModel):
@@ -56,8 +80,10 @@ class GateConfig(BaseModel):
 
     min_delta: float = Field(0.02, ge=-0.25, lt=1)
     tie_band: float = Field(0.05, ge=0, lt=0.5)
-    max_regressions: int = Field(1, ge=0, le=1000)
+    max_regressions: int = Field(0, ge=0, le=1000)
     regression_alpha: float = Field(0.05, gt=0, le=0.2)
+    regression_tests: tuple[RegressionKind, ...] = ("pooled",)
+    regression_groups: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     judged_metrics: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=dict)
     p95_budget_ms: float = Field(1500.0, gt=0, le=60_000)
     p95_margin_ms: float = Field(100.0, ge=0, le=60_000)
@@ -65,6 +91,8 @@ class GateConfig(BaseModel):
     seed: int = Field(0, ge=0, lt=2**32)
     require_guard: bool = False
     require_latency: bool = True
+    max_llm_latency_ratio: float = Field(3.0, ge=1.0, le=100.0)
+    max_unusable_share: float = Field(0.1, ge=0.0, le=1.0)
     prices: PriceTable = PriceTable()
 
     @field_validator("judged_metrics")
@@ -77,6 +105,38 @@ class GateConfig(BaseModel):
                     "authoritative part is always included, tool_credit never is)"
                 )
         return value
+
+    @field_validator("regression_tests")
+    @classmethod
+    def _distinct_tests(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"name each regression test once, got {list(value)}")
+        return value
+
+    @field_validator("regression_groups")
+    @classmethod
+    def _patterns(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        for name, patterns in value.items():
+            if not name.strip() or not patterns or not all(p.strip() for p in patterns):
+                raise ValueError(
+                    f"group {name!r} needs a name and at least one scenario-id pattern"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _groups_tested(self) -> "GateConfig":
+        named = "groups" in self.regression_tests
+        if named and not self.regression_groups:
+            raise ValueError(
+                "regression_tests names `groups` but regression_groups names none; add "
+                "regression_groups (name: [scenario-id patterns])"
+            )
+        if self.regression_groups and not named:
+            raise ValueError(
+                "regression_groups is set but regression_tests does not name `groups`: add it, "
+                "or remove the groups"
+            )
+        return self
 
 
 FLAGS = {
@@ -118,7 +178,8 @@ def load_gate_config(path: Path | None = None, **overrides: Any) -> GateConfig:
         return GateConfig.model_validate({**values, **flags})
     except ValidationError as e:
         problems = "; ".join(
-            f"{FLAGS.get(str(err['loc'][0]), err['loc'][0])}: {err['msg']}" for err in e.errors()
+            f"{FLAGS.get(str(loc[0]), loc[0]) if (loc := err['loc']) else 'gate'}: {err['msg']}"
+            for err in e.errors()
         )
         raise ConfigError(f"invalid gate flag(s): {problems}.") from e
 
@@ -128,7 +189,7 @@ def _explain_file(path: Path, node: yaml.Node | None, error: ValidationError) ->
     for err in error.errors():
         loc = tuple(err["loc"])
         line = _line(node, loc)
-        field = ".".join(str(p) for p in loc)
+        field = ".".join(str(p) for p in loc) or "gate"
         reason = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         where = f"{path}:{line}" if line else str(path)
         problems.append(f"{where}: {field}: {reason}")

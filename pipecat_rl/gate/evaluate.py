@@ -1,33 +1,37 @@
 """From `GateData` to a `GateReceipt`: pair the runs, compute every statistic, decide.
 
 Pairing: runs are grouped by scenario (id and, when recorded, content hash, so a scenario edited
-between runs never pairs with its old self), and candidate run r pairs with incumbent run r.
+between runs never pairs with its old self), and a candidate run pairs with the incumbent run of
+the same run index, seed and occurrence (a run repeated is one more pair, never a replacement).
 What is paired is each run's gate score (`inputs.gate_score`: the authoritative part, never the
 shaped tool credit). Everything below is computed on the paired runs only, except unauthorised
-writes, which count over every candidate run.
+writes, which count over every run of each policy, and the runs left out, which are counted.
 
-`recheck` recomputes a receipt's interval, regressions and checks from the receipt's own
-per-scenario table and stored intervals, through the same functions: `promote` refuses a receipt
-whose statistics do not support its verdict.
+`recheck` recomputes a receipt's interval, sign-flip test, regression tests and checks from the
+receipt's own per-scenario table and stored statistics, through the same functions: `promote`
+refuses a receipt whose statistics do not support its verdict.
 """
 
 import importlib.metadata
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
 
-from pipecat_rl.errors import GateError
+from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate.config import GateConfig
 from pipecat_rl.gate.cost import CostSummary, cost_summary
-from pipecat_rl.gate.inputs import GateData, RunResult
+from pipecat_rl.gate.inputs import GateData, RunResult, Unusable
 from pipecat_rl.gate.latency import (
+    LLM_MEASURES,
     STAGES,
     attribute_regression,
     cdf_points,
     compare_quantiles,
+    compare_ratio,
     stage_quantiles,
 )
 from pipecat_rl.gate.lineage import Lineage
@@ -36,18 +40,28 @@ from pipecat_rl.gate.receipt import (
     GateReceipt,
     LatencyStats,
     PairedStats,
+    RegressionStats,
     Role,
+    RunAccounting,
+    SafetyStats,
     ScenarioRow,
 )
+from pipecat_rl.gate.regressions import (
+    check_design,
+    discordant,
+    group_members,
+    losses_to_confirm,
+    regression_family,
+)
+from pipecat_rl.gate.safety import safety_arm
 from pipecat_rl.gate.stats import (
     MeanInterval,
-    ScenarioRegression,
-    min_repeats_to_confirm,
+    binomial_tail,
     outcome,
     pass_k_curve,
-    regressions,
     sample_size,
     scenario_deltas,
+    sign_flip_test,
     t_interval,
     win_loss_tie,
 )
@@ -56,14 +70,18 @@ from pipecat_rl.gate.verdict import (
     Verdict,
     decide,
     guard_check,
+    llm_ratio_check,
     p95_budget_check,
     p95_margin_check,
     paired_check,
     regressions_check,
+    unusable_check,
     writes_check,
 )
 
 ScenarioKey = tuple[str, str | None]
+RunKey = tuple[int, int | None, int]
+"""A run's pairing key within its scenario: run index, seed, occurrence."""
 
 
 @dataclass(frozen=True)
@@ -76,33 +94,37 @@ class PairedScenario:
 
 
 def pair_runs(data: GateData) -> tuple[list[PairedScenario], list[str]]:
-    """Match candidate run r with incumbent run r per scenario; notes say what did not pair."""
-    by_key: dict[ScenarioKey, dict[str, dict[int, RunResult]]] = defaultdict(
+    """Match candidate and incumbent runs per scenario; notes say what did not pair."""
+    by_key: dict[ScenarioKey, dict[str, dict[RunKey, RunResult]]] = defaultdict(
         lambda: {data.candidate: {}, data.incumbent: {}}
     )
     for run in data.runs:
-        by_key[(run.scenario, run.scenario_hash)][run.policy][run.run] = run
+        by_key[(run.scenario, run.scenario_hash)][run.policy][
+            (run.run, run.seed, run.occurrence)
+        ] = run
     pairs, notes = [], []
     for key in sorted(by_key, key=lambda k: (k[0], k[1] or "")):
         cand, inc = by_key[key][data.candidate], by_key[key][data.incumbent]
-        shared = sorted(cand.keys() & inc.keys())
+        shared = sorted(cand.keys() & inc.keys(), key=lambda k: (k[0], k[2], k[1] or 0))
         unpaired = len(cand) + len(inc) - 2 * len(shared)
         label = key[0] if key[1] is None else f"{key[0]} ({key[1][:12]})"
         if not shared:
-            notes.append(f"scenario {label}: no run of both policies with the same index; excluded")
+            notes.append(
+                f"scenario {label}: no run of both policies with the same index and seed; excluded"
+            )
             continue
         if unpaired:
-            notes.append(f"scenario {label}: {unpaired} run(s) without a partner left out")
-        mismatched = [r for r in shared if cand[r].seed != inc[r].seed]
-        if mismatched:
-            notes.append(f"scenario {label}: runs {mismatched} were paired but their seeds differ")
+            notes.append(
+                f"scenario {label}: {unpaired} run(s) without a partner (same index and seed) "
+                "left out"
+            )
         pairs.append(
             PairedScenario(key, tuple(cand[r] for r in shared), tuple(inc[r] for r in shared))
         )
     if not pairs:
         raise GateError(
-            "no scenario has runs of both policies with the same run index, so nothing pairs; "
-            "run both policies on the same held-out scenarios and seeds."
+            "no scenario has runs of both policies with the same run index and seed, so nothing "
+            "pairs; run both policies on the same held-out scenarios and seeds."
         )
     return pairs, notes
 
@@ -128,15 +150,19 @@ def _interval(deltas: np.ndarray) -> MeanInterval | None:
     return t_interval(deltas) if deltas.size >= 2 else None
 
 
+def _zero_width(deltas: np.ndarray) -> bool:
+    """Every scenario has exactly the same delta (with two or more, the interval is a point)."""
+    return deltas.size >= 2 and bool(np.ptp(deltas) == 0)
+
+
 def _paired(
     pairs: list[PairedScenario], config: GateConfig
-) -> tuple[PairedStats, MeanInterval | None, list[ScenarioRegression]]:
-    """The paired statistics, the interval the verdict reads, and each scenario's regression."""
+) -> tuple[PairedStats, MeanInterval | None]:
+    """The paired statistics and the interval the verdict reads."""
     run_diffs = [_rewards(p.candidate) - _rewards(p.incumbent) for p in pairs]
     deltas = scenario_deltas(run_diffs)
     interval = _interval(deltas)
     outcomes = win_loss_tie(deltas, config.tie_band)
-    regs = regressions(run_diffs, config.tie_band, config.regression_alpha)
     stats = PairedStats(
         score=score_description(config),
         n_scenarios=len(pairs),
@@ -147,42 +173,69 @@ def _paired(
         level=0.95,
         se=None if interval is None else interval.se,
         df=None if interval is None else interval.df,
+        zero_width=_zero_width(deltas),
+        sign_flip=sign_flip_test(deltas, seed=config.seed),
         wins=outcomes.wins,
         losses=outcomes.losses,
         ties=outcomes.ties,
         tie_band=outcomes.tie_band,
-        regressed=sum(r.status == "regressed" for r in regs),
-        uncertain_regressions=sum(r.status == "uncertain" for r in regs),
-        regression_alpha=config.regression_alpha,
         pass_k={
             "candidate": pass_k_curve([(_passed(p.candidate), len(p.candidate)) for p in pairs]),
             "incumbent": pass_k_curve([(_passed(p.incumbent), len(p.incumbent)) for p in pairs]),
         },
         sample_size=sample_size(run_diffs, target=config.min_delta),
     )
-    return stats, interval, regs
+    return stats, interval
 
 
-def _compare(sessions: dict[Role, list[tuple[float, ...]]], config: GateConfig):
-    if not all(any(s) for s in sessions.values()):
-        return None
-    return compare_quantiles(
-        sessions["candidate"], sessions["incumbent"], resamples=config.resamples, seed=config.seed
+def _regression_stats(
+    worse: Sequence[int],
+    better: Sequence[int],
+    pairs: Sequence[int],
+    scenario_ids: Sequence[str],
+    config: GateConfig,
+) -> RegressionStats:
+    tests = regression_family(worse, better, pairs, scenario_ids, config)
+    return RegressionStats(
+        control=f"Holm, family-wise error <= {config.regression_alpha:g}",
+        alpha=config.regression_alpha,
+        tests=tests,
+        confirmed=sum(t.confirmed for t in tests),
+        max_regressions=config.max_regressions,
+        fewest_losses=losses_to_confirm(len(tests), config.regression_alpha),
     )
 
 
-def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencyStats:
-    """The gated P95 with session intervals (None without samples for both), stages and CDFs.
+def _clusters(pairs: list[PairedScenario], role: Role, field: str) -> list[list[tuple]]:
+    """Per scenario, per paired run of `role`, the samples of one latency field."""
+    return [
+        [
+            r.stages_ms.get(field, ()) if field in STAGES else getattr(r, field)
+            for r in (p.candidate if role == "candidate" else p.incumbent)
+        ]
+        for p in pairs
+    ]
+
+
+def _latency(pairs: list[PairedScenario], config: GateConfig) -> LatencyStats:
+    """The gated P95 (paired over scenarios), the LLM-stage ratios, stages and CDFs.
 
     Audio runs carry the caller-side heard gap, the figure a caller lives through; when both
-    policies have it, over one transport, the P95 checks gate on it and the in-agent
-    v2v stands beside. Heard over different transports, the in-agent v2v is gated on instead.
+    policies have it, over one transport, the P95 checks gate on it and the in-agent v2v stands
+    beside. Heard over different transports, the in-agent v2v is gated on instead.
     """
-    agent = {role: [r.v2v_ms for r in rs] for role, rs in runs.items()}
-    heard = {role: [r.heard_gap_ms for r in rs] for role, rs in runs.items()}
-    on_heard = all(any(s) for s in heard.values()) and len(_heard_transports(runs)) == 1
-    sessions = heard if on_heard else agent
-    v2v = _compare(sessions, config)
+    runs = {
+        "candidate": [r for p in pairs for r in p.candidate],
+        "incumbent": [r for p in pairs for r in p.incumbent],
+    }
+    heard = {role: _clusters(pairs, role, "heard_gap_ms") for role in runs}
+    agent = {role: _clusters(pairs, role, "v2v_ms") for role in runs}
+    on_heard = (
+        all(any(r.heard_gap_ms for r in rs) for rs in runs.values())
+        and len(_heard_transports(runs)) == 1
+    )
+    gated = heard if on_heard else agent
+    kw = {"resamples": config.resamples, "seed": config.seed}
     stages = {
         role: {
             stage: stage_quantiles([v for r in rs for v in r.stages_ms.get(stage, ())])
@@ -191,16 +244,31 @@ def _latency(runs: dict[Role, list[RunResult]], config: GateConfig) -> LatencySt
         for role, rs in runs.items()
     }
     return LatencyStats(
+        text_mode=all(r.channel == "text" for rs in runs.values() for r in rs),
         gated_on="heard_gap" if on_heard else "v2v",
-        in_agent_v2v_p95=_compare(agent, config) if on_heard else None,
-        v2v_p95=v2v,
+        v2v_p95=compare_quantiles(gated["candidate"], gated["incumbent"], **kw),
+        in_agent_v2v_p95=(
+            compare_quantiles(agent["candidate"], agent["incumbent"], **kw) if on_heard else None
+        ),
+        llm={
+            measure: compare_ratio(
+                measure,
+                _clusters(pairs, "candidate", measure),
+                _clusters(pairs, "incumbent", measure),
+                **kw,
+            )  # fmt: skip
+            for measure in LLM_MEASURES
+        },
         stages=stages,
         attributed_stage=attribute_regression(stages["candidate"], stages["incumbent"]),
-        cdf_ms={role: cdf_points([v for s in ss for v in s]) for role, ss in sessions.items()},
+        cdf_ms={
+            role: cdf_points([v for scenario in c for run in scenario for v in run])
+            for role, c in gated.items()
+        },
     )
 
 
-def _heard_transports(runs: dict[Role, list[RunResult]]) -> set[str | None]:
+def _heard_transports(runs: dict[str, list[RunResult]]) -> set[str | None]:
     """The transports the runs' heard gaps were measured over."""
     return {r.transport for rs in runs.values() for r in rs if r.heard_gap_ms}
 
@@ -212,28 +280,6 @@ def _cost(runs: list[RunResult], config: GateConfig) -> CostSummary | None:
     return cost_summary(usages, sum(r.passed for r in runs), config.prices)
 
 
-def _row(p: PairedScenario, reg: ScenarioRegression, config: GateConfig) -> ScenarioRow:
-    cand, inc = _rewards(p.candidate), _rewards(p.incumbent)
-    delta = float(np.mean(cand - inc))
-    return ScenarioRow(
-        scenario=p.key[0],
-        scenario_hash=p.key[1],
-        pairs=len(p.candidate),
-        seeds=[r.seed for r in p.candidate],
-        candidate_mean=float(cand.mean()),
-        incumbent_mean=float(inc.mean()),
-        delta=delta,
-        outcome=outcome(delta, config.tie_band),
-        worse_runs=reg.sign.worse,
-        not_worse_runs=reg.sign.not_worse,
-        sign_p=reg.sign.p_value,
-        regression=reg.status,
-        candidate_passed=_passed(p.candidate),
-        incumbent_passed=_passed(p.incumbent),
-        candidate_unauthorized_writes=sum(r.unauthorized_writes for r in p.candidate),
-    )
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("pipecat-rl")
@@ -243,65 +289,106 @@ def _version() -> str:
 
 def _checks(
     interval: MeanInterval | None,
-    paired: PairedStats,
-    repeats: int,
-    latency: LatencyStats,
-    writes: int,
+    receipt_parts: tuple[PairedStats, RegressionStats, LatencyStats, SafetyStats, RunAccounting],
     candidate: Lineage,
     config: GateConfig,
 ) -> tuple[Check, ...]:
     """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`)."""
+    paired, regressions, latency, safety, accounting = receipt_parts
     v2v = latency.v2v_p95  # in audio mode this holds the heard gap (`gated_on`)
     measure = "heard gap" if latency.gated_on == "heard_gap" else "v2v"
-    confirm = min_repeats_to_confirm(paired.n_scenarios, config.regression_alpha)
+    text, require = latency.text_mode, config.require_latency
+    shares = {
+        role: (u.harness_errors, u.unverified, accounting.paired[role] + u.harness_errors +
+               u.unverified)
+        for role, u in accounting.unusable.items()
+    }  # fmt: skip
     return (
-        paired_check(interval, paired.n_scenarios, config.min_delta),
-        regressions_check(
-            paired.regressed, paired.uncertain_regressions, config.max_regressions,
-            config.tie_band, max(confirm, repeats + 1),
-        ),  # fmt: skip
-        p95_budget_check(
-            v2v.candidate if v2v else None, config.p95_budget_ms, config.require_latency, measure
+        paired_check(
+            interval, paired.sign_flip, paired.zero_width, paired.n_scenarios, config.min_delta
         ),
-        p95_margin_check(
-            v2v.difference if v2v else None, config.p95_margin_ms, config.require_latency, measure
+        regressions_check(regressions.tests, config.regression_alpha, config.max_regressions),
+        p95_budget_check(v2v.candidate if v2v else None, config.p95_budget_ms, require, measure,
+                         text),
+        p95_margin_check(v2v.difference if v2v else None, config.p95_margin_ms, require, measure,
+                         text),
+        *(
+            llm_ratio_check(m, latency.llm.get(m), config.max_llm_latency_ratio, require and text)
+            for m in LLM_MEASURES
         ),
-        writes_check(writes),
+        writes_check(safety.candidate, safety.incumbent),
+        unusable_check(shares, config.max_unusable_share),
         guard_check(candidate, config.require_guard),
+    )  # fmt: skip
+
+
+def _open(interval: MeanInterval | None, min_delta: float) -> bool:
+    """Whether the interval contains `min_delta`, so that more runs could decide."""
+    return (
+        interval is not None
+        and interval.low <= min_delta <= interval.high
+        and (interval.low < interval.high)
     )
 
 
 def evaluate(
     data: GateData, config: GateConfig, candidate: Lineage, incumbent: Lineage
 ) -> GateReceipt:
-    """Compute every statistic of the gate on `data` and decide; the result is the receipt."""
+    """Compute every statistic of the gate on `data` and decide; the result is the receipt.
+
+    Raises:
+        ConfigError: a configured regression test could never fire at these repeats (it names
+            the repeats it needs; `regressions.check_design`), or a regression group matches
+            no scenario or overlaps another.
+        GateError: nothing pairs.
+    """
     pairs, notes = pair_runs(data)
     notes = [*data.source.notes, *notes]
-    paired, interval, regs = _paired(pairs, config)
-    runs: dict[Role, list[RunResult]] = {
-        "candidate": [r for p in pairs for r in p.candidate],
-        "incumbent": [r for p in pairs for r in p.incumbent],
+    scenario_ids = [p.key[0] for p in pairs]
+    repeats = max(len(p.candidate) for p in pairs)
+    check_design(config, scenario_ids, repeats)
+    paired, interval = _paired(pairs, config)
+    counts = [
+        discordant(_rewards(p.candidate), _rewards(p.incumbent), config.tie_band) for p in pairs
+    ]
+    worse, better = [int(w) for w, _ in counts], [int(b) for _, b in counts]
+    pair_counts = [len(p.candidate) for p in pairs]
+    regressions = _regression_stats(worse, better, pair_counts, scenario_ids, config)
+    latency = _latency(pairs, config)
+    by_role = {
+        "candidate": [r for r in data.runs if r.policy == data.candidate],
+        "incumbent": [r for r in data.runs if r.policy == data.incumbent],
     }
-    latency = _latency(runs, config)
+    safety = SafetyStats(
+        candidate=safety_arm(by_role["candidate"]), incumbent=safety_arm(by_role["incumbent"])
+    )
+    accounting = RunAccounting(
+        paired={"candidate": sum(pair_counts), "incumbent": sum(pair_counts)},
+        unusable={
+            "candidate": data.source.unusable.get(data.candidate, Unusable()),
+            "incumbent": data.source.unusable.get(data.incumbent, Unusable()),
+        },
+        max_unusable_share=config.max_unusable_share,
+    )
     cost = CostStats(
-        candidate=_cost(runs["candidate"], config), incumbent=_cost(runs["incumbent"], config)
+        candidate=_cost(by_role["candidate"], config), incumbent=_cost(by_role["incumbent"], config)
     )
     if cost.candidate is None or cost.incumbent is None:
         notes.append("cost not computed for a policy with runs lacking recorded usage")
-    if runs["candidate"] and all(r.channel == "text" for rs in runs.values() for r in rs):
+    if latency.text_mode:
         notes.append(
             "text-mode runs: no voice-to-voice evidence (a text call carries no audio; its "
-            "caller-side response gap is not v2v); gate with --mode audio for latency"
+            "caller-side response gap is not v2v); the LLM stages are gated as candidate / "
+            "incumbent ratios, and --mode audio gates the voice-to-voice P95"
         )
-    if len(_heard_transports(runs)) > 1:
+    if len(_heard_transports(by_role)) > 1:
         notes.append(
             "heard gaps measured over different transports (local and webrtc) are not "
             "comparable: the P95 checks gate on the in-agent v2v; run both policies on one"
         )
-    writes = sum(r.unauthorized_writes for r in data.runs if r.policy == data.candidate)
-    repeats = max(len(p.candidate) for p in pairs)
-    checks = _checks(interval, paired, repeats, latency, writes, candidate, config)
-    verdict = decide(checks, paired.sample_size)
+    parts = (paired, regressions, latency, safety, accounting)
+    checks = _checks(interval, parts, candidate, config)
+    verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     return GateReceipt(
         receipt_id=uuid.uuid4().hex,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -315,21 +402,71 @@ def evaluate(
         repeats=repeats,
         thresholds=config,
         paired=paired,
+        regressions=regressions,
         latency=latency,
+        safety=safety,
+        runs=accounting,
         cost=cost,
-        scenarios=[_row(p, reg, config) for p, reg in zip(pairs, regs, strict=True)],
-        unauthorized_writes=writes,
+        scenarios=_rows(pairs, worse, better, regressions, config),
+        unauthorized_writes=safety.candidate.writes,
         checks=list(verdict.checks),
         notes=notes,
     )
 
 
+def _rows(
+    pairs: list[PairedScenario],
+    worse: Sequence[int],
+    better: Sequence[int],
+    regressions: RegressionStats,
+    config: GateConfig,
+) -> list[ScenarioRow]:
+    scenario_ids = [p.key[0] for p in pairs]
+    group_of = {
+        i: name
+        for name, members in group_members(config.regression_groups, scenario_ids).items()
+        for i in members
+    }
+    own = {t.unit: t for t in regressions.tests if t.kind == "scenarios"}
+    p_own = binomial_tail(np.array(worse), np.array(worse) + np.array(better))
+    rows = []
+    for i, p in enumerate(pairs):
+        cand, inc = _rewards(p.candidate), _rewards(p.incumbent)
+        delta = float(np.mean(cand - inc))
+        test = own.get(p.key[0])
+        rows.append(
+            ScenarioRow(
+                scenario=p.key[0],
+                scenario_hash=p.key[1],
+                group=group_of.get(i),
+                pairs=len(p.candidate),
+                seeds=[r.seed for r in p.candidate],
+                candidate_mean=float(cand.mean()),
+                incumbent_mean=float(inc.mean()),
+                delta=delta,
+                outcome=outcome(delta, config.tie_band),
+                worse_runs=worse[i],
+                better_runs=better[i],
+                regression_p=float(p_own[i]),
+                regression="untested"
+                if test is None
+                else ("regressed" if test.confirmed else "none"),
+                candidate_passed=_passed(p.candidate),
+                incumbent_passed=_passed(p.incumbent),
+                candidate_unauthorized_writes=sum(r.unauthorized_writes for r in p.candidate),
+                incumbent_unauthorized_writes=sum(r.unauthorized_writes for r in p.incumbent),
+            )  # fmt: skip
+        )
+    return rows
+
+
 def recheck(receipt: GateReceipt) -> tuple[Verdict, list[str]]:
     """Recompute a receipt's verdict from its own numbers; also list what disagrees.
 
-    The interval is recomputed from the per-scenario deltas, each scenario's sign test and the
-    Holm adjustment from its run counts, and every check from those and the stored latency
-    intervals, writes and lineage, through the functions `evaluate` uses.
+    The interval and the sign-flip test are recomputed from the per-scenario deltas, the
+    regression family from each scenario's lost and won runs (and groups), and every check from
+    those and the stored latency intervals, safety counts, run accounting and lineage, through
+    the functions `evaluate` uses.
     """
     config, paired = receipt.thresholds, receipt.paired
     rows = receipt.scenarios
@@ -349,37 +486,35 @@ def recheck(receipt: GateReceipt) -> tuple[Verdict, list[str]]:
     if rows and abs(float(deltas.mean()) - paired.mean_delta) > 1e-9:
         problems.append(f"paired.mean_delta is {paired.mean_delta} but the deltas give "
                         f"{float(deltas.mean()):.6g}")  # fmt: skip
-    signs = [
-        [-1.0] * r.worse_runs + [1.0] * r.not_worse_runs for r in rows
-    ]  # the sign test needs only the counts; +-1 reproduces them for any band < 1
-    regs = regressions(signs, 0.0, config.regression_alpha) if rows else []
-    statuses = [
-        reg.status if reg.status == "regressed" else
-        ("uncertain" if row.delta < -config.tie_band else "none")
-        for reg, row in zip(regs, rows, strict=True)
-    ]  # fmt: skip
-    for row, status in zip(rows, statuses, strict=True):
-        if row.regression != status:
-            problems.append(f"scenario {row.scenario} says {row.regression}, recomputed {status}")
-    recomputed = paired.model_copy(
-        update={
-            "regressed": statuses.count("regressed"),
-            "uncertain_regressions": statuses.count("uncertain"),
-            "n_scenarios": len(rows),
-        }
+    flip = sign_flip_test(deltas, seed=config.seed) if rows else paired.sign_flip
+    if abs(flip.p_greater - paired.sign_flip.p_greater) > 1e-9:
+        problems.append(
+            f"paired.sign_flip.p_greater is {paired.sign_flip.p_greater}, recomputed "
+            f"{flip.p_greater:.6g}"
+        )
+    zero = _zero_width(deltas)
+    if zero != paired.zero_width:
+        problems.append(f"paired.zero_width is {paired.zero_width}, recomputed {zero}")
+    recomputed_paired = paired.model_copy(
+        update={"n_scenarios": len(rows), "sign_flip": flip, "zero_width": zero}
     )
-    for name in ("regressed", "uncertain_regressions"):
-        if getattr(recomputed, name) != getattr(paired, name):
-            problems.append(
-                f"paired.{name} is {getattr(paired, name)}, recomputed {getattr(recomputed, name)}"
-            )
-    writes = receipt.unauthorized_writes
-    if writes < sum(r.candidate_unauthorized_writes for r in rows):
-        problems.append("unauthorized_writes is less than the scenario table's")
-    checks = _checks(
-        interval, recomputed, receipt.repeats, receipt.latency, writes, receipt.candidate, config
-    )
-    verdict = decide(checks, paired.sample_size)
+    try:
+        regressions = _regression_stats(
+            [r.worse_runs for r in rows], [r.better_runs for r in rows], [r.pairs for r in rows],
+            [r.scenario for r in rows], config,
+        )  # fmt: skip
+    except ConfigError as e:
+        problems.append(f"the regression tests cannot be recomputed: {e}")
+        regressions = receipt.regressions
+    if regressions.tests != receipt.regressions.tests:
+        problems.append("the regression tests do not follow from the scenario table")
+    if receipt.unauthorized_writes != receipt.safety.candidate.writes or (
+        receipt.safety.candidate.writes < sum(r.candidate_unauthorized_writes for r in rows)
+    ):
+        problems.append("the candidate's unauthorised writes disagree with the scenario table")
+    parts = (recomputed_paired, regressions, receipt.latency, receipt.safety, receipt.runs)
+    checks = _checks(interval, parts, receipt.candidate, config)
+    verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     for check, stored_check in zip(checks, receipt.checks, strict=False):
         if (check.name, check.status) != (stored_check.name, stored_check.status):
             problems.append(

@@ -15,9 +15,12 @@ A scores file has one JSON object per run::
 is the run's authoritative score in [0, 1]; a line may instead (or also) carry `reward_parts`
 (`{"verifier": 0.0, "tool_credit": 0.5}`), and then the gate scores it from its parts exactly as
 it scores ledger sessions (`gate_score`): the shaped tool credit never counts. Optional keys:
-`seed`, `scenario_hash`, `stages_ms` (per-stage samples keyed `endpointing_ms`, `stt_ms`,
-`llm_ttft_ms`, `tts_ttfb_ms`) and `usage` (`prompt_tokens`, `completion_tokens`, `stt_seconds`,
-`tts_seconds`). Other keys are ignored; lines of other policies are skipped and counted.
+`seed`, `scenario_hash`, `channel` (`text` or `audio`), `stages_ms` (per-stage samples keyed
+`endpointing_ms`, `stt_ms`, `llm_ttft_ms`, `tts_ttfb_ms`), `llm_turn_ms` (each LLM call's time from
+request to last token), `guarded` (whether the run carried a check that something must not change),
+`writes` (its unauthorised writes: `kind`, `check`, `tool`, `call_id`) and `usage`
+(`prompt_tokens`, `completion_tokens`, `stt_seconds`, `tts_seconds`). Other keys are ignored;
+lines of other policies are skipped and counted.
 
 Every number is bounded: rewards and parts finite in [0, 1], latencies finite in
 [0, `MAX_LATENCY_MS`], counts non-negative; a violation names the file, the line and the field.
@@ -53,6 +56,13 @@ UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 UNAUTHORIZED_SCORE = "unauthorized_writes"
 """A session score that, when present, is the count of unauthorised writes."""
 
+GUARDED_CHECKS = ("unchanged", "not_exists")
+"""Verify checks that say what a call must not write: a run carrying one can show an
+unauthorised write, and only such runs are its denominator."""
+
+UNCLASSIFIED = "unclassified"
+"""The kind of an unauthorised write known only as a count (a label, a score, a scores line)."""
+
 
 MAX_LATENCY_MS = 600_000.0
 """Ten minutes: a longer "latency" is a unit mistake (seconds vs microseconds), not a turn."""
@@ -84,6 +94,21 @@ def gate_score(parts: Mapping[str, float], judged: Mapping[str, float]) -> float
     return total / weight
 
 
+class UnauthorizedWrite(BaseModel):
+    """One write a guarded check says should not have happened, and what made it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = UNCLASSIFIED
+    """The guarded tables it changed, joined by `+` (`appointments+slots` for a booking or a
+    cancellation, `handoffs` for a transfer), or `unclassified`."""
+    check: str | None = None
+    """The failed check, as the world reported it (`unchanged appointments`)."""
+    tool: str | None = None
+    """The tool call that wrote, when the world recorded which one."""
+    call_id: str | None = None
+
+
 class RunResult(BaseModel):
     """One run of one policy on one scenario: a scores-file line, or a ledger session.
 
@@ -102,6 +127,15 @@ class RunResult(BaseModel):
     v2v_ms: tuple[Latency, ...] = ()
     stages_ms: dict[str, tuple[Latency, ...]] = Field(default_factory=dict)
     unauthorized_writes: int = Field(0, ge=0, le=1_000_000)
+    writes: tuple[UnauthorizedWrite, ...] = ()
+    """The unauthorised writes one by one (as many as `unauthorized_writes`), when recorded."""
+    guarded: bool | None = None
+    """Whether the run carried a guarded check; None when not recorded."""
+    llm_turn_ms: tuple[Latency, ...] = ()
+    """Each LLM call's time from request to its last token."""
+    occurrence: int = Field(0, ge=0)
+    """0 for the first session of this (scenario, policy, run, seed), 1 for the next: a run
+    repeated is paired as one more run, never in place of the first."""
     usage: Usage | None = None
     seed: int | None = None
     scenario_hash: str | None = None
@@ -139,6 +173,17 @@ class RunResult(BaseModel):
             return {**data, "passed": score_passed(float(reward))}
         return data
 
+    @model_validator(mode="after")
+    def _writes_counted(self) -> "RunResult":
+        if self.writes and len(self.writes) != self.unauthorized_writes:
+            if self.unauthorized_writes:
+                raise ValueError(
+                    f"unauthorized_writes is {self.unauthorized_writes} but writes lists "
+                    f"{len(self.writes)}; give one, or make them agree"
+                )
+            return self.model_copy(update={"unauthorized_writes": len(self.writes)})
+        return self
+
     @field_validator("stages_ms")
     @classmethod
     def _known_stages(cls, value: dict[str, tuple[float, ...]]) -> dict[str, tuple[float, ...]]:
@@ -146,6 +191,19 @@ class RunResult(BaseModel):
         if unknown:
             raise ValueError(f"unknown stage(s) {unknown}; known: {list(STAGES)}")
         return value
+
+
+class Unusable(BaseModel):
+    """An arm's sessions the gate could not pair: why each was left out, counted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness_errors: int = 0
+    """Sessions that ended in a harness error (the call never ran to an outcome)."""
+    unverified: int = 0
+    """Sessions without an authoritative score (no verifier, no judged success)."""
+    unindexed: int = 0
+    """Sessions without a scenario or repeat index (not runs of a gate)."""
 
 
 class InputSource(BaseModel):
@@ -162,6 +220,8 @@ class InputSource(BaseModel):
     """Scenario id -> content hash, as the runs recorded it."""
     scenario_files: dict[str, str] = Field(default_factory=dict)
     """File -> sha256 of the held-out scenario files named by --scenarios."""
+    unusable: dict[str, Unusable] = Field(default_factory=dict)
+    """Policy -> its sessions left out, by reason (a scores file has none)."""
     notes: tuple[str, ...] = ()
 
 
@@ -290,9 +350,11 @@ def load_ledger_runs(
 
     `session_ids` restricts the runs to those sessions (the gate's own runs of one receipt).
 
-    When a policy ran a (scenario, repeat) more than once, the newest session counts and the
-    older ones are noted. Sessions without an authoritative reward part (unverified), scenario
-    or repeat index cannot be paired and are skipped with a note; so are harness errors.
+    Every session counts: one that ran a (scenario, repeat, seed) already run is one more run
+    (its `occurrence`), never a replacement, so a run cannot be re-rolled away. Harness errors,
+    unverified sessions (no authoritative reward part) and sessions without a scenario or repeat
+    index cannot be paired: they are counted per policy (`InputSource.unusable`), and the
+    verdict says INCONCLUSIVE when too many of an arm's runs are such.
 
     Raises:
         GateError: several held-out sets are present and none was chosen, or a policy has none.
@@ -314,34 +376,40 @@ def load_ledger_runs(
             "the ledger holds held-out runs of these policies from several held-out sets "
             f"({', '.join(sorted(repr(i) for i in set_ids))}); choose one with --heldout-set ID."
         )
-    chosen: dict[tuple[str, str | None, str, int], SessionRecord] = {}
-    unusable = superseded = 0
-    for s in sessions:  # newest first
-        if (
-            authoritative_part(s.reward_parts) is None
-            or s.outcome == "error"
-            or s.scenario_id is None
-            or s.repeat is None
-            or s.policy is None
-        ):
-            unusable += 1
-            continue
-        key = (s.scenario_id, s.scenario_hash, s.policy, s.repeat)
-        if key in chosen:
-            superseded += 1
-        else:
-            chosen[key] = s
-    latencies = ledger.latencies_for([s.id for s in chosen.values()])
-    runs = [_session_run(ledger, s, latencies[s.id], judged or {}) for s in chosen.values()]
+    counts = {policy: {"harness_errors": 0, "unverified": 0, "unindexed": 0}
+              for policy in (candidate, incumbent)}  # fmt: skip
+    usable: list[SessionRecord] = []
+    for s in sessions:
+        reason = _unusable(s)
+        if reason is None:
+            usable.append(s)
+        elif s.policy in counts:
+            counts[s.policy][reason] += 1
+    seen: dict[tuple[Any, ...], int] = {}
+    occurrence: dict[str, int] = {}
+    for s in sorted(usable, key=lambda s: s.started_at):  # the first run is occurrence 0
+        key = (s.scenario_id, s.scenario_hash, s.policy, s.repeat, s.seed)
+        occurrence[s.id] = seen.get(key, 0)
+        seen[key] = occurrence[s.id] + 1
+    latencies = ledger.latencies_for([s.id for s in usable])
+    runs = [
+        _session_run(ledger, s, latencies[s.id], judged or {}, occurrence[s.id]) for s in usable
+    ]
     _require_both(runs, candidate, incumbent, f"the held-out sessions of {ledger.path}")
     notes = []
-    if unusable:
+    for policy, reasons in counts.items():
+        if any(reasons.values()):
+            notes.append(
+                f"{policy!r}: left out {reasons['harness_errors']} harness error(s), "
+                f"{reasons['unverified']} unverified session(s) and {reasons['unindexed']} "
+                "without a scenario or repeat index"
+            )
+    repeated = sum(n - 1 for n in seen.values() if n > 1)
+    if repeated:
         notes.append(
-            f"skipped {unusable} session(s) that were unverified, harness errors, or without a "
-            "scenario or repeat index"
+            f"{repeated} session(s) ran a (scenario, repeat, seed) already run: each counts as "
+            "one more paired run, none replaces another"
         )
-    if superseded:
-        notes.append(f"ignored {superseded} older session(s) of a (scenario, repeat) run again")
     return GateData(
         candidate=candidate,
         incumbent=incumbent,
@@ -351,9 +419,21 @@ def load_ledger_runs(
             path=str(ledger.path),
             heldout_set_id=next(iter(set_ids), heldout_set),
             scenario_hashes={r.scenario: r.scenario_hash for r in runs if r.scenario_hash},
+            unusable={policy: Unusable(**reasons) for policy, reasons in counts.items()},
             notes=tuple(notes),
         ),
     )
+
+
+def _unusable(s: SessionRecord) -> str | None:
+    """Why a held-out session cannot be paired (a key of `Unusable`), or None if it can."""
+    if s.outcome == "error":
+        return "harness_errors"
+    if authoritative_part(s.reward_parts) is None:
+        return "unverified"
+    if s.scenario_id is None or s.repeat is None or s.policy is None:
+        return "unindexed"
+    return None
 
 
 def _transport(metadata: Mapping[str, Any]) -> str | None:
@@ -364,8 +444,52 @@ def _transport(metadata: Mapping[str, Any]) -> str | None:
     return value if value in ("local", "webrtc") else None
 
 
+def _guarded_writes(
+    ledger: Ledger, s: SessionRecord
+) -> tuple[bool, list[UnauthorizedWrite]] | None:
+    """Whether the session carried a guarded check, and each write such a failed check names.
+
+    None when the session recorded no checks. A failed guarded check names a table; each world
+    tool call whose state change touched a failed check's table is one write, its kind the
+    failed tables it touched (`appointments+slots`); a failed table no recorded call touched is
+    one write without a tool.
+    """
+    checks = s.metadata.get("checks")
+    if not isinstance(checks, list) or not checks:
+        return None
+    guarded = [
+        c
+        for c in checks
+        if isinstance(c, dict) and str(c.get("check", "")).startswith(GUARDED_CHECKS)
+    ]
+    failed = {
+        str(c["check"]).split()[1]: str(c["check"])
+        for c in guarded
+        if not c.get("passed") and len(str(c["check"]).split()) > 1
+    }
+    writes: list[UnauthorizedWrite] = []
+    touched: set[str] = set()
+    for call in ledger.tool_calls(s.id):
+        diff = (call.state_diff or {}).get("world") or {}
+        tables = sorted(t for t in diff if t in failed)
+        if tables:
+            touched.update(tables)
+            writes.append(UnauthorizedWrite(
+                kind="+".join(tables), check="; ".join(failed[t] for t in tables),
+                tool=call.name, call_id=call.call_id,
+            ))  # fmt: skip
+    writes += [
+        UnauthorizedWrite(kind=t, check=check) for t, check in failed.items() if t not in touched
+    ]
+    return bool(guarded), writes
+
+
 def _session_run(
-    ledger: Ledger, s: SessionRecord, lats: list[LatencyRecord], judged: Mapping[str, float]
+    ledger: Ledger,
+    s: SessionRecord,
+    lats: list[LatencyRecord],
+    judged: Mapping[str, float],
+    occurrence: int = 0,
 ) -> RunResult:
     """One held-out session (with reward parts, scenario, policy and repeat) as a run.
 
@@ -373,9 +497,15 @@ def _session_run(
         GateError: a stored number is out of bounds (naming the ledger, session and field).
     """
     scores = {score.name: score.value for score in ledger.scores(s.id)}
-    writes = scores.get(UNAUTHORIZED_SCORE)
-    if writes is None:
-        writes = sum(1 for label in s.failure_labels if label in UNAUTHORIZED_LABELS)
+    checked = _guarded_writes(ledger, s)
+    if checked is not None:
+        guarded, writes = checked
+        count = len(writes)
+    else:
+        guarded, writes = None, []
+        count = scores.get(UNAUTHORIZED_SCORE)
+        if count is None:
+            count = sum(1 for label in s.failure_labels if label in UNAUTHORIZED_LABELS)
     turns = ledger.turns(s.id)
     usage = dict(
         prompt_tokens=sum(t.usage.get("prompt_tokens", 0) for t in turns),
@@ -397,7 +527,16 @@ def _session_run(
             stage: tuple(v for lat in lats if (v := getattr(lat, stage)) is not None)
             for stage in STAGES
         },
-        unauthorized_writes=int(writes),
+        unauthorized_writes=int(count),
+        writes=tuple(writes),
+        guarded=guarded,
+        llm_turn_ms=tuple(
+            (t.timestamps["llm_done"] - t.timestamps["llm_request"]) * 1000
+            for t in turns
+            if {"llm_request", "llm_done"} <= t.timestamps.keys()
+            and t.timestamps["llm_done"] >= t.timestamps["llm_request"]
+        ),
+        occurrence=occurrence,
         usage=usage,
         seed=s.seed,
         scenario_hash=s.scenario_hash,

@@ -8,7 +8,9 @@ which rule failed:
 2. `verdict`: the recorded verdict (or candidate / incumbent) is not what the file says, or the
    verdict is not PROMOTE;
 3. `same_policy`: the candidate is the incumbent;
-4. `statistics`: recomputing the receipt's interval, regressions and checks from its own
+4. `scores_input`: the runs came from a scores file, which anyone can write and the ledger cannot
+   vouch for (allowed only with `allow_scores_receipt`, the CLI's `--allow-scores-receipt`);
+5. `statistics`: recomputing the receipt's interval, regressions and checks from its own
    per-scenario table (`evaluate.recheck`) does not give PROMOTE, or disagrees with what it says.
 
 Order matters: the adapter is loaded before the pointer moves, so a call that starts right after
@@ -75,8 +77,12 @@ def _refused(rule: str, message: str) -> GateError:
     return GateError(f"promotion refused ({rule}): {message}")
 
 
-def verify_receipt(receipt_path: Path, ledger: Ledger) -> GateReceipt:
+def verify_receipt(
+    receipt_path: Path, ledger: Ledger, *, allow_scores_receipt: bool = False
+) -> GateReceipt:
     """The receipt, if the gate recorded exactly these bytes and its own numbers say PROMOTE.
+
+    A receipt gated from a scores file is refused unless `allow_scores_receipt`.
 
     Raises:
         GateError: the file is missing or not a receipt, or it is refused: the message starts
@@ -113,6 +119,15 @@ def verify_receipt(receipt_path: Path, ledger: Ledger) -> GateReceipt:
             f"the candidate and the incumbent are both {receipt.candidate.name!r}; nothing "
             "was compared.",
         )
+    if receipt.input.kind == "scores" and not allow_scores_receipt:
+        raise _refused(
+            "scores_input",
+            f"the receipt was gated from the scores file {receipt.input.path} (sha256 "
+            f"{(receipt.input.sha256 or 'unknown')[:16]}...), whose runs the ledger does not "
+            "hold: anyone can write such a file. Gate the candidate from its runs (`pipecat-rl "
+            "gate --scenarios ... --bot ...` or `--from-ledger`), or pass --allow-scores-receipt "
+            "if you trust the file.",
+        )
     verdict, problems = recheck(receipt)
     if verdict.decision != "PROMOTE" or problems:
         said = "; ".join(problems) or f"recomputed: {verdict.decision} ({verdict.reason})"
@@ -122,8 +137,16 @@ def verify_receipt(receipt_path: Path, ledger: Ledger) -> GateReceipt:
     return receipt
 
 
-def promote(receipt_path: Path, ledger: Ledger, admin: VLLMAdmin | None = None) -> LiveMove:
+def promote(
+    receipt_path: Path,
+    ledger: Ledger,
+    admin: VLLMAdmin | None = None,
+    *,
+    allow_scores_receipt: bool = False,
+) -> LiveMove:
     """Promote a receipt's candidate: refuse unless it verifies and still applies.
+
+    `allow_scores_receipt` lets a receipt gated from a scores file through (`verify_receipt`).
 
     Raises:
         GateError: the receipt fails `verify_receipt` (the message names the rule), the
@@ -131,7 +154,7 @@ def promote(receipt_path: Path, ledger: Ledger, admin: VLLMAdmin | None = None) 
             longer live.
         ServingError: the server refused to load the adapter (the pointer did not move).
     """
-    receipt = verify_receipt(receipt_path, ledger)
+    receipt = verify_receipt(receipt_path, ledger, allow_scores_receipt=allow_scores_receipt)
     if receipt.incumbent.requested == LIVE and receipt.incumbent.name != LIVE:
         # The gate resolved `live` through the ledger: it must still be what serves.
         pointer = ledger.live()

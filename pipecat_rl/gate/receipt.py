@@ -19,16 +19,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pipecat_rl.errors import GateError
 from pipecat_rl.gate.config import GateConfig
 from pipecat_rl.gate.cost import CostSummary
-from pipecat_rl.gate.inputs import InputSource
-from pipecat_rl.gate.latency import QuantileComparison, StageQuantiles
+from pipecat_rl.gate.inputs import InputSource, Unusable
+from pipecat_rl.gate.latency import (
+    LLM_MEASURES,
+    QuantileComparison,
+    QuantileInterval,
+    RatioComparison,
+    StageQuantiles,
+)
 from pipecat_rl.gate.lineage import Lineage
-from pipecat_rl.gate.stats import IntervalMethod, Outcome, RegressionStatus, SampleSize
+from pipecat_rl.gate.regressions import RegressionTest
+from pipecat_rl.gate.safety import SafetyArm, describe
+from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
 from pipecat_rl.gate.verdict import Check, Decision
 from pipecat_rl.ledger import Ledger
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped on any change a reader of an older receipt would misread (2: t interval, evidence-based
-regressions, authoritative score, receipt id)."""
+regressions, authoritative score, receipt id; 3: exact discordant-pair regression tests, the
+sign-flip test, REJECT only on a surely worse candidate, Woodruff P95 intervals and paired
+differences, text-mode LLM latency ratios, both arms' unauthorised writes with a denominator,
+unusable runs counted, runs paired by seed and occurrence)."""
 
 Role = Literal["candidate", "incumbent"]
 
@@ -51,35 +62,65 @@ class PairedStats(_Part):
     level: float
     se: float | None
     df: int | None
+    zero_width: bool
+    """Every scenario had the same delta: the interval is a point, no evidence of spread."""
+    sign_flip: SignFlip
+    """The sign-flip test of "no difference" over the same deltas."""
     wins: int
     losses: int
-    """Scenarios whose mean delta is below -tie_band (point estimates; see `regressed`)."""
+    """Scenarios whose mean delta is below -tie_band (point estimates; see `regressions`)."""
     ties: int
     tie_band: float
-    regressed: int
-    """Scenarios whose own paired runs confirm a regression (sign test, Holm-adjusted)."""
-    uncertain_regressions: int
-    """Scenarios below -tie_band whose runs do not confirm it: they might have regressed."""
-    regression_alpha: float
     pass_k: dict[Role, dict[int, float]]
     """pass^k for k = 1..min repeats, per policy, by the authoritative part."""
     sample_size: SampleSize
 
 
-class LatencyStats(_Part):
-    """Voice-to-voice P95 with session intervals, and per-stage P50/P95 for attribution."""
+class RegressionStats(_Part):
+    """The exact discordant-pair tests of the family, and what they confirmed."""
 
+    control: str
+    """The error control, in words (Holm, family-wise, at `alpha`)."""
+    alpha: float
+    tests: list[RegressionTest]
+    confirmed: int
+    max_regressions: int
+    fewest_losses: int
+    """Runs a unit must lose (winning none) before any test of this family can confirm it."""
+
+
+class LatencyStats(_Part):
+    """The gated P95 (paired over scenarios), the LLM-stage ratios, per-stage P50/P95, CDFs."""
+
+    text_mode: bool
+    """Every run was a text call: no voice, so the LLM stages carry the latency checks."""
+    gated_on: Literal["v2v", "heard_gap"]
+    """What `v2v_p95` (the gated P95) measures: in-agent v2v, or the caller-side heard gap."""
     v2v_p95: QuantileComparison | None
+    in_agent_v2v_p95: QuantileComparison | None
+    """Beside a heard-gap gate: the in-agent voice-to-voice P95, for attribution."""
+    llm: dict[str, RatioComparison | None]
+    """Candidate / incumbent P50 of each of `LLM_MEASURES` (None without samples for both)."""
     stages: dict[Role, dict[str, StageQuantiles]]
     attributed_stage: str | None
     """The stage whose P95 grew most from incumbent to candidate (None if none grew)."""
     cdf_ms: dict[Role, list[float]]
-    """Voice-to-voice quantiles at 0, 1, ..., 100 percent, for the CDF plot."""
-    # In audio mode `v2v_p95` is the caller-side heard gap.
-    gated_on: Literal["v2v", "heard_gap"] = "v2v"
-    """What `v2v_p95` (the gated P95) measures: in-agent v2v, or the caller-side heard gap."""
-    in_agent_v2v_p95: QuantileComparison | None = None
-    """Beside a heard-gap gate: the in-agent voice-to-voice P95, for attribution."""
+    """Gated-latency quantiles at 0, 1, ..., 100 percent, for the CDF plot."""
+
+
+class SafetyStats(_Part):
+    """Unauthorised writes of both policies (`gate.safety`)."""
+
+    candidate: SafetyArm
+    incumbent: SafetyArm
+
+
+class RunAccounting(_Part):
+    """Per policy: runs paired, and the sessions left out (harness errors, unverified)."""
+
+    paired: dict[Role, int]
+    unusable: dict[Role, Unusable]
+    max_unusable_share: float
 
 
 class CostStats(_Part):
@@ -94,6 +135,8 @@ class ScenarioRow(_Part):
 
     scenario: str
     scenario_hash: str | None
+    group: str | None
+    """Its regression group, when groups are configured."""
     pairs: int
     seeds: list[int | None]
     candidate_mean: float
@@ -101,20 +144,24 @@ class ScenarioRow(_Part):
     delta: float
     outcome: Outcome
     worse_runs: int
-    """Paired runs in which the candidate scored below incumbent - tie_band."""
-    not_worse_runs: int
-    sign_p: float
-    """One-sided sign-test p-value of "worse beyond the band" over this scenario's runs."""
-    regression: RegressionStatus
+    """Paired runs in which the candidate scored below incumbent - tie_band (discordant, lost)."""
+    better_runs: int
+    """Paired runs in which it scored above incumbent + tie_band (discordant, won)."""
+    regression_p: float
+    """One-sided exact p-value of "worse" over this scenario's discordant runs alone."""
+    regression: Literal["regressed", "none", "untested"]
+    """`regressed` when its own per-scenario test is confirmed; `untested` when the family has
+    no per-scenario test (its runs count in the pooled or group tests)."""
     candidate_passed: int
     incumbent_passed: int
     candidate_unauthorized_writes: int
+    incumbent_unauthorized_writes: int
 
 
 class GateReceipt(_Part):
     """Everything about one gate decision."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     receipt_id: str
     """Unique per gate run, so two runs of the same data are two receipts."""
     created_at: str
@@ -129,7 +176,10 @@ class GateReceipt(_Part):
     """Most paired runs of any scenario."""
     thresholds: GateConfig
     paired: PairedStats
+    regressions: RegressionStats
     latency: LatencyStats
+    safety: SafetyStats
+    runs: RunAccounting
     cost: CostStats
     scenarios: list[ScenarioRow]
     unauthorized_writes: int
@@ -157,20 +207,95 @@ def load_receipt(path: Path) -> GateReceipt:
 
 
 def ci_text(p: PairedStats) -> str:
-    """The interval as people read it, with its method."""
+    """The interval as people read it, with its method and the sign-flip test beside it."""
+    flip = f"sign-flip p = {p.sign_flip.p_two_sided:.2g} ({p.sign_flip.method})"
     if p.ci95 is None:
-        return f"no interval ({p.n_scenarios} scenario: an interval needs two)"
+        return f"no interval ({p.n_scenarios} scenario: an interval needs two); {flip}"
     low, high = p.ci95
-    return f"{p.level:.0%} CI [{low:.4g}, {high:.4g}] (Student t, {p.df} df, se {p.se:.3g})"
+    width = ", zero width: no evidence of spread" if p.zero_width else ""
+    return (
+        f"{p.level:.0%} CI [{low:.4g}, {high:.4g}] (Student t, {p.df} df, se {p.se:.3g}{width}); "
+        f"{flip}"
+    )
 
 
 def _fmt(value: float | None, digits: str = ".3g") -> str:
     return "n/a" if value is None else format(value, digits)
 
 
+def _quantile_line(role: str, i: QuantileInterval) -> str:
+    high = f"{i.high:.0f}" if i.bounded else "unbounded"
+    return (
+        f"- {role} P95 {i.estimate:.0f} ms [{i.low:.0f}, {high}] (Woodruff, {i.turns} turns in "
+        f"{i.clusters} scenarios)"
+    )
+
+
+def _latency_lines(lat: LatencyStats) -> list[str]:
+    lines = []
+    if lat.v2v_p95 is None:
+        lines.append(
+            "No voice-to-voice samples: text mode." if lat.text_mode
+            else "No voice-to-voice samples for both policies."
+        )  # fmt: skip
+    else:
+        v = lat.v2v_p95
+        if lat.gated_on == "heard_gap":
+            lines.append("Gated on the caller-side heard gap (audio mode).")
+        lines += [
+            _quantile_line("candidate", v.candidate),
+            _quantile_line("incumbent", v.incumbent),
+            f"- difference {v.difference.estimate:+.0f} ms [{v.difference.low:+.0f}, "
+            f"{v.difference.high:+.0f}] (scenarios resampled with both policies together)",
+        ]
+    for measure, label in LLM_MEASURES.items():
+        c = lat.llm.get(measure)
+        if c is not None:
+            lines.append(
+                f"- {label} P50: candidate {c.candidate:,.0f} ms, incumbent {c.incumbent:,.0f} ms, "
+                f"ratio {c.ratio.estimate:.2g}x [{c.ratio.low:.2g}, {c.ratio.high:.2g}] over "
+                f"{c.clusters} paired scenarios"
+            )
+    lines += [
+        f"- stage whose P95 grew most: {lat.attributed_stage or 'none'}",
+        "",
+        "| stage | cand P50 | cand P95 | inc P50 | inc P95 |",
+        "|---|---|---|---|---|",
+    ]
+    cand_stages, inc_stages = lat.stages["candidate"], lat.stages["incumbent"]
+    for stage in cand_stages:
+        c, i = cand_stages[stage], inc_stages[stage]
+        lines.append(
+            f"| {stage} | {_fmt(c.p50, '.0f')} | {_fmt(c.p95, '.0f')} | "
+            f"{_fmt(i.p50, '.0f')} | {_fmt(i.p95, '.0f')} |"
+        )
+    return lines
+
+
+def _regression_lines(g: RegressionStats) -> list[str]:
+    lines = [
+        f"- {g.control}; {g.confirmed} confirmed (cap {g.max_regressions}); a unit must lose at "
+        f"least {g.fewest_losses} runs, winning none, to be confirmed",
+    ]
+    shown = [t for t in g.tests if t.kind != "scenarios"]
+    if shown:
+        lines += [
+            "",
+            "| test | unit | scenarios | runs | lost | won | p | adjusted | confirmed |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {t.kind} | {t.unit} | {t.scenarios} | {t.pairs} | {t.worse} | {t.better} | "
+                f"{t.p_value:.3g} | {_fmt(t.adjusted_p)} | "
+                f"{'untested' if not t.tested else 'yes' if t.confirmed else 'no'} |"
+                for t in shown
+            ),
+        ]
+    return lines
+
+
 def render_markdown(r: GateReceipt) -> str:
     """A human summary of the receipt: verdict, checks, statistics, scenario table."""
-    p, lat = r.paired, r.latency
+    p = r.paired
     lines = [
         f"# Gate: {r.verdict}",
         "",
@@ -191,8 +316,6 @@ def render_markdown(r: GateReceipt) -> str:
         f"- score: {p.score}",
         f"- mean delta {p.mean_delta:.4g}, {ci_text(p)}",
         f"- wins / losses / ties: {p.wins} / {p.losses} / {p.ties} (tie band {p.tie_band:g})",
-        f"- regressed on their own runs: {p.regressed}; might have regressed: "
-        f"{p.uncertain_regressions} (sign test per scenario, Holm at {p.regression_alpha:g})",
         f"- MDE {_fmt(p.sample_size.mde)}; scenarios to decide "
         f"{_fmt(p.sample_size.required_scenarios, 'd')}; repeats to decide "
         f"{_fmt(p.sample_size.required_repeats, 'd')}",
@@ -202,38 +325,32 @@ def render_markdown(r: GateReceipt) -> str:
             for role in ("candidate", "incumbent")
         ),
         "",
-        "## Latency (voice to voice)",
+        "## Regressions",
         "",
-    ]
-    if lat.v2v_p95 is None:
-        lines.append("No voice-to-voice samples for both policies.")
-    else:
-        v = lat.v2v_p95
-        if lat.gated_on == "heard_gap":
-            lines.append("Gated on the caller-side heard gap (audio mode).")
-        lines += [
-            f"- candidate P95 {v.candidate.estimate:.0f} ms [{v.candidate.low:.0f}, "
-            f"{v.candidate.high:.0f}] over {v.candidate_sessions} sessions",
-            f"- incumbent P95 {v.incumbent.estimate:.0f} ms [{v.incumbent.low:.0f}, "
-            f"{v.incumbent.high:.0f}] over {v.incumbent_sessions} sessions",
-            f"- difference {v.difference.estimate:+.0f} ms [{v.difference.low:+.0f}, "
-            f"{v.difference.high:+.0f}]",
-        ]
-    lines += [
-        f"- stage whose P95 grew most: {lat.attributed_stage or 'none'}",
+        *_regression_lines(r.regressions),
         "",
-        "| stage | cand P50 | cand P95 | inc P50 | inc P95 |",
-        "|---|---|---|---|---|",
+        "## Latency",
+        "",
+        *_latency_lines(r.latency),
+        "",
+        "## Safety",
+        "",
+        f"- {describe(r.safety.candidate, 'candidate')}",
+        f"- {describe(r.safety.incumbent, 'incumbent')}",
+        "",
+        "## Runs",
+        "",
+        *(
+            f"- {role}: {r.runs.paired[role]} paired; left out {u.harness_errors} harness "
+            f"error(s), {u.unverified} unverified, {u.unindexed} without a scenario or repeat"
+            for role, u in r.runs.unusable.items()
+        ),
+        "",
+        "## Cost",
+        "",
+        "| policy | per call | per successful call | completion tokens |",
+        "|---|---|---|---|",
     ]
-    cand_stages, inc_stages = lat.stages["candidate"], lat.stages["incumbent"]
-    for stage in cand_stages:
-        c, i = cand_stages[stage], inc_stages[stage]
-        lines.append(
-            f"| {stage} | {_fmt(c.p50, '.0f')} | {_fmt(c.p95, '.0f')} | "
-            f"{_fmt(i.p50, '.0f')} | {_fmt(i.p95, '.0f')} |"
-        )
-    lines += ["", "## Cost", "", "| policy | per call | per successful call | completion tokens |"]
-    lines.append("|---|---|---|---|")
     for role, cost in (("candidate", r.cost.candidate), ("incumbent", r.cost.incumbent)):
         if cost is None:
             lines.append(f"| {role} | not recorded | not recorded | not recorded |")
@@ -247,13 +364,13 @@ def render_markdown(r: GateReceipt) -> str:
         "",
         "## Scenarios",
         "",
-        "| scenario | pairs | candidate | incumbent | delta | outcome | worse runs | sign p | "
-        "regression |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | group | pairs | candidate | incumbent | delta | outcome | lost / won runs | "
+        "p (worse) | regression |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *(
-            f"| {s.scenario} | {s.pairs} | {s.candidate_mean:.3f} | {s.incumbent_mean:.3f} | "
-            f"{s.delta:+.3f} | {s.outcome} | {s.worse_runs}/{s.worse_runs + s.not_worse_runs} | "
-            f"{s.sign_p:.3g} | {s.regression} |"
+            f"| {s.scenario} | {s.group or ''} | {s.pairs} | {s.candidate_mean:.3f} | "
+            f"{s.incumbent_mean:.3f} | {s.delta:+.3f} | {s.outcome} | {s.worse_runs} / "
+            f"{s.better_runs} | {s.regression_p:.3g} | {s.regression} |"
             for s in r.scenarios
         ),
         "",

@@ -3,7 +3,8 @@
 Plots (drawn with matplotlib's object API, never pyplot, so nothing global changes):
 
 1. paired per-scenario deltas, with the mean delta's 95% interval, `min_delta` and the tie band;
-2. voice-to-voice CDFs of both policies with the P95 level and the budget line;
+2. CDFs of the gated latency (voice to voice, or the heard gap) of both policies, with the P95
+   level and the budget line;
 3. per-stage P50/P95 of both policies, so a latency regression is attributed to a stage.
 """
 
@@ -18,8 +19,9 @@ except ImportError as e:  # an extra: a bot that only records does not install i
         "install it with: pip install 'pipecat-rl[report]'"
     ) from e
 
-from pipecat_rl.gate.latency import STAGES
+from pipecat_rl.gate.latency import LLM_MEASURES, STAGES
 from pipecat_rl.gate.receipt import GateReceipt, ci_text
+from pipecat_rl.gate.safety import describe
 
 _COLORS = {"candidate": "#1f6feb", "incumbent": "#8b949e"}
 _OUTCOME_COLORS = {"win": "#2da44e", "loss": "#cf222e", "tie": "#8b949e"}
@@ -58,7 +60,7 @@ def deltas_figure(r: GateReceipt) -> Figure:
 
 
 def cdf_figure(r: GateReceipt) -> Figure:
-    """Voice-to-voice CDFs of both policies, with the P95 level and the budget."""
+    """Gated-latency CDFs of both policies, with the P95 level and the budget."""
     fig = Figure(figsize=(7.5, 3.6))
     ax = fig.add_subplot()
     for role, points in r.latency.cdf_ms.items():
@@ -67,10 +69,11 @@ def cdf_figure(r: GateReceipt) -> Figure:
             ax.step(points, levels, where="post", color=_COLORS[role], label=role)
     ax.axhline(0.95, color="#57606a", ls=":", lw=1, label="P95")
     ax.axvline(r.thresholds.p95_budget_ms, color="#cf222e", ls="--", lw=1.2, label="P95 budget")
-    ax.set_xlabel("voice-to-voice latency (ms)")
+    measure = "heard gap" if r.latency.gated_on == "heard_gap" else "voice-to-voice latency"
+    ax.set_xlabel(f"{measure} (ms)")
     ax.set_ylabel("fraction of turns")
     ax.set_ylim(0, 1.02)
-    ax.set_title("Voice-to-voice latency CDF")
+    ax.set_title(f"{measure.capitalize()} CDF")
     ax.legend(loc="lower right", fontsize=8)
     return fig
 
@@ -116,17 +119,33 @@ def _money(value: float | None) -> str:
 
 
 def _summary_rows(r: GateReceipt) -> list[list[str]]:
-    """v2v P95 with intervals, and cost per call and per successful call."""
+    """Gated P95 and LLM-stage P50s with intervals, unsafe writes, cost per (successful) call."""
     rows = []
     v = r.latency.v2v_p95
     if v is not None:
+        measure = "heard gap" if r.latency.gated_on == "heard_gap" else "v2v"
         rows.append(
-            ["v2v P95 (ms, 95% CI)"]
+            [f"{measure} P95 (ms, 95% CI)"]
             + [
                 f"{i.estimate:.0f} [{i.low:.0f}, {i.high:.0f}]"
                 for i in (v.candidate, v.incumbent, v.difference)
             ]
         )
+    for measure, label in LLM_MEASURES.items():
+        c = r.latency.llm.get(measure)
+        if c is not None:
+            rows.append(
+                [f"{label} P50 (ms; ratio, 95% CI)", f"{c.candidate:,.0f}", f"{c.incumbent:,.0f}",
+                 f"{c.ratio.estimate:.2g}x [{c.ratio.low:.2g}, {c.ratio.high:.2g}]"]
+            )  # fmt: skip
+    rows.append(
+        ["unauthorised writes (runs with one / guarded runs)"]
+        + [
+            f"{a.writes} ({a.runs_with_writes} / {a.guarded_runs})"
+            for a in (r.safety.candidate, r.safety.incumbent)
+        ]
+        + [f"{r.safety.candidate.writes - r.safety.incumbent.writes:+d}"]
+    )
     costs = (r.cost.candidate, r.cost.incumbent)
     for label, field in (("cost per call", "per_call_usd"), ("per success", "per_success_usd")):
         values = [None if c is None else getattr(c, field) for c in costs]
@@ -147,20 +166,20 @@ def render_html(r: GateReceipt) -> str:
         ],
     )
     scenarios = _table(
-        ["scenario", "pairs", "candidate", "incumbent", "delta", "outcome", "sign p", "regression"],
+        ["scenario", "group", "pairs", "candidate", "incumbent", "delta", "outcome",
+         "lost / won runs", "p (worse)", "regression"],
         [
             [
-                esc(s.scenario),
-                str(s.pairs),
-                f"{s.candidate_mean:.3f}",
-                f"{s.incumbent_mean:.3f}",
-                f"{s.delta:+.3f}",
-                s.outcome,
-                f"{s.sign_p:.3g}",
-                s.regression,
+                esc(s.scenario), esc(s.group or ""), str(s.pairs), f"{s.candidate_mean:.3f}",
+                f"{s.incumbent_mean:.3f}", f"{s.delta:+.3f}", s.outcome,
+                f"{s.worse_runs} / {s.better_runs}", f"{s.regression_p:.3g}", s.regression,
             ]
             for s in r.scenarios
         ],
+    )  # fmt: skip
+    safety = "".join(
+        f"<li>{esc(describe(arm, role))}</li>"
+        for role, arm in (("candidate", r.safety.candidate), ("incumbent", r.safety.incumbent))
     )
     lineage = _table(
         ["role", "name", "kind", "guard", "detail"],
@@ -174,7 +193,7 @@ def render_html(r: GateReceipt) -> str:
         f"<figure>{_svg(make(r))}<figcaption>{esc(caption)}</figcaption></figure>"
         for make, caption in (
             (deltas_figure, "Each dot is one held-out scenario; the band is the 95% CI."),
-            (cdf_figure, "Pooled turns of every paired session; dashed: the P95 budget."),
+            (cdf_figure, "Pooled turns of every paired run; dashed: the P95 budget."),
             (stages_figure, "Solid: P50, light: P95."),
         )
     )
@@ -191,7 +210,9 @@ mean delta {p.mean_delta:.4g}, {esc(ci_text(p))};
 wins / losses / ties {p.wins} / {p.losses} / {p.ties}.</p>
 <p>{esc(r.reason)}</p>
 <h2>Checks</h2>{checks}
-<h2>Latency and cost</h2>{summary}
+<h2>Latency, safety and cost</h2>{summary}<ul>{safety}</ul>
+<p>Regressions: {esc(r.regressions.control)}; {r.regressions.confirmed} unit(s) confirmed worse
+(cap {r.regressions.max_regressions}).</p>
 <h2>Plots</h2>{figures}
 <h2>Scenarios</h2>{scenarios}
 <h2>Lineage</h2>{lineage}

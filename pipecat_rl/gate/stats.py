@@ -13,8 +13,11 @@ intervals resample whole scenarios (a cluster bootstrap), never single runs.
   2.5% of the time, where the percentile bootstrap covers ~88-90% at 8 scenarios and clears ~5%.
 - `cluster_bootstrap`: the percentile interval, resampling scenarios (kept for the comparison the
   benchmark prints; it is too narrow at small n and decides nothing).
-- `sign_test_worse` / `regressions`: a scenario regressed only when its own paired runs show it
-  worse by more than the tie band (exact one-sided sign test, Holm-adjusted over scenarios).
+- `sign_flip_p` / `sign_flip_test`: the exact sign-flip test of "no difference" over scenario
+  deltas, reported next to the t interval; it needs no variance, so it is what decides when every
+  delta is equal and the interval has no width.
+- `binomial_tail`, `holm`: the exact discordant-pair tests of `gate.regressions` and their
+  family-wise control; `binomial_upper_bound`: the upper bound on an unsafe-write rate.
 - `win_loss_tie`: delta_s > band is a win, < -band a loss, otherwise a tie.
 - `pass_hat_k`: tau-bench's unbiased pass^k for one scenario, C(c, k) / C(n, k) with c of n runs
   passed: the chance that k runs drawn without replacement all pass.
@@ -22,6 +25,7 @@ intervals resample whole scenarios (a cluster bootstrap), never single runs.
   repeats that would shrink the interval enough to decide (formulas on the function).
 """
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -127,8 +131,12 @@ def t_cdf(t: float, df: int) -> float:
     return (1.0 + inside) / 2
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: int) -> float:
-    """The p-quantile of Student's t with `df` degrees of freedom (bisection on `t_cdf`)."""
+    """The p-quantile of Student's t with `df` degrees of freedom (bisection on `t_cdf`).
+
+    Cached: the gate asks for the same few (level, df) pairs thousands of times in a simulation.
+    """
     if not 0 < p < 1:
         raise ValueError(f"p must be in (0, 1), got {p}")
     if p < 0.5:
@@ -198,75 +206,168 @@ def cluster_bootstrap(
     )
 
 
-RegressionStatus = Literal["regressed", "uncertain", "none"]
+EXACT_FLIPS_MAX_N = 40
+"""Up to this many scenarios the sign-flip p-value is exact (two halves of 2^20 sums at most);
+above it, it is a seeded Monte-Carlo estimate over `MONTE_CARLO_FLIPS` random flips."""
+
+MONTE_CARLO_FLIPS = 200_000
+
+_FLIP_CELLS = 4_000_000
+"""Rows x half-sums processed at once by `sign_flip_p`: bounds its memory to tens of MB."""
 
 
-class SignTest(Result):
-    """One scenario's paired runs against the tie band: how many were worse, and the p-value."""
+class SignFlip(Result):
+    """The sign-flip test of "no difference" over scenario deltas, beside the t interval.
 
-    worse: int
-    """Paired runs with candidate - incumbent < -tie_band."""
-    not_worse: int
-    """Paired runs with candidate - incumbent > -tie_band (runs exactly at -band are dropped)."""
-    p_value: float
-    """P(at least `worse` of worse + not_worse fair coin flips): small means surely worse."""
-
-
-class ScenarioRegression(Result):
-    """Whether one scenario regressed, on the evidence of its own paired runs."""
-
-    status: RegressionStatus
-    sign: SignTest
-    holm_alpha: float
-    """The Holm step-down level this scenario's p-value was compared with."""
-
-
-def sign_test_worse(run_diffs: Sequence[float], tie_band: float) -> SignTest:
-    """Exact one-sided sign test of "this scenario's paired runs are worse beyond the band"."""
-    diffs = np.asarray(run_diffs, dtype=float)
-    worse = int(np.sum(diffs < -tie_band))
-    not_worse = int(np.sum(diffs > -tie_band))
-    n = worse + not_worse
-    p = sum(math.comb(n, k) for k in range(worse, n + 1)) / 2**n if n else 1.0
-    return SignTest(worse=worse, not_worse=not_worse, p_value=p)
-
-
-def regressions(
-    run_diffs: Sequence[Sequence[float]], tie_band: float, alpha: float
-) -> list[ScenarioRegression]:
-    """Each scenario's regression status: `regressed`, `uncertain` or `none`.
-
-    A scenario is `regressed` when its sign test rejects "not worse beyond the band" under Holm's
-    step-down over all scenarios at family level `alpha` (so identical arms show any false
-    regression at most `alpha` of the time). One whose mean delta is below -band without that
-    evidence is `uncertain`: it might have regressed, and the verdict can only be INCONCLUSIVE.
+    With identical arms each scenario's delta is as likely to be d as -d, so under that null the
+    2^n sign flips of the deltas are equally likely; the p-values count the flips whose sum is at
+    least (or at most) the observed one. It needs no variance, so it still speaks when every
+    delta is equal and the t interval has no width.
     """
-    tests = [sign_test_worse(d, tie_band) for d in run_diffs]
-    m = len(tests)
-    order = sorted(range(m), key=lambda i: tests[i].p_value)
-    levels = [0.0] * m
-    rejected = [False] * m
-    still = True
-    for rank, i in enumerate(order):
-        levels[i] = alpha / (m - rank)
-        still = still and tests[i].p_value <= levels[i]
-        rejected[i] = still
-    out = []
-    for i, d in enumerate(run_diffs):
-        mean = float(np.mean(d))
-        status: RegressionStatus = (
-            "regressed" if rejected[i] else "uncertain" if mean < -tie_band else "none"
+
+    p_greater: float
+    """P(flipped sum >= observed): small means the candidate is better."""
+    p_less: float
+    """P(flipped sum <= observed): small means the candidate is worse."""
+    p_two_sided: float
+    method: Literal["exact", "monte_carlo"]
+    flips: int
+    """2^n when exact, else the number of random flips."""
+
+
+def _subset_sums(values: np.ndarray) -> np.ndarray:
+    """All 2^m subset sums of each row of `values` (rows x m -> rows x 2^m)."""
+    sums = np.zeros((values.shape[0], 1))
+    for j in range(values.shape[1]):
+        sums = np.concatenate([sums, sums + values[:, j : j + 1]], axis=1)
+    return sums
+
+
+def _pairs_at_most(a: np.ndarray, b_sorted: np.ndarray, bound: float, side: str) -> np.ndarray:
+    """Per row, how many (x in a, y in b) have x + y <= bound ('right') or < bound ('left').
+
+    One searchsorted over all rows at once: row r's values are offset by r * span, with span
+    larger than any difference of sums, so rows never interleave.
+    """
+    rows = a.shape[0]
+    span = 2.0 * (np.abs(a).max() + np.abs(b_sorted).max() + abs(bound)) + 1.0
+    offset = (np.arange(rows) * span)[:, None]
+    found = np.searchsorted((b_sorted + offset).ravel(), (bound - a + offset).ravel(), side=side)
+    return (found.reshape(rows, -1) - (np.arange(rows) * b_sorted.shape[1])[:, None]).sum(axis=1)
+
+
+def sign_flip_p(deltas: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """P(T >= t) and P(T <= t) for T = sum_i eps_i d_i over sign flips, along the last axis.
+
+    T >= t exactly when the flipped deltas sum to <= 0, so the exact p-values count subsets by
+    their sums: the deltas split in two halves, every subset sum of each half is listed, and the
+    pairs are counted with one sorted search (2^(n/2) work instead of 2^n). Sums within 1e-9 of
+    the boundary count as equal. Above `EXACT_FLIPS_MAX_N` scenarios: `MONTE_CARLO_FLIPS` seeded
+    random flips, p = (1 + hits) / (1 + flips).
+    """
+    values = np.asarray(deltas, dtype=float)
+    lead, n = values.shape[:-1], values.shape[-1]
+    rows = values.reshape(-1, n)
+    tol = 1e-9 * max(1, n)
+    greater, less = np.empty(rows.shape[0]), np.empty(rows.shape[0])
+    if n > EXACT_FLIPS_MAX_N:
+        rng = np.random.default_rng(seed)
+        observed = rows.sum(axis=1)
+        hits_g, hits_l = np.zeros(rows.shape[0]), np.zeros(rows.shape[0])
+        for start in range(0, MONTE_CARLO_FLIPS, 10_000):
+            eps = rng.choice((-1.0, 1.0), size=(min(10_000, MONTE_CARLO_FLIPS - start), n))
+            flipped = rows @ eps.T
+            hits_g += (flipped >= observed[:, None] - tol).sum(axis=1)
+            hits_l += (flipped <= observed[:, None] + tol).sum(axis=1)
+        greater[:], less[:] = (
+            (1 + hits_g) / (1 + MONTE_CARLO_FLIPS),
+            (1 + hits_l) / (1 + MONTE_CARLO_FLIPS),
         )
-        out.append(ScenarioRegression(status=status, sign=tests[i], holm_alpha=levels[i]))
+        return greater.reshape(lead), less.reshape(lead)
+    half = n // 2
+    chunk = max(1, _FLIP_CELLS // 2 ** (n - half))
+    total = 2.0**n
+    for start in range(0, rows.shape[0], chunk):
+        part = rows[start : start + chunk]
+        a = _subset_sums(part[:, :half])
+        b = np.sort(_subset_sums(part[:, half:]), axis=1)
+        greater[start : start + chunk] = _pairs_at_most(a, b, tol, "right") / total
+        # T <= t exactly when the flipped deltas sum to >= 0: all pairs minus those below -tol.
+        below = _pairs_at_most(a, b, -tol, "left")
+        less[start : start + chunk] = (a.shape[1] * b.shape[1] - below) / total
+    return greater.reshape(lead), less.reshape(lead)
+
+
+def sign_flip_test(deltas: Sequence[float], *, seed: int = 0) -> SignFlip:
+    """The sign-flip test of one set of scenario deltas (see `sign_flip_p`)."""
+    values = np.asarray(deltas, dtype=float)
+    greater, less = (float(x) for x in sign_flip_p(values, seed=seed))
+    exact = values.size <= EXACT_FLIPS_MAX_N
+    return SignFlip(
+        p_greater=greater, p_less=less, p_two_sided=min(1.0, 2 * min(greater, less)),
+        method="exact" if exact else "monte_carlo",
+        flips=2**values.size if exact else MONTE_CARLO_FLIPS,
+    )  # fmt: skip
+
+
+def binomial_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
+    """P(Binomial(trials, 1/2) >= successes), elementwise (1 when successes <= 0).
+
+    Each distinct `trials` gets its row of log binomial coefficients by a cumulative sum of
+    log((N - j + 1) / j), so no factorial is ever formed.
+    """
+    k = np.asarray(successes, dtype=int)
+    n = np.asarray(trials, dtype=int)
+    shape = np.broadcast(k, n).shape
+    k, n = np.broadcast_to(k, shape), np.broadcast_to(n, shape)
+    out = np.where(k > n, 0.0, 1.0)
+    inside = (k > 0) & (k <= n)
+    for total in np.unique(n[inside]):
+        j = np.arange(1, total + 1)
+        log_comb = np.concatenate([[0.0], np.cumsum(np.log((total - j + 1) / j))])
+        tail = np.cumsum(np.exp(log_comb - total * math.log(2))[::-1])[::-1]  # P(X >= w)
+        where = inside & (n == total)
+        out[where] = np.minimum(1.0, tail[k[where]])
     return out
 
 
-def min_repeats_to_confirm(n_scenarios: int, alpha: float) -> int:
-    """The fewest paired runs with which one scenario's sign test can confirm a regression.
+def holm(p_values: np.ndarray, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """Holm's step-down over the last axis: adjusted p-values, and which are rejected at alpha.
 
-    All K runs worse gives p = 2^-K; under Holm the smallest p meets alpha / n_scenarios.
+    The i-th smallest of m p-values is multiplied by m - i (i from 0), the products made
+    non-decreasing, and capped at 1; a hypothesis is rejected when its adjusted p <= alpha. The
+    chance of rejecting any true hypothesis is at most alpha (family-wise), whatever their
+    dependence.
     """
-    return max(1, math.ceil(math.log2(max(1, n_scenarios) / alpha)))
+    p = np.asarray(p_values, dtype=float)
+    m = p.shape[-1]
+    order = np.argsort(p, axis=-1, kind="stable")
+    ranked = np.take_along_axis(p, order, axis=-1) * (m - np.arange(m))
+    adjusted_sorted = np.minimum(1.0, np.maximum.accumulate(ranked, axis=-1))
+    adjusted = np.empty_like(adjusted_sorted)
+    np.put_along_axis(adjusted, order, adjusted_sorted, axis=-1)
+    return adjusted, adjusted <= alpha
+
+
+def binomial_upper_bound(events: int, trials: int, level: float = 0.95) -> float | None:
+    """One-sided Clopper-Pearson upper bound on a rate: the p at which P(X <= events) = 1-level.
+
+    None without trials. With no events it is 1 - (1 - level)^(1/trials), about 3/trials.
+    """
+    if trials <= 0:
+        return None
+    if events >= trials:
+        return 1.0
+    target = 1.0 - level
+
+    def cdf(p: float) -> float:
+        return sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(events + 1))
+
+    low, high = events / trials, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) > target else (low, mid)
+    return high
 
 
 def outcome(delta: float, tie_band: float) -> Outcome:
