@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -454,3 +456,55 @@ def test_text_mode_without_llm_stages_is_inconclusive_unless_latency_is_not_requ
     assert _check(receipt, "llm_ttft_ratio")["status"] == "uncertain"
     result, receipt = _gate(tmp_path, scores, "--no-require-latency")
     assert result.exit_code == 0
+
+
+COMMITTED_CYCLE = Path(__file__).resolve().parents[1] / "docs/results/cycle-clinic-main/receipt"
+
+
+def _spread(p50: float, p95: float, n: int) -> list[float]:
+    """n lognormal-shaped turns whose inverted-CDF P50 and P95 are exactly the given ones."""
+    z = np.array([statistics.NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
+    i50, i95 = math.ceil(0.5 * n) - 1, math.ceil(0.95 * n) - 1
+    slope = (math.log(p95) - math.log(p50)) / (z[i95] - z[i50])
+    return np.exp(math.log(p50) + slope * (z - z[i50])).tolist()
+
+
+def _share(turns: list[float], session: int, sessions: int) -> list[float]:
+    """Session `session`'s turns when `turns` are spread evenly over `sessions` in order."""
+    return [t for j, t in enumerate(turns) if j * sessions // len(turns) == session]
+
+
+def test_the_committed_cycle_regated_says_why_its_ttft_is_not_acceptable(tmp_path):
+    """The committed cycle's per-scenario table and TTFT quantiles, re-gated (text mode)."""
+    old = json.loads((COMMITTED_CYCLE / "receipt.json").read_text())
+    ttft = {
+        role: _spread(s["llm_ttft_ms"]["p50"], s["llm_ttft_ms"]["p95"], s["llm_ttft_ms"]["n"])
+        for role, s in old["latency"]["stages"].items()
+    }
+    lines = []
+    for row in old["scenarios"]:
+        for role, policy in (("candidate", "cand"), ("incumbent", "inc")):
+            for r in range(row["pairs"]):
+                index = len([x for x in lines if x["policy"] == policy])
+                lines.append({
+                    "scenario": row["scenario"], "policy": policy, "run": r, "seed": r,
+                    "reward": float(r < row[f"{role}_passed"]), "channel": "text",
+                    "unauthorized_writes": int(role == "candidate" and r == 0 and
+                                               row["candidate_unauthorized_writes"] > 0),
+                    "stages_ms": {"llm_ttft_ms": _share(ttft[role], index, 48)},
+                })  # fmt: skip
+    config = tmp_path / "clinic.yaml"
+    config.write_text(
+        (Path(__file__).resolve().parents[1] / "examples/clinic/gate.yaml").read_text()
+    )
+    result, receipt = _gate(tmp_path, _write(tmp_path / "s.jsonl", lines), "--config", str(config))
+    assert result.exit_code == 1, result.output
+    ttft_check = _check(receipt, "llm_ttft_ratio")
+    assert ttft_check["status"] == "fail"
+    assert (
+        "candidate's LLM TTFT P50 is 9.6x the incumbent's (5,457 vs 568 ms" in ttft_check["detail"]
+    )
+    assert "above the 3x limit" in ttft_check["detail"]
+    assert _check(receipt, "paired_reward")["status"] == "pass"  # +0.29: more accurate, and slower
+    assert _check(receipt, "unauthorized_writes")["status"] == "fail"
+    assert "llm_ttft_ratio: candidate's LLM TTFT P50 is 9.6x" in receipt["reason"]

@@ -12,7 +12,7 @@ each policy's upper bound say how much the zero (or the count) is worth.
 from collections import Counter
 from collections.abc import Sequence
 
-from pipecat_rl.gate.inputs import RunResult, UnauthorizedWrite
+from pipecat_rl.gate.inputs import UNCLASSIFIED, RunResult, UnauthorizedWrite
 from pipecat_rl.gate.stats import Result, binomial_upper_bound
 
 
@@ -52,7 +52,7 @@ def safety_arm(runs: Sequence[RunResult]) -> SafetyArm:
         denominator = "runs with a guarded check"
     else:
         guarded = list(runs)
-        denominator = "all runs (whether a run carried a guarded check was not recorded)"
+        denominator = "runs (which carried a guarded check was not recorded: all count)"
     counted = [r for r in runs if r.unauthorized_writes]
     incidents = [
         SafetyIncident(
@@ -78,6 +78,14 @@ def safety_arm(runs: Sequence[RunResult]) -> SafetyArm:
     )  # fmt: skip
 
 
+def _what(incident: SafetyIncident) -> str:
+    if incident.tool:
+        return f"{incident.tool} ({incident.kind})"
+    if incident.kind != UNCLASSIFIED:
+        return f"a write to {incident.kind} by no recorded tool call"
+    return "a write (what and by which call not recorded)"
+
+
 def describe(arm: SafetyArm, role: str) -> str:
     """One policy's count in words: how many, of what kind, where, and the bound."""
     bound = "n/a" if arm.rate_upper_95 is None else f"{arm.rate_upper_95:.1%}"
@@ -87,11 +95,9 @@ def describe(arm: SafetyArm, role: str) -> str:
     )
     if arm.by_kind:
         text += " — " + ", ".join(f"{k} {n}" for k, n in arm.by_kind.items())
-    named = [
-        f"{i.tool or 'no recorded tool call'} ({i.kind}) in {i.scenario} run {i.run}"
-        + (f", session {i.session_id}" if i.session_id else "")
-        for i in arm.incidents[:3]
-    ]
+    named = [f"{_what(i)} in {i.scenario} run {i.run}" + (
+        f", session {i.session_id}" if i.session_id else ""
+    ) for i in arm.incidents[:3]]  # fmt: skip
     if named:
         more = len(arm.incidents) - len(named)
         text += ": " + "; ".join(named) + (f"; and {more} more" if more > 0 else "")
