@@ -1,0 +1,142 @@
+"""`pipecat-rl judge`: the nightly LLM judge over live calls nobody has scored yet.
+
+Exit codes (`cli.common`): 0 when every call it took was judged (whatever the verdicts); 64 for
+bad flags, a rubric it cannot use or a judge endpoint that does not answer; 65 for a rubric file
+that is not valid YAML; 70 when some calls could not be judged (they stay unscored).
+"""
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipecat_rl.cli.common import EXIT_FAILURE, cli_errors, console, print_json
+from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
+from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.errors import ConfigError
+
+if TYPE_CHECKING:  # the judge imports Pipecat: only when a judge really runs
+    from pipecat_rl.simulator.live_judge import JudgeReport
+
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_span(text: str) -> float:
+    """A span such as `24h`, `90m`, `7d` or `3600` (seconds) in seconds.
+
+    Raises:
+        ConfigError: the text is not a span.
+    """
+    match = _SPAN.match(text)
+    if match is None:
+        raise ConfigError(f"--since {text!r}: give a span such as 24h, 90m, 7d or 3600 (seconds)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def _summary(report: "JudgeReport", drafts: list[Path]) -> dict:
+    return {
+        "judged": len(report.calls), "passed": report.passed, "failed": report.failed,
+        "unjudged": report.unjudged, "remaining": report.remaining,
+        "calls": [
+            {"session_id": c.session_id, "success": c.success, "metrics": c.metrics,
+             "explanation": c.explanation, "error": c.error}
+            for c in report.calls
+        ],
+        "drafts": [str(p) for p in drafts],
+    }  # fmt: skip
+
+
+def judge_command(
+    rubric: Annotated[
+        Path,
+        typer.Option(
+            "--rubric", help="The criteria: `success` and named `metrics` (Pipecat eval style)."
+        ),
+    ],
+    since: Annotated[
+        str, typer.Option("--since", help="Calls started within this span: 24h, 90m, 7d, seconds.")
+    ] = "24h",
+    judge_llm_url: Annotated[
+        str | None,
+        typer.Option(
+            "--judge-llm-url",
+            envvar=LLM_URL_ENV,
+            help=f"OpenAI-compatible server for the judge (default ${LLM_URL_ENV}).",
+        ),
+    ] = None,  # fmt: skip
+    judge_model: Annotated[
+        str | None, typer.Option("--judge-model", help="The judge's model (default base).")
+    ] = None,
+    max_calls: Annotated[
+        int, typer.Option("--max-calls", min=1, help="Judge at most this many calls (a budget).")
+    ] = 200,
+    drafts: Annotated[
+        Path | None,
+        typer.Option(
+            "--drafts",
+            help="Write a scenario draft for review here from each failed, explained live call.",
+            show_default=False,
+        ),
+    ] = None,
+    ledger: LedgerOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+) -> None:
+    """Judge the live calls of the last --since that nobody scored, as scores from `judge`."""
+    from pipecat_rl.service.drafts import draft_from_live_failures
+    from pipecat_rl.simulator.judge import check_reachable, resolve_endpoint
+    from pipecat_rl.simulator.live_judge import judge_live, load_judge_rubric
+
+    with cli_errors():
+        span = parse_span(since)
+        criteria = load_judge_rubric(rubric)
+        endpoint = resolve_endpoint(
+            None, flag_url=judge_llm_url, flag_model=judge_model, served_url=None,
+            where="--rubric", flag="--judge-llm-url",
+        )  # fmt: skip
+        if endpoint is None:
+            raise ConfigError(
+                f"no judge: pass --judge-llm-url URL (any OpenAI-compatible server) or set "
+                f"{LLM_URL_ENV}"
+            )
+        check_reachable([(endpoint, "--judge-llm-url")])
+        started = time.time() - span
+        with open_ledger(ledger) as store:
+            todo = min(len(store.unscored_live_sessions(since=started)), max_calls)
+            progress = Progress(
+                TextColumn("judging"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=console, disable=json_out,
+            )  # fmt: skip
+            with progress:
+                task = progress.add_task("calls", total=todo)
+                report = asyncio.run(
+                    judge_live(
+                        store, criteria, endpoint, since=started, max_calls=max_calls,
+                        on_call=lambda _: progress.advance(task),
+                    )
+                )  # fmt: skip
+            written = []
+            if drafts is not None:
+                written = draft_from_live_failures(store, drafts, since=started)
+    if json_out:
+        print_json(_summary(report, written))
+    else:
+        console.print(
+            f"judged {len(report.calls)} call(s): {report.passed} passed, {report.failed} failed, "
+            f"{report.unjudged} without a verdict"
+            + (f"; {report.remaining} more left for the next run (--max-calls)"
+               if report.remaining else "")
+        )  # fmt: skip
+        for path in written:
+            console.print(f"draft for review: {path}")
+    if any(c.error for c in report.calls):
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `judge` verb."""
+    app.command("judge")(judge_command)

@@ -1,0 +1,67 @@
+"""A recorded call as a conversation, rebuilt from its turns: what a judge reads and a draft keeps.
+
+A live call has no transcript of its own in the ledger, only its LLM turns: each turn's request
+holds the context the agent was given (the caller's lines so far) and the turn holds what the
+agent said back (`spoken_text`, what the caller heard, else `generated_text`) and the tools it
+called. `conversation` walks the turns in order and emits, per turn, the caller's lines that are
+new in its request, then its tool calls, then its reply, in the shape of a Pipecat conversation
+file (`{"role": "user" | "assistant", "content"}`, `{"role": "tool_call", "name", "arguments",
+"cancelled"}`). When a bot rewrites its context (a Pipecat Flows node change), a caller line is
+new only if it differs from the last one seen, so nothing is repeated.
+"""
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pipecat_rl.ledger.records import TurnRecord
+
+
+def message_text(content: Any) -> str:
+    """The text of an OpenAI message's content: a string, or its text parts joined."""
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call as the model emitted it (flat, or OpenAI's `function` form) as a message."""
+    function = call.get("function") if isinstance(call.get("function"), dict) else {}
+    name = call.get("name") or function.get("name") or "?"
+    arguments = call.get("arguments", function.get("arguments"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            arguments = {"raw": arguments}
+    if not isinstance(arguments, dict):
+        arguments = {} if arguments is None else {"value": arguments}
+    return {"role": "tool_call", "name": str(name), "arguments": arguments, "cancelled": False}
+
+
+def _caller_lines(turn: TurnRecord) -> list[str]:
+    messages = turn.request.get("messages") or []
+    return [
+        message_text(m.get("content"))
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user"
+    ]
+
+
+def conversation(turns: Sequence[TurnRecord]) -> list[dict[str, Any]]:
+    """The call as a Pipecat conversation file holds it, from its turns (in index order)."""
+    out: list[dict[str, Any]] = []
+    seen: list[str] = []
+    for turn in sorted(turns, key=lambda t: t.index):
+        lines = _caller_lines(turn)
+        if lines[: len(seen)] == seen:
+            new = lines[len(seen) :]
+        else:  # the bot rewrote its context: only a line unlike the last one is new
+            new = lines[-1:] if lines and (not seen or lines[-1] != seen[-1]) else []
+        seen = lines
+        out.extend({"role": "user", "content": line} for line in new if line.strip())
+        out.extend(tool_call(c) for c in turn.tool_calls)
+        said = turn.spoken_text if turn.spoken_text is not None else turn.generated_text
+        if said.strip():
+            out.append({"role": "assistant", "content": said})
+    return out
