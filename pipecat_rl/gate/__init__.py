@@ -4,8 +4,10 @@ Modules, in the order data flows:
 
 - `inputs`: runs from a scores file, the ledger or the simulator, as one `GateData`;
 - `lineage`: who the candidate and incumbent are, and the training guard's state;
-- `stats`, `latency`, `cost`: pure statistics (paired t interval, per-scenario sign tests,
-  session-resampled P95, cost);
+- `stats`, `latency`, `cost`, `regressions`, `safety`: pure statistics (the paired t interval and
+  the exact sign-flip test over scenarios, regression tests whose error rate is known at the
+  repeats configured, paired latency ratios and P95 intervals over scenarios, safety per arm,
+  cost); `operating` simulates the verdict's error rates (the benchmark's table);
 - `verdict`: one check per rule, then PROMOTE / REJECT / INCONCLUSIVE;
 - `evaluate`: all of the above on one `GateData`, producing the `GateReceipt`;
 - `decide`: `run_gate`, the one gate sequence (evidence → evaluate → receipt written and recorded);

@@ -6,7 +6,6 @@ verb, the service's gate job and the cycle's evaluate stage are thin callers of 
 every receipt any of them writes is one `promote` accepts (or refuses) for the same reasons.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -16,6 +15,7 @@ from pipecat_rl.gate.evaluate import evaluate
 from pipecat_rl.gate.inputs import GateData, hash_scenario_files, load_ledger_runs, load_scores
 from pipecat_rl.gate.lineage import Lineage, ledger_lineage, resolve_policy, unknown_lineage
 from pipecat_rl.gate.receipt import GateReceipt, write_receipt
+from pipecat_rl.gate.regressions import check_design
 from pipecat_rl.ledger import Ledger
 
 if TYPE_CHECKING:  # the simulator imports Pipecat: only when the gate runs its own episodes
@@ -73,9 +73,15 @@ def gather(
     candidate: str,
     incumbent: str,
     evidence: Evidence,
-    judged: Mapping[str, float],
+    settings: GateConfig,
 ) -> tuple[GateData, Lineage, Lineage]:
-    """The runs to decide from, and both policies' lineage."""
+    """The runs to decide from, and both policies' lineage.
+
+    Raises:
+        ConfigError: the gate's own runs could not confirm a regression its config asks to test
+            (refused before any episode runs).
+    """
+    judged = settings.judged_metrics
     if isinstance(evidence, FromScores):
         return (
             load_scores(evidence.path, candidate, incumbent, judged=judged),
@@ -85,6 +91,9 @@ def gather(
     names = resolve_policy(ledger, candidate), resolve_policy(ledger, incumbent)
     if isinstance(evidence, Simulated):
         from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
+
+        repeats = evidence.options.repeats or min(s.runs for s in evidence.scenarios)
+        check_design(settings, [s.id for s in evidence.scenarios], repeats)  # before any call
 
         data = run_paired_simulations(
             ledger, evidence.scenarios, *names, evidence.bot, evidence.options, evidence.server,
@@ -115,7 +124,7 @@ def run_gate(
     Every scenario hash the gate decided on is recorded as held out (it never trains again),
     and the receipt's sha256 is recorded so that `promote` can check it.
     """
-    data, cand, inc = gather(ledger, candidate, incumbent, evidence, settings.judged_metrics)
+    data, cand, inc = gather(ledger, candidate, incumbent, evidence, settings)
     if evidence.files is not None:
         files = hash_scenario_files(evidence.files)
         data = replace(data, source=data.source.model_copy(update={"scenario_files": files}))
