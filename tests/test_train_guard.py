@@ -41,10 +41,13 @@ def test_guard_agrees_with_what_the_sampler_recorded():
 
 def test_wrong_temperature_space_is_caught_and_named():
     policy = tiny_policy()
-    turns = _turns(policy, 0.5)  # the server returned raw logprobs (vLLM's default)
+    turns = _turns(policy, 0.5, space="raw_logprobs")  # a server without our --logprobs-mode
+    assert CONFIG.logprobs_mode == "processed_logprobs"
     with pytest.raises(GuardError, match="temperature / logprobs mode") as info:
-        run_guard(policy, turns, CONFIG.model_copy(update={"logprobs_mode": "processed_logprobs"}))
+        run_guard(policy, turns, CONFIG)
     assert info.value.result["passed"] is False and info.value.result["mean_abs_diff"] > 0.02
+    raw = CONFIG.model_copy(update={"logprobs_mode": "raw_logprobs"})
+    assert run_guard(policy, turns, raw)["passed"]
 
 
 def test_stale_weights_are_caught():
@@ -102,3 +105,14 @@ def test_vllm_cpu_serves_in_the_trainers_precision(tmp_path: Path):
     command = VLLMServer(tmp_path, port=1).command()
     if running_on_cpu():  # bf16 by default there: ~0.15 logprob drift against the fp32 trainer
         assert command[command.index("--dtype") + 1] == "float32"
+
+
+def test_the_server_returns_logprobs_in_the_space_the_trainer_scores(tmp_path: Path):
+    from pipecat_rl.serving import VLLMServer
+
+    (tmp_path / "config.json").write_text("{}")
+    command = VLLMServer(tmp_path, port=1).command()
+    assert command[command.index("--logprobs-mode") + 1] == TrainConfig().logprobs_mode
+    assert TrainConfig().logprobs_mode == "processed_logprobs"  # after temperature, as sampled
+    # sampling is what each request says: no defaults from the model folder's generation config
+    assert command[command.index("--generation-config") + 1] == "vllm"

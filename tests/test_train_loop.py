@@ -63,7 +63,10 @@ def test_grpo_offline_trains_registers_and_logs(ledger, tiny_dir, tmp_path):
     assert result.adapter.startswith("clinic-grpo-v1-") and not result.loaded
     assert result.guard["passed"] and result.guard["source"] == "ledger"
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
+    steps = config.mini_batches * config.ppo_epochs  # optimiser steps per batch, a row each
+    assert [(r["step"], r["optimizer_step"]) for r in rows] == [
+        (step, k) for step in (1, 2) for k in range(1, steps + 1)
+    ]
     for name in ("reward", "reward_std", "frac_reward_zero_std", "policy_loss", "kl", "clip_ratio",
                  "sampling_logp_difference/mean", "importance_ratio/max", "grad_norm", "entropy",
                  "num_tokens", "tokens_per_s", "step_time"):  # fmt: skip

@@ -103,13 +103,26 @@ def test_masked_tokens_get_no_gradient():
 
 def test_grpo_loss_clips_and_masks_far_off_policy_sequences():
     logp = torch.tensor([-1.0, -1.0], requires_grad=True)
-    far = torch.tensor([-9.0, -9.0])  # ratio e^8: clipped, and masked as a sequence
-    loss, stats = grpo_loss(logp, far, 1.0, num_tokens=2, sequence_mask_c=3.0)
-    assert stats.masked_sequence and float(loss) == 0.0
-    near = torch.tensor([-1.5, -1.0])
-    _, stats = grpo_loss(logp, near, 1.0, num_tokens=2)
-    assert not stats.masked_sequence and stats.clip_ratio == 0.5
+    old = logp.detach()
+    far = old - torch.tensor([-9.0, -9.0])  # the sampler e^8 below the trainer: masked
+    loss, stats = grpo_loss(logp, old, 1.0, num_tokens=2, sampler_log_ratio=far)
+    assert stats.masked_sequence and float(loss.detach()) == 0.0
+    moved = torch.tensor([-1.5, -1.0])  # the policy that started the batch
+    _, stats = grpo_loss(logp, moved, 1.0, num_tokens=2)
+    assert not stats.masked_sequence and stats.clipped == 1 and stats.tokens == 2
     assert stats.ratio_max == pytest.approx(float(torch.exp(torch.tensor(0.5))))
+
+
+def test_the_sampler_weight_is_truncated_at_its_cap():
+    logp = torch.tensor([-1.0, -1.0], requires_grad=True)
+    mismatch = torch.log(torch.tensor([2.0, 10.0]))  # pi_old / mu per token
+    loss, stats = grpo_loss(
+        logp, logp.detach(), 1.0, num_tokens=2, sampler_log_ratio=mismatch,
+        importance_sampling_cap=3.0,
+    )  # fmt: skip
+    loss.backward()
+    assert logp.grad.tolist() == pytest.approx([-2.0 / 2, -3.0 / 2])  # weights 2 and 3 (capped)
+    assert stats.ratio_max == pytest.approx(10.0) and stats.clipped == 0
 
 
 def test_advantages_mean_centred_std_scaling_optional():

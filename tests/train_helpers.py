@@ -7,6 +7,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pipecat_rl.ledger import TurnRecord
+from pipecat_rl.serving import LOGPROBS_MODE
 from pipecat_rl.training.config import LORA_TARGETS
 from pipecat_rl.training.policy import Policy, loss_positions, selective_logprobs
 
@@ -35,17 +36,20 @@ def tiny_policy(vocab: int = 64, seed: int = 0, tokenizer=None, parent=None) -> 
 def sample_turn(
     model, prompt: list[int], n: int, *, temperature: float = 1.0, adapter: str = "base",
     session_id: str = "s", index: int = 0, seed: int = 0, request: dict | None = None,
+    space: str = LOGPROBS_MODE,
 ) -> TurnRecord:  # fmt: skip
-    """Sample `n` tokens from `model` at `temperature`, recording raw logprobs like vLLM."""
+    """Sample `n` tokens from `model` at `temperature`, recording logprobs as vLLM does in `space`
+    (processed: after temperature, as our server runs; raw: before it, vLLM's default)."""
     gen = torch.Generator().manual_seed(seed)
     ids, logprobs = list(prompt), []
+    scale = temperature if space == "processed_logprobs" else 1.0
     model.eval()
     with torch.no_grad():
         for _ in range(n):
             logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
             probs = torch.softmax(logits / temperature, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=gen))
-            logprobs.append(float(torch.log_softmax(logits, dim=-1)[token]))
+            logprobs.append(float(torch.log_softmax(logits / scale, dim=-1)[token]))
             ids.append(token)
     return TurnRecord(
         session_id=session_id, index=index, adapter=adapter, created_at=0.0,

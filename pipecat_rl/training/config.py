@@ -6,6 +6,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.serving import LOGPROBS_MODE
 
 Algo = Literal["sft", "grpo", "opsd"]
 
@@ -60,10 +61,17 @@ class TrainConfig(BaseModel):
     threads: int | None = 2
     """torch threads on CPU (None: torch's default)."""
     # GRPO loss
+    ppo_epochs: int = Field(default=1, ge=1)
+    """GRPO: passes over each batch (TRL's `num_iterations`); each pass costs a full backward."""
+    mini_batches: int = Field(default=4, ge=1)
+    """GRPO: optimiser steps per pass, each on its share of the batch (the clip engages from
+    the second step on: the ratio is against the policy that started the batch)."""
     clip_low: float = 0.8
     clip_high: float = 1.28
+    importance_sampling_cap: float = Field(default=3.0, gt=0)
+    """Cap on the per-token weight pi_old / mu, trainer over sampler (TRL's truncated IS)."""
     sequence_mask_c: float = 3.0
-    """Sequences whose mean |log ratio| exceeds this are masked (TRL's sequence mask)."""
+    """Sequences whose mean |log pi_old - log mu| exceeds this are masked (TRL's sequence mask)."""
     scale_std: bool = False
     """Divide advantages by the group's reward std (off: it inflates ±0.1 shaping noise)."""
     shaped_reward: bool = True
@@ -83,8 +91,8 @@ class TrainConfig(BaseModel):
     guard_max_threshold: float = 0.5
     guard_turns: int = 16
     """At most this many recorded turns are re-scored by the guard."""
-    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
-    """What the server returns (vLLM's default is raw, before temperature)."""
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = LOGPROBS_MODE
+    """What the server returns: ours serves processed (after temperature), vLLM's default raw."""
 
     def learning_rate(self) -> float:
         """The learning rate, defaulted per algorithm."""

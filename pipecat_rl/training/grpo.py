@@ -1,9 +1,11 @@
-"""GRPO: groups of episodes of one scenario, advantages within the group, one clipped IS step.
+"""GRPO: groups of episodes of one scenario, advantages within the group, clipped IS steps.
 
 `build_groups` turns scored sessions into advantage-carrying sequences (zero-variance groups
-dropped and counted, under the outcome-only and the shaped reward side by side); `grpo_step`
-is one optimiser step over them. Both are plain functions: swap the reward, the advantage or the
-loss without copying a trainer.
+dropped and counted, under the outcome-only and the shaped reward side by side); `grpo_update`
+runs several optimiser steps (`grpo_step`) over one batch of them, PPO-style, against the policy
+that started the batch and importance-corrected towards the sampler. Every sequence is scored at
+the temperature its turns were sampled at, as vLLM sampled it. All plain functions: swap the
+reward, the advantage or the loss without copying a trainer.
 """
 
 import time
@@ -22,7 +24,7 @@ from pipecat_rl.training.advantage import (
 )
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import grpo_loss
-from pipecat_rl.training.policy import Policy, score
+from pipecat_rl.training.policy import Policy, TokenScores, score
 from pipecat_rl.training.rows import TrainingSequence, sequences_tokens
 from pipecat_rl.training.sft import grad_norm
 
@@ -92,36 +94,123 @@ def build_groups(
     )
 
 
-def grpo_step(
+@dataclass(frozen=True)
+class OldPolicy:
+    """One sequence under the policy that started the batch, scored once before its updates."""
+
+    logprobs: torch.Tensor
+    """[n] log pi_old at the sampling temperatures (the PPO ratio's denominator)."""
+    sampler_log_ratio: torch.Tensor
+    """[n] log pi_old - log mu, in the server's logprob space (the truncated IS weight's log)."""
+
+
+def sequence_scores(policy: Policy, seq: TrainingSequence) -> TokenScores:
+    """`seq`'s loss tokens under `policy`, each at the temperature it was sampled at."""
+    return score(policy.model, seq.input_ids, seq.loss_mask, temperature=seq.temperatures or None)
+
+
+def sampler_space(scores: TokenScores, config: TrainConfig) -> torch.Tensor:
+    """The scores in the space the server returned its logprobs in (`config.logprobs_mode`)."""
+    return scores.logprobs if config.logprobs_mode == "processed_logprobs" else scores.raw_logprobs
+
+
+def old_policy(policy: Policy, seq: TrainingSequence, config: TrainConfig) -> OldPolicy:
+    """Score `seq` without gradient: the reference every optimiser step on this batch uses."""
+    with torch.no_grad():
+        scores = sequence_scores(policy, seq)
+    return OldPolicy(scores.logprobs, sampler_space(scores, config) - _aligned(seq))
+
+
+def mini_batches(sequences: Sequence[TrainingSequence], n: int) -> list[list[TrainingSequence]]:
+    """`sequences` in `n` contiguous near-equal parts (fewer when there are fewer sequences)."""
+    n = max(1, min(n, len(sequences)))
+    size, extra = divmod(len(sequences), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        out.append(list(sequences[start:end]))
+        start = end
+    return out
+
+
+def grpo_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
     sequences: Sequence[TrainingSequence],
     config: TrainConfig,
     *,
     loss_fn: LossFn = grpo_loss,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """One optimiser step over `sequences` (advantages set); returns its metrics."""
+    """`ppo_epochs` passes over one batch, each in `mini_batches` optimiser steps.
+
+    The batch is scored once first (pi_old); every step's ratio is against it, so after the
+    first step the clip sees how far the policy moved. With a single step per batch that scoring
+    is skipped: pi_old is the policy itself (ratio 1). Returns the last step's metrics.
+    """
+    batches = mini_batches(sequences, config.mini_batches)
+    steps = config.ppo_epochs * len(batches)
+    policy.model.train()
+    old = {id(s): old_policy(policy, s, config) for s in sequences} if steps > 1 else None
+    metrics: dict[str, Any] = {}
+    n = 0
+    for epoch in range(1, config.ppo_epochs + 1):
+        for index, batch in enumerate(batches, start=1):
+            n += 1
+            olds = [old[id(s)] for s in batch] if old is not None else None
+            metrics = {
+                "optimizer_step": n,
+                "optimizer_steps": steps,
+                "epoch": epoch,
+                "mini_batch": index,
+                **grpo_step(policy, optimizer, batch, config, old=olds, loss_fn=loss_fn),
+            }
+            if on_step is not None:
+                on_step(metrics)
+    return metrics
+
+
+def grpo_step(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    sequences: Sequence[TrainingSequence],
+    config: TrainConfig,
+    *,
+    old: Sequence[OldPolicy] | None = None,
+    loss_fn: LossFn = grpo_loss,
+) -> dict[str, Any]:
+    """One optimiser step over `sequences` (advantages set); returns its metrics (TRL's names).
+
+    `old`: each sequence under the policy that started the batch; None: the policy as it is now.
+    """
     started = time.monotonic()
     num_tokens = sequences_tokens(sequences)
     optimizer.zero_grad(set_to_none=True)
     policy.model.train()
-    total_loss, entropies, stats = 0.0, [], []
-    for seq in sequences:
-        scores = score(policy.model, seq.input_ids, seq.loss_mask)
-        sampler = _aligned(seq)
+    total_loss, entropy_sum, stats = 0.0, 0.0, []
+    for i, seq in enumerate(sequences):
+        scores = sequence_scores(policy, seq)
+        if old is None:
+            reference = OldPolicy(
+                scores.logprobs.detach(), sampler_space(scores, config).detach() - _aligned(seq)
+            )
+        else:
+            reference = old[i]
         loss, stat = loss_fn(
             scores.logprobs,
-            sampler,
+            reference.logprobs,
             seq.advantage,
             num_tokens=num_tokens,
+            sampler_log_ratio=reference.sampler_log_ratio,
             clip_low=config.clip_low,
             clip_high=config.clip_high,
+            importance_sampling_cap=config.importance_sampling_cap,
             sequence_mask_c=config.sequence_mask_c,
             beta=config.beta,
         )
         loss.backward()
         total_loss += loss.item()
-        entropies.append(float(scores.entropy.mean()))
+        entropy_sum += float(scores.entropy.sum())
         stats.append(stat)
     norm = grad_norm(policy)
     torch.nn.utils.clip_grad_norm_(
@@ -130,18 +219,19 @@ def grpo_step(
     optimizer.step()
     elapsed = time.monotonic() - started
     tokens = sum(len(s.input_ids) for s in sequences)
+    counted = max(sum(s.tokens for s in stats), 1)
     return {
         "policy_loss": round(total_loss, 6),
-        "kl": _mean([s.kl for s in stats]),
-        "clip_ratio": _mean([s.clip_ratio for s in stats]),
-        "sampling_logp_difference/mean": _mean([s.logp_diff_mean for s in stats]),
+        "kl": round(sum(s.kl_sum for s in stats) / counted, 6),
+        "clip_ratio": round(sum(s.clipped for s in stats) / counted, 6),
+        "sampling_logp_difference/mean": round(sum(s.logp_diff_sum for s in stats) / counted, 6),
         "sampling_logp_difference/max": max((s.logp_diff_max for s in stats), default=0.0),
         "importance_ratio/min": min((s.ratio_min for s in stats), default=1.0),
-        "importance_ratio/mean": _mean([s.ratio_mean for s in stats]),
+        "importance_ratio/mean": round(sum(s.ratio_sum for s in stats) / counted, 6),
         "importance_ratio/max": max((s.ratio_max for s in stats), default=1.0),
         "masked_sequences": sum(s.masked_sequence for s in stats),
         "grad_norm": round(norm, 6),
-        "entropy": _mean(entropies),
+        "entropy": round(entropy_sum / counted, 6),
         "num_tokens": num_tokens,
         "tokens_per_s": round(tokens / max(elapsed, 1e-9), 1),
         "step_time": round(elapsed, 3),
@@ -153,7 +243,3 @@ def _aligned(seq: TrainingSequence) -> torch.Tensor:
     values = [lp for t, (lp, m) in enumerate(zip(seq.sampler_logprobs, seq.loss_mask, strict=True))
               if m and t > 0]  # fmt: skip
     return torch.tensor(values, dtype=torch.float32)
-
-
-def _mean(values: list[float]) -> float:
-    return round(sum(values) / len(values), 6) if values else 0.0

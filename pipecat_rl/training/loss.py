@@ -12,61 +12,80 @@ import torch
 
 @dataclass(frozen=True)
 class LossStats:
-    """What the metrics report about one loss evaluation."""
+    """What the metrics report about one loss evaluation: sums and extremes over its tokens."""
 
-    clip_ratio: float
+    tokens: int
+    clipped: int
+    """Tokens whose PPO ratio left the clip range on the side the advantage pushes."""
     ratio_min: float
-    ratio_mean: float
     ratio_max: float
-    logp_diff_mean: float
+    ratio_sum: float
+    """Of the importance ratio to the sampler, exp(log pi_theta - log mu)."""
+    logp_diff_sum: float
     logp_diff_max: float
-    kl: float
+    """Of |log pi_old - log mu|: the trainer against the sampler before this batch's updates."""
+    kl_sum: float
+    """Of the k3 estimate of KL(pi_theta || mu) per token."""
     masked_sequence: bool
 
 
 def grpo_loss(
     logprobs: torch.Tensor,
-    sampler_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
     advantage: float,
     *,
     num_tokens: int,
+    sampler_log_ratio: torch.Tensor | None = None,
     clip_low: float = 0.8,
     clip_high: float = 1.28,
+    importance_sampling_cap: float = 3.0,
     sequence_mask_c: float = 3.0,
     beta: float = 0.0,
 ) -> tuple[torch.Tensor, LossStats]:
-    """Clipped IS policy loss of one sequence's sampled tokens, divided by the batch's tokens.
+    """Clipped, importance-corrected policy loss of one sequence, divided by the batch's tokens.
 
-    ratio = exp(log pi_theta - log mu) per token, mu the recorded sampler; PPO's pessimistic
-    min(ratio * A, clip(ratio) * A). A sequence whose mean |log ratio| exceeds `sequence_mask_c`
-    is masked (contributes nothing): its samples are too far off-policy to trust.
+    Per token, PPO's pessimistic min(r * A, clip(r) * A) with r = exp(log pi_theta - log pi_old),
+    pi_old the trainer's own scores at the start of the batch, so the clip engages once earlier
+    optimiser steps have moved the policy. The sampler mu (vLLM) differs from pi_old by its
+    numerics and by any lag: `sampler_log_ratio` = log pi_old - log mu weights each token by
+    min(pi_old / mu, cap), TRL's truncated importance sampling (`vllm_importance_sampling_cap`);
+    together the weight and r make the ratio to the sampler. A sequence whose mean |log pi_old -
+    log mu| exceeds `sequence_mask_c` is masked: its samples are too far off-policy to trust.
     """
-    log_ratio = logprobs - sampler_logprobs
+    log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, clip_low, clip_high)
     surrogate = torch.minimum(ratio * advantage, clipped * advantage)
-    per_token = -surrogate
-    # k3 estimator of KL(pi_theta || mu): exp(-x) - 1 + x with x = log ratio (always >= 0)
-    kl = torch.exp(-log_ratio) - 1 + log_ratio
+    mismatch = (
+        torch.zeros_like(log_ratio) if sampler_log_ratio is None else sampler_log_ratio.detach()
+    )
+    weight = torch.exp(mismatch).clamp(max=importance_sampling_cap)
+    per_token = -weight * surrogate
+    to_sampler = log_ratio + mismatch  # log pi_theta - log mu
+    # k3 estimator of KL(pi_theta || mu): exp(-x) - 1 + x with x = log pi_theta - log mu (>= 0)
+    kl = torch.exp(-to_sampler) - 1 + to_sampler
     if beta:
         per_token = per_token + beta * kl
-    masked = bool(log_ratio.detach().abs().mean() > sequence_mask_c)
+    n = len(ratio)
+    masked = bool(n and mismatch.abs().mean() > sequence_mask_c)
     loss = per_token.sum() / max(num_tokens, 1)
     if masked:
         loss = loss * 0.0
     with torch.no_grad():
-        diff = log_ratio.abs()
+        rho = torch.exp(to_sampler)
+        diff = mismatch.abs()
         is_clipped = ((ratio < clip_low) & (advantage < 0)) | (
             (ratio > clip_high) & (advantage > 0)
         )
         stats = LossStats(
-            clip_ratio=float(is_clipped.float().mean()) if len(ratio) else 0.0,
-            ratio_min=float(ratio.min()) if len(ratio) else 1.0,
-            ratio_mean=float(ratio.mean()) if len(ratio) else 1.0,
-            ratio_max=float(ratio.max()) if len(ratio) else 1.0,
-            logp_diff_mean=float(diff.mean()) if len(diff) else 0.0,
-            logp_diff_max=float(diff.max()) if len(diff) else 0.0,
-            kl=float(kl.mean()) if len(kl) else 0.0,
+            tokens=n,
+            clipped=int(is_clipped.sum()),
+            ratio_min=float(rho.min()) if n else 1.0,
+            ratio_max=float(rho.max()) if n else 1.0,
+            ratio_sum=float(rho.sum()),
+            logp_diff_sum=float(diff.sum()),
+            logp_diff_max=float(diff.max()) if n else 0.0,
+            kl_sum=float(kl.sum()),
             masked_sequence=masked,
         )
     return loss, stats
@@ -113,3 +132,4 @@ def forward_topk_kl_loss(
     s_all = torch.cat([s_top, s_tail.unsqueeze(-1)], dim=-1)
     kl = (t_all.exp() * (t_all - s_all)).sum(-1)
     return kl.sum() / max(num_tokens, 1)
+

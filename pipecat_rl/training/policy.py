@@ -5,6 +5,7 @@ the seven projections only. Logprobs are computed only where they are needed (`l
 and selectively (logit minus logsumexp), never as a full-vocabulary log-softmax per token.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,16 +78,27 @@ def selective_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+GREEDY_BELOW = 1e-5
+"""vLLM samples greedily below this temperature, and returns those logprobs unscaled."""
+
+
+def served_temperature(temperature: float) -> float:
+    """The temperature vLLM divides the logits by for a request at `temperature`."""
+    return 1.0 if temperature < GREEDY_BELOW else temperature
+
+
 @dataclass
 class TokenScores:
     """Logprobs of a sequence's loss tokens, and what else the losses and metrics need."""
 
     logprobs: torch.Tensor
-    """[n] log p(token) at the loss positions (in raw space unless a temperature was given)."""
+    """[n] log p(token) at the loss positions, at the temperature given (raw without one)."""
+    raw_logprobs: torch.Tensor
+    """[n] log p(token) of the unscaled logits (vLLM's raw space); `logprobs` when unscaled."""
     entropy: torch.Tensor
-    """[n] entropy of the distribution at each loss position (detached)."""
+    """[n] entropy of the (temperature-scaled) distribution at each loss position (detached)."""
     logits: torch.Tensor | None = None
-    """[n, vocab] when asked for (OPSD's distribution losses)."""
+    """[n, vocab] when asked for (OPSD's distribution losses), temperature-scaled."""
 
 
 def score(
@@ -94,25 +106,51 @@ def score(
     input_ids: list[int],
     loss_mask: list[bool],
     *,
-    temperature: float | None = None,
+    temperature: float | Sequence[float] | None = None,
     keep_logits: bool = False,
 ) -> TokenScores:
     """Per-token logprobs of the loss-carrying tokens of one sequence under `model`.
 
-    `temperature` divides the logits first (vLLM's processed space); None is the raw space.
+    `temperature` divides the logits first, as vLLM does before sampling (its processed space;
+    TRL scores `logits / T` too, so the gradient is that of the policy that sampled): one value
+    for every token, or one per position aligned with `input_ids` (each sampled id at its own
+    turn's temperature). Greedy requests count as 1, as vLLM applies them. None: the raw space.
     """
     positions = loss_positions(loss_mask)
     ids = torch.tensor([input_ids], dtype=torch.long)
     out = model(input_ids=ids, logits_to_keep=positions)
-    logits = out.logits[0].float()
-    if temperature is not None and temperature > 0:
-        logits = logits / temperature
+    raw = out.logits[0].float()
     targets = ids[0, positions + 1]
+    scale = _temperatures(temperature, positions + 1)
+    logits = raw if scale is None else raw / scale.unsqueeze(-1)
     logprobs = selective_logprobs(logits, targets)
+    raw_logprobs = logprobs if scale is None else selective_logprobs(raw, targets)
     with torch.no_grad():
         probs = torch.softmax(logits, dim=-1)
         entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
-    return TokenScores(logprobs=logprobs, entropy=entropy, logits=logits if keep_logits else None)
+    return TokenScores(
+        logprobs=logprobs,
+        raw_logprobs=raw_logprobs,
+        entropy=entropy,
+        logits=logits if keep_logits else None,
+    )
+
+
+def _temperatures(
+    temperature: float | Sequence[float] | None, targets: torch.Tensor
+) -> torch.Tensor | None:
+    """The divisor of each target's logits, or None where every one is 1 (the raw space)."""
+    if temperature is None:
+        return None
+    if isinstance(temperature, (int, float)):
+        values = [served_temperature(float(temperature))] * len(targets)
+    elif len(temperature) == 0:
+        return None
+    else:
+        values = [served_temperature(float(temperature[t])) for t in targets.tolist()]
+    if all(v == 1.0 for v in values):
+        return None
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def save_adapter(policy: Policy, folder: Path) -> None:

@@ -107,6 +107,8 @@ class TrainingSequence:
     turns: list[int] = field(default_factory=list)
     adapters: list[str | None] = field(default_factory=list)
     advantage: float = 0.0
+    temperatures: list[float] = field(default_factory=list)
+    """Aligned with `input_ids`: the temperature each sampled id was drawn at (empty: all 1.0)."""
 
     @property
     def num_loss_tokens(self) -> int:
@@ -138,6 +140,7 @@ def _start(turn: TrainableTurn) -> TrainingSequence:
         sampler_logprobs=[0.0] * n_prompt + list(logprobs),
         turns=[turn.index],
         adapters=[turn.adapter],
+        temperatures=[1.0] * n_prompt + [turn.sampling.temperature] * n_sampled,
     )
 
 
@@ -171,6 +174,8 @@ def build_sequences(
                     current.input_ids += [*extra, *turn.sampled_ids]
                     current.loss_mask += [False] * len(extra) + [True] * len(turn.sampled_ids)
                     current.sampler_logprobs += [0.0] * len(extra) + list(logprobs)
+                    sampled_at = [turn.sampling.temperature] * len(turn.sampled_ids)
+                    current.temperatures += [1.0] * len(extra) + sampled_at
                     current.turns.append(turn.index)
                     current.adapters.append(turn.adapter)
                     merged += 1

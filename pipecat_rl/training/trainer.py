@@ -26,7 +26,7 @@ from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
 from pipecat_rl.training.config import TrainConfig, TrainResult
-from pipecat_rl.training.grpo import build_groups, grpo_step
+from pipecat_rl.training.grpo import build_groups, grpo_update
 from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.opsd import opsd_row, opsd_step, session_hint
 from pipecat_rl.training.policy import Policy, load_policy, save_adapter
@@ -206,9 +206,11 @@ def _grpo_update(
             f"{groups.frac_zero_std_outcome}, shaped {groups.frac_zero_std_shaped}); warm-start "
             "with --algo sft, raise --group-size or the temperature"
         )
-    metrics = {**signal, **grpo_step(policy, optimizer, groups.sequences, config)}
-    log({"step": step, "total_steps": config.steps, **metrics})
-    return metrics
+
+    def on_step(metrics: dict[str, Any]) -> None:
+        log({"step": step, "total_steps": config.steps, **signal, **metrics})
+
+    return {**signal, **grpo_update(policy, optimizer, groups.sequences, config, on_step=on_step)}
 
 
 def _opsd_update(
