@@ -192,3 +192,9 @@ def _unexpected(error: Exception) -> int:
         hint = "" if verbosity >= 2 else "; run with -vv for the traceback"
         error_line(f"unexpected {type(error).__name__}: {error}{hint} (please report it)")
     return exit_code_for(error)
+
+
+HELP_MARKUP = None
+"""Every Typer app's `rich_markup_mode`: Click's plain help, which keeps flag names whole at 80
+columns, prints `[webrtc]` as written (rich markup would eat the brackets) and shows no metavar
+for a flag."""
