@@ -12,7 +12,7 @@ import pytest
 from pipecat.frames.frames import InterruptionFrame, VADUserStoppedSpeakingFrame
 from transformers import AutoTokenizer
 
-from pipecat_rl.ledger import Ledger
+from pipecat_rl.ledger import Ledger, LiveTrust, ScoreIn
 from pipecat_rl.processors import RLRecorder, SessionInfo, install, recording, setup_file_path
 from tests.recording_helpers import Call, DelayedSTT, DelayedTTS, vllm_llm
 
@@ -53,7 +53,9 @@ async def test_turns_are_recorded_token_exactly(vllm_server, smollm2_dir, ledger
     assert turns[2].request["messages"][1] == {"role": "assistant", "content": texts[0]}
     # Each prompt is the earlier prompt plus what followed it, token for token.
     assert turns[1].prompt_token_ids[: len(turns[0].prompt_token_ids)] == turns[0].prompt_token_ids
-    assert ledger.training_turns() == turns
+    # a live call trains once scored, and only redacted (this one was not): see the next tests
+    ledger.post_score("call-1", ScoreIn(metric="success", value=1, source="human"))
+    assert ledger.training_turns(live=LiveTrust(settle_s=0)) == []
 
 
 async def test_barge_in_records_generated_and_spoken_text(vllm_server, ledger):
@@ -199,7 +201,10 @@ async def test_redaction_without_consent_drops_token_ids(vllm_server, ledger):
     (kept,) = ledger.turns("consented")
     assert kept.redacted and kept.token_exact and kept.prompt_token_ids
     assert "Alice" not in json.dumps(kept.request)
-    assert [t.session_id for t in ledger.training_turns()] == ["consented"]
+    for call_id in ("no-consent", "consented"):
+        ledger.post_score(call_id, ScoreIn(metric="success", value=1, source="human"))
+    trusted = LiveTrust(settle_s=0)  # just ended: no time for late scores in a test
+    assert [t.session_id for t in ledger.training_turns(live=trusted)] == ["consented"]
 
 
 async def test_a_failing_ledger_never_breaks_the_call(vllm_server, ledger):
