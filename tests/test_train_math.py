@@ -9,14 +9,14 @@ from peft import LoraConfig, get_peft_model
 
 from pipecat_rl.ledger import SessionRecord
 from pipecat_rl.training.advantage import group_advantages, outcome_reward, shaped_reward
-from pipecat_rl.training.config import TrainConfig
+from pipecat_rl.training.config import LORA_TARGETS, TrainConfig
 from pipecat_rl.training.grpo import build_groups, grpo_step
-from pipecat_rl.training.loss import forward_topk_kl_loss, grpo_loss, reverse_kl_loss
-from pipecat_rl.training.opsd import OPSDRow, opsd_step
+from pipecat_rl.training.loss import forward_topk_kl_loss, grpo_loss, reverse_kl, reverse_kl_loss
+from pipecat_rl.training.opsd import OPSDRow, opsd_row, opsd_step
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.rows import Sampling, TrainableTurn, build_sequences
 from pipecat_rl.training.sft import optimizer_for
-from tests.train_helpers import sequence_logprob, tiny_llama, tiny_policy
+from tests.train_helpers import sample_turn, sequence_logprob, tiny_llama, tiny_policy
 
 PROMPT = [1, 5, 9, 11]
 
@@ -211,6 +211,94 @@ def test_opsd_raises_the_hinted_answer_without_the_hint(kind):
     assert 0.3 < before < 0.7  # without the hint the incumbent cannot tell A from B
     assert p_a() > 0.85, (before, p_a())
     assert metrics["num_tokens"] == 8
+
+
+def _divergence(student, teacher, rows, top_k: int) -> tuple[float, float]:
+    """Per-token top-k forward KL(teacher || student) and reverse KL(student || teacher)."""
+    forward = reverse = 0.0
+    n = sum(sum(r.student_mask) for r in rows)
+    with torch.no_grad():
+        for r in rows:
+            s = score(student.model, r.student_ids, r.student_mask, keep_logits=True)
+            t = score(teacher, r.teacher_ids, r.teacher_mask, keep_logits=True)
+            forward += float(forward_topk_kl_loss(s.logits, t.logits, num_tokens=n, top_k=top_k))
+            reverse += float(reverse_kl(s.logits, t.logits).sum()) / n
+    return forward, reverse
+
+
+@pytest.fixture
+def one_thread():
+    """A tiny model with a 49k vocabulary runs ~8x faster on one thread on a busy 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind", ["forward_topk", "reverse"])
+def test_opsd_lowers_both_divergences_on_rows_built_from_recorded_turns(
+    kind, smollm2_dir, one_thread
+):
+    """Rows as the trainer builds them (a chat turn the student sampled, the hint rendered into
+    the teacher's prompt by the served template); held-out samples measure the divergence.
+
+    The incumbent answers with the caller's name once the hint tells it, and either that or a
+    question without it: the teacher is it with the hint, the student a fresh LoRA on it.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    messages = [{"role": "system", "content": "Book visits."}, {"role": "user", "content": "Hi"}]
+    prompt = list(tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True)["input_ids"])  # fmt: skip
+    hint = "The caller's next line will be: 'My name is Ada Lovelace.'"
+    named, asking = (tokenizer.encode(text) for text in ("Hello Ada Lovelace!", "Who is it?"))
+
+    def row(sampled: list[int]) -> OPSDRow:
+        turn = TrainableTurn(
+            session_id="s", index=0, prompt_ids=prompt, sampled_ids=sampled,
+            sampler_logprobs=[0.0] * len(sampled), adapter="base", sampling=Sampling(),
+        )  # fmt: skip
+        return opsd_row(turn, tokenizer, hint)
+
+    incumbent = tiny_llama(len(tokenizer), seed=3)
+    optimizer = torch.optim.Adam(incumbent.parameters(), lr=1e-2)
+    hinted, plain = row(named), row(asking)
+    examples = [
+        (hinted.teacher_ids, hinted.teacher_mask),  # with the hint: the name
+        (hinted.student_ids, hinted.student_mask),  # without it: the name or a question
+        (plain.student_ids, plain.student_mask),
+    ]
+    for _ in range(40):
+        optimizer.zero_grad()
+        sum(-score(incumbent, ids, mask).logprobs.sum() for ids, mask in examples).backward()
+        optimizer.step()
+    teacher = copy.deepcopy(incumbent).eval().requires_grad_(False)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=list(LORA_TARGETS))
+    student = Policy(get_peft_model(incumbent, lora), tokenizer, Path("tiny"), None)
+
+    def rows(seed: int, n: int = 4) -> list[OPSDRow]:
+        turns = [sample_turn(student.model, prompt, len(named), seed=seed * 100 + i)
+                 for i in range(n)]  # fmt: skip
+        return [opsd_row(TrainableTurn.from_turn(t), tokenizer, hint) for t in turns]
+
+    held_out = rows(seed=99, n=8)
+    assert "Ada Lovelace" in tokenizer.decode(held_out[0].teacher_ids)
+    assert "Ada Lovelace" not in tokenizer.decode(held_out[0].student_ids[: len(prompt)])
+    assert held_out[0].teacher_ids[-len(named) :] == held_out[0].student_ids[-len(named) :]
+    config = TrainConfig(algo="opsd", lr=1e-2, opsd_loss=kind, opsd_top_k=8)
+    before = _divergence(student, teacher, held_out, config.opsd_top_k)
+    optimizer = optimizer_for(student, config.learning_rate())
+    first = rows(seed=0, n=8)
+    measured = _divergence(student, teacher, first, config.opsd_top_k)
+    logged = opsd_step(student, teacher, optimizer, first, config)  # measured before its update
+    assert (logged["kl/forward_topk"], logged["kl/reverse"]) == pytest.approx(measured, abs=1e-5)
+    assert logged["kl"] == logged["kl/forward_topk" if kind == "forward_topk" else "kl/reverse"]
+    for seed in range(1, 10):
+        opsd_step(student, teacher, optimizer, rows(seed, n=8), config)
+    after = _divergence(student, teacher, held_out, config.opsd_top_k)
+    assert before[0] > 0.05 and before[1] > 0.05, before  # the hint changes what it says
+    assert after[0] < 0.5 * before[0] and after[1] < 0.5 * before[1], (before, after)
 
 
 def test_distillation_losses_are_zero_when_student_equals_teacher():

@@ -99,6 +99,21 @@ class JobQueue(Room):
             )
             return self._get_job(conn, job_id)
 
+    def cancel_queued_job(self, job_id: str) -> bool:
+        """Cancel a job that is still queued; False when it is not queued (any more).
+
+        One transaction with the state check, so a job a worker claims at the same moment is
+        either cancelled before it runs or running, never both.
+        """
+        with self._write() as conn:
+            self._get_job(conn, job_id)  # NotInLedgerError for an unknown id
+            changed = conn.execute(
+                "UPDATE jobs SET state = 'cancelled', ended_at = ? WHERE id = ? "
+                "AND state = 'queued'",
+                (time.time(), job_id),
+            ).rowcount
+        return changed == 1
+
     def add_job_event(self, job_id: str, event: str, data: dict[str, Any]) -> JobEventRecord:
         """Append one event to a job's stream."""
         with self._write() as conn:

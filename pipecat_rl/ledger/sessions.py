@@ -327,7 +327,26 @@ class Sessions(Room):
             for sid, pid, host, started in rows
             if writer_gone({"pid": pid, "host": host, "started": started})
         ]
-        if not dead:
+        closed = self._close_open(dead, reason)
+        if closed:
+            logger.warning(
+                f"pipecat-rl: {len(closed)} session(s) in {self.path} were left open by a "
+                f"process that is gone; marked interrupted (never trained on or paired): {reason}"
+            )
+        return closed
+
+    def close_sessions(self, session_ids: Sequence[str], *, reason: str) -> list[str]:
+        """End `interrupted` those of `session_ids` still open; returns the ids it closed.
+
+        For a writer that is alive and knows it abandoned these sessions (the service's worker,
+        after a job it ran was cancelled), where `close_dead_sessions` would wait for it to die.
+        Sessions already finished are left as they are. One transaction, the closer's own.
+        """
+        return self._close_open(list(session_ids), reason)
+
+    def _close_open(self, session_ids: list[str], reason: str) -> list[str]:
+        """Mark `interrupted`, in one transaction, those of `session_ids` that are still open."""
+        if not session_ids:
             return []
         closed: list[str] = []
         interrupted = _ending(time.time(), SessionOutcome.INTERRUPTED, None, None, None)

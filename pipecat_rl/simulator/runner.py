@@ -645,8 +645,13 @@ async def simulate(
     ledger: Ledger,
     *,
     on_episode: Callable[[EpisodeResult], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> SimulationReport:
-    """Run every scenario `repeats` times (or its own `runs`), `concurrency` at a time."""
+    """Run every scenario `repeats` times (or its own `runs`), `concurrency` at a time.
+
+    `stop` is asked before each episode starts: once it says yes, nothing more starts (the
+    episodes in flight finish, so none is cut half-written) and the rest are `not_run`.
+    """
     started = time.monotonic()
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
@@ -669,8 +674,9 @@ async def simulate(
 
     async def one(scenario: Scenario, repeat: int) -> EpisodeResult:
         async with gate:
-            if gone:
-                result = _not_run(scenario, repeat, config)
+            if gone or (stop is not None and stop()):
+                why = "the LLM server was gone" if gone else "the run was stopped"
+                result = _not_run(scenario, repeat, config, why)
             else:
                 result = await run_episode(
                     scenario,
@@ -702,7 +708,9 @@ async def simulate(
     )
 
 
-def _not_run(scenario: Scenario, repeat: int, config: SimulationConfig) -> EpisodeResult:
+def _not_run(
+    scenario: Scenario, repeat: int, config: SimulationConfig, why: str
+) -> EpisodeResult:
     """An episode never started (no session is written: nothing happened to record)."""
     return EpisodeResult(
         scenario_id=scenario.id,
@@ -711,7 +719,7 @@ def _not_run(scenario: Scenario, repeat: int, config: SimulationConfig) -> Episo
         seed=episode_seed(config.seed, scenario.id, repeat),
         session_id="",
         outcome="not_run",
-        error="not run: the LLM server was gone",
+        error=f"not run: {why}",
     )
 
 

@@ -48,6 +48,7 @@ def run(
     source: Source = "simulate",
     server: Server = EMBEDDED,
     on_episode: Callable[[EpisodeResult], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> SimulationReport:
     """Run every scenario under every policy, `options.repeats` times, and record each call.
 
@@ -61,6 +62,8 @@ def run(
         source: the sessions' ledger label (`gate` for the gate's paired runs).
         server: where the agent's model is served.
         on_episode: called with each episode as it ends (progress bars, job events).
+        stop: asked before each episode starts; once true, nothing more starts, the episodes
+            in flight finish and the rest are `not_run` (a cancelled service job).
 
     Returns:
         every episode of every policy, in one report.
@@ -79,7 +82,10 @@ def run(
                 for policy in policies
             ]  # fmt: skip
             return await asyncio.gather(
-                *(simulate(scenarios, bot, c, ledger, on_episode=on_episode) for c in configs)
+                *(
+                    simulate(scenarios, bot, c, ledger, on_episode=on_episode, stop=stop)
+                    for c in configs
+                )
             )
 
     reports = asyncio.run(both())

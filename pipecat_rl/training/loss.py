@@ -133,3 +133,9 @@ def forward_topk_kl_loss(
     kl = (t_all.exp() * (t_all - s_all)).sum(-1)
     return kl.sum() / max(num_tokens, 1)
 
+
+def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """[n] KL(student || teacher) at each position over the whole vocabulary (a measurement)."""
+    student_logp = torch.log_softmax(student_logits, dim=-1)
+    teacher_logp = torch.log_softmax(teacher_logits, dim=-1)
+    return (student_logp.exp() * (student_logp - teacher_logp)).sum(-1)

@@ -16,7 +16,7 @@ import torch
 
 from pipecat_rl.ledger import SessionRecord, TurnRecord
 from pipecat_rl.training.config import TrainConfig
-from pipecat_rl.training.loss import forward_topk_kl_loss, reverse_kl_loss
+from pipecat_rl.training.loss import forward_topk_kl_loss, reverse_kl, reverse_kl_loss
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.rows import TrainableTurn
 from pipecat_rl.training.sft import grad_norm
@@ -98,19 +98,23 @@ def opsd_step(
     rows: Sequence[OPSDRow],
     config: TrainConfig,
 ) -> dict[str, Any]:
-    """One optimiser step of self-distillation over `rows`; returns its metrics."""
+    """One optimiser step of self-distillation over `rows`; returns its metrics.
+
+    Both divergences of the student from the teacher are measured on every step, before its
+    update (`kl/forward_topk`, `kl/reverse`: per loss token), whichever one it trains on (`kl`).
+    """
     started = time.monotonic()
     num_tokens = sum(sum(r.student_mask) for r in rows)
     optimizer.zero_grad(set_to_none=True)
     student.model.train()
     teacher.eval()
-    total, kls = 0.0, []
-    forward = config.opsd_loss == "forward_topk"
+    total, forward_kl, reverse = 0.0, 0.0, 0.0
+    use_forward = config.opsd_loss == "forward_topk"
     for row in rows:
-        s = score(student.model, row.student_ids, row.student_mask, keep_logits=forward)
+        s = score(student.model, row.student_ids, row.student_mask, keep_logits=True)
         with torch.no_grad():
-            t = score(teacher, row.teacher_ids, row.teacher_mask, keep_logits=forward)
-        if forward:
+            t = score(teacher, row.teacher_ids, row.teacher_mask, keep_logits=True)
+        if use_forward:
             loss = forward_topk_kl_loss(
                 s.logits, t.logits, num_tokens=num_tokens, top_k=config.opsd_top_k
             )
@@ -118,7 +122,11 @@ def opsd_step(
             loss = reverse_kl_loss(s.logprobs, t.logprobs, num_tokens=num_tokens)
         loss.backward()
         total += loss.item()
-        kls.append(float((s.logprobs - t.logprobs).detach().mean()))
+        with torch.no_grad():
+            forward_kl += float(
+                forward_topk_kl_loss(s.logits, t.logits, num_tokens=1, top_k=config.opsd_top_k)
+            )
+            reverse += float(reverse_kl(s.logits, t.logits).sum())
     norm = grad_norm(student)
     torch.nn.utils.clip_grad_norm_(
         [p for p in student.model.parameters() if p.requires_grad], config.max_grad_norm
@@ -127,7 +135,9 @@ def opsd_step(
     elapsed = time.monotonic() - started
     return {
         "distill_loss": round(total, 6),
-        "kl": round(sum(kls) / len(kls), 6) if kls else 0.0,
+        "kl": round((forward_kl if use_forward else reverse) / max(num_tokens, 1), 6),
+        "kl/forward_topk": round(forward_kl / max(num_tokens, 1), 6),
+        "kl/reverse": round(reverse / max(num_tokens, 1), 6),
         "grad_norm": round(norm, 6),
         "num_tokens": num_tokens,
         "tokens_per_s": round(sum(len(r.student_ids) for r in rows) / max(elapsed, 1e-9), 1),
