@@ -356,16 +356,11 @@ class Sessions(Room):
                 f"SELECT {SESSIONS.select('s')} FROM sessions s "
                 f"WHERE s.id IN (SELECT value FROM json_each(?)) AND {open_session('s')} "
                 "ORDER BY s.started_at, s.rowid",
-                (dumps(dead),),
+                (dumps(session_ids),),
             ).fetchall():
                 current: SessionRecord = SESSIONS.record(row)
                 self._end(conn, current, interrupted, metadata)
                 closed.append(current.id)
-        if closed:
-            logger.warning(
-                f"pipecat-rl: {len(closed)} session(s) in {self.path} were left open by a "
-                f"process that is gone; marked interrupted (never trained on or paired): {reason}"
-            )
         return closed
 
     # -- turns, tool calls, latencies, scores --------------------------------------------------
