@@ -43,7 +43,7 @@ from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, load_scenarios
 from pipecat_rl.serving import VLLMAdmin
 from pipecat_rl.simulator.audio import check_transport
-from pipecat_rl.simulator.options import SimulationOptions
+from pipecat_rl.simulator.options import GATE_REPEATS, SimulationOptions
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 
@@ -115,7 +115,7 @@ def gate(
     repeats: Annotated[
         int,
         typer.Option(min=1, max=MAX_RUNS, help=f"Runs per scenario and policy (<= {MAX_RUNS})."),
-    ] = 8,
+    ] = GATE_REPEATS,
     bot: Annotated[
         str | None,
         typer.Option(help="The bot to simulate (as for `pipecat-rl simulate --bot`)."),

@@ -63,6 +63,11 @@ class SimulationOptions(BaseModel):
     """How the stored reward weighs the episode's parts (`pipecat_rl.rubric`)."""
 
 
+GATE_REPEATS = 8
+"""Runs per held-out scenario and policy (K) in the gate's own paired runs: the `gate` verb's
+and the service's gate job's default alike."""
+
+
 @dataclass(frozen=True)
 class Server:
     """Where the agent's model is served for a run."""
