@@ -14,7 +14,7 @@ from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.service.app import create_app
 from pipecat_rl.service.jobs import recover_interrupted
 from pipecat_rl.service.settings import ServiceSettings
-from tests.service_helpers import FakeVLLM, clinic_copy
+from tests.service_helpers import GATE_HELDOUT, FakeVLLM, better_candidate_bot, clinic_copy
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -33,8 +33,9 @@ def client(tmp_path):
 
 
 def simulate_job(**kw) -> dict:
-    return {"kind": "simulate", "scenarios": ["clinic/scenarios/pool"],
-            "bot": "clinic/expert.py", "no_server": True, **kw}  # fmt: skip
+    """The scripted expert against the pool's scripted callers: no model anywhere."""
+    return {"kind": "simulate", "scenarios": ["clinic/scenarios/pool"], "bot": "clinic/expert.py",
+            "persona": "scripted", "no_server": True, **kw}  # fmt: skip
 
 
 def events(client: TestClient, job_id: str) -> list[tuple[str, dict]]:
@@ -205,7 +206,8 @@ def test_service_help_names_the_token_variable():
 
 def test_a_gate_job_records_its_receipt_and_promote_accepts_it(tmp_path):
     """The service's gate goes through `gate.run_gate`: its receipt is one `promote` accepts."""
-    clinic_copy(tmp_path, pool=[], heldout=["heldout_terse_booking", "heldout_chatty_medical"])
+    clinic = clinic_copy(tmp_path, pool=[], heldout=GATE_HELDOUT)
+    better_candidate_bot(clinic)
     folder = tmp_path / "adapters" / "v1"
     folder.mkdir(parents=True)
     (folder / "adapter_config.json").write_text("{}")
@@ -214,12 +216,13 @@ def test_a_gate_job_records_its_receipt_and_promote_accepts_it(tmp_path):
             name="v1", path=str(folder), base_model="smollm2", created_at=1.0,
             training_run={"id": "run-1", "guard": {"passed": True, "max_abs": 0.001}},
         ))  # fmt: skip
-    # The scripted expert plays both arms alike (delta 0): a gate that accepts a candidate no
-    # worse than -0.2 promotes it on genuine, recorded statistics.
-    (tmp_path / "gate.yaml").write_text("min_delta: -0.2\nrequire_latency: false\n")
+    # The candidate is the scripted expert, the base an agent that never calls a tool: a real,
+    # recorded improvement (text mode has no voice, so no latency budget to hold).
+    (tmp_path / "gate.yaml").write_text("require_latency: false\n")
     job = {
-        "kind": "gate", "candidate": "v1", "incumbent": "base", "bot": "clinic/expert.py",
-        "scenarios": "clinic/scenarios/heldout", "repeats": 1, "config": "gate.yaml",
+        "kind": "gate", "candidate": "v1", "incumbent": "base",
+        "bot": "clinic/better_candidate.py", "scenarios": "clinic/scenarios/heldout",
+        "repeats": 1, "config": "gate.yaml", "persona": "scripted",
     }  # fmt: skip
     with FakeVLLM() as vllm, TestClient(create_app(settings(tmp_path, llm_url=vllm.url))) as c:
         submitted = c.post("/jobs", json=job, headers=AUTH)
@@ -230,7 +233,7 @@ def test_a_gate_job_records_its_receipt_and_promote_accepts_it(tmp_path):
         with Ledger(tmp_path / "ledger.db") as ledger:
             gate_sessions = ledger.sessions(source="gate")
             assert {s.policy for s in gate_sessions} == {"v1", "base"}
-            assert len(gate_sessions) == 4  # 2 held-out scenarios x 1 run x 2 arms
+            assert len(gate_sessions) == 12  # 6 held-out scenarios x 1 run x 2 arms
         move = c.post("/live", json={"action": "promote", "receipt": result["receipt"]},
                       headers=AUTH)  # fmt: skip
         assert move.status_code == 202

@@ -2,11 +2,11 @@
 
 - `settings`, `security`: configuration, the bearer token, the bind rule, path confinement;
 - `models`: request and response bodies;
-- `jobs`: the durable job queue's worker and one function per job kind;
+- `jobs`: the durable job queue's worker, one function per job kind, cooperative cancelling;
 - `routers`: one per resource (jobs, adapters, receipts, live, sessions);
 - `scores`: the bodies of a call's scores (`/sessions/{call_id}/scores`);
 - `drafts`: scenario drafts grown from failed calls, simulated or live, for review;
-- `app`: the FastAPI app;
+- `app`: the FastAPI app; `docs`: its documentation pages, served offline;
 - `cycle`: the night loop's stages, resumable and recorded as JSONL events.
 """
 

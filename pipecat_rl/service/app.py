@@ -6,7 +6,9 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.service.docs import add_docs
 from pipecat_rl.service.jobs import JobWorker
+from pipecat_rl.service.models import errors
 from pipecat_rl.service.routers import adapters, jobs, live, receipts, sessions
 from pipecat_rl.service.security import BodyLimit, check_bind, require_token
 from pipecat_rl.service.settings import ServiceSettings
@@ -14,9 +16,10 @@ from pipecat_rl.service.settings import ServiceSettings
 DESCRIPTION = """The pipecat-rl side service: it runs beside the bot, never inside it.
 
 Jobs (simulate, train, gate, promote, rollback, cycle) run one at a time from a durable queue in
-the ledger. A promotion loads the adapter into the bot's vLLM and only then moves the live
-pointer; the bot's `LiveAdapterSelector` picks it up at its next call. Every path in a request
-must lie inside the service's data directory. Send `Authorization: Bearer <token>`.
+the ledger; `DELETE /jobs/{id}` cancels one. A promotion loads the adapter into the bot's vLLM
+and only then moves the live pointer; the bot's `LiveAdapterSelector` picks it up at its next
+call. Every path in a request must exist inside the service's data directory. Send
+`Authorization: Bearer <token>` and, with a body, `Content-Type: application/json`.
 """
 
 
@@ -37,12 +40,14 @@ def create_app(settings: ServiceSettings) -> FastAPI:
 
     app = FastAPI(
         title="pipecat-rl service", description=DESCRIPTION, lifespan=lifespan,
-        dependencies=[Depends(require_token)],
+        dependencies=[Depends(require_token)], responses=errors(401),
+        docs_url=None, redoc_url=None,  # served from local files: `docs`
     )  # fmt: skip
     app.state.settings = settings
     app.state.worker = worker
     for module in (jobs, adapters, receipts, live, sessions):
         app.include_router(module.router)
+    add_docs(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
 

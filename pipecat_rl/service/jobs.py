@@ -7,6 +7,14 @@ failed, and the simulated sessions it left open are closed as harness errors, so
 half-applied. A promotion is safe either way: it loads the adapter before it moves the pointer,
 in one transaction.
 
+Cancelling is cooperative. A queued job is cancelled at once and never runs; a running one is
+asked to stop, and stops at its next checkpoint, raising `JobCancelled`: a simulation starts no
+more episodes (those in flight finish: Pipecat pipelines are not cut mid-call), and every event
+a job emits checks (a training step, a cycle's stage boundary). The worker then closes
+`interrupted` the simulated sessions the job left open and records it `cancelled`. Stretches
+without a checkpoint (a gate's paired runs, a promotion) run to their end, so nothing is left
+half-applied.
+
 Three modules are called `jobs.py`, one per concern of this one resource: this worker, its
 HTTP routes (`routers/jobs.py`) and its records in the ledger (`ledger/jobs.py`).
 """
@@ -14,17 +22,19 @@ HTTP routes (`routers/jobs.py`) and its records in the ledger (`ledger/jobs.py`)
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from fastapi.exceptions import RequestValidationError
 from loguru import logger
 from pydantic import TypeAdapter
 
 from pipecat_rl.errors import PipecatRLError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
-from pipecat_rl.ledger.jobs import JobRecord
+from pipecat_rl.ledger.jobs import TERMINAL_STATES, JobRecord
+from pipecat_rl.ledger.liveness import writer_identity
 from pipecat_rl.service.models import (
     CycleJob,
     GateJob,
@@ -57,25 +67,58 @@ def split_bot(value: str) -> tuple[str, str | None]:
     return value, None
 
 
-def confine_bot(data_dir: Path, value: str) -> str:
-    """The bot spec with its file confined to the data directory (a module name is refused)."""
-    path, function = split_bot(value)
-    resolved = confine(data_dir, path)
-    return f"{resolved}:{function}" if function else str(resolved)
+def _resolve(data_dir: Path, field_name: str, value: str) -> tuple[str, bool]:
+    """`value` resolved inside `data_dir` (HTTP 403 outside it), and whether it exists.
+
+    A bot is a file (`bot.py`, `bot.py:function`); other fields may name files or folders.
+    """
+    if field_name == "bot":
+        path, function = split_bot(value)
+        resolved = confine(data_dir, path)
+        return (f"{resolved}:{function}" if function else str(resolved)), resolved.is_file()
+    resolved = confine(data_dir, value)
+    return str(resolved), resolved.exists()
 
 
-def confine_params(data_dir: Path, request: Any) -> Any:
-    """A copy of a request with every path field resolved inside `data_dir` (or HTTP 403)."""
+def resolve_paths(data_dir: Path, request: Any) -> Any:
+    """A copy of a request with every path field resolved inside `data_dir`.
+
+    Checked at submission, so a typo is answered now rather than by a job failing later.
+
+    Raises:
+        HTTPException: 403 when a path resolves outside the data directory.
+        RequestValidationError: 422 naming each path field whose file or folder does not exist.
+    """
     changes: dict[str, Any] = {}
+    missing: list[dict[str, Any]] = []
     for name in request.PATH_FIELDS:
         value = getattr(request, name)
         if value is None:
             continue
-        fix = confine_bot if name == "bot" else lambda d, v: str(confine(d, v))
-        changes[name] = (
-            [fix(data_dir, v) for v in value] if isinstance(value, list) else fix(data_dir, value)
-        )
+        many = isinstance(value, list)
+        resolved = []
+        for index, item in enumerate(value if many else [value]):
+            path, exists = _resolve(data_dir, name, item)
+            if not exists:
+                what = "file" if name == "bot" else "file or folder"
+                missing.append({
+                    "type": "path_missing", "loc": ("body", name, *([index] if many else [])),
+                    "msg": f"{name}: no such {what} {item!r} in the service's data directory",
+                    "input": item,
+                })  # fmt: skip
+            resolved.append(path)
+        changes[name] = resolved if many else resolved[0]
+    if missing:
+        raise RequestValidationError(missing)
     return request.model_copy(update=changes)
+
+
+class JobCancelled(BaseException):
+    """Raised inside a running job at its first checkpoint after it was asked to stop.
+
+    A BaseException, as asyncio's CancelledError is: code that records a failure as data
+    (`except Exception` around an episode, a progress callback) must not swallow it.
+    """
 
 
 @dataclass
@@ -85,15 +128,24 @@ class JobContext:
     job: JobRecord
     ledger: Ledger
     settings: ServiceSettings
+    cancel: threading.Event = field(default_factory=threading.Event)
+    """Set when a DELETE asked this job to stop."""
+    _stopping: bool = field(default=False, init=False)
 
     def emit(self, event: str, **data: Any) -> None:
-        """Append an event to the job's stream (GET /jobs/{id}/events)."""
+        """Append an event to the job's stream (GET /jobs/{id}/events), then `checkpoint()`."""
+        self.record(event, **data)
+        self.checkpoint()
+
+    def record(self, event: str, **data: Any) -> None:
+        """Append an event to the job's stream, whatever was asked of the job."""
         self.ledger.add_job_event(self.job.id, event, data)
 
-    @property
-    def resumed(self) -> bool:
-        """Whether this run continues an attempt a crash interrupted."""
-        return self.job.attempts > 1
+    def checkpoint(self) -> None:
+        """Raise `JobCancelled` if the job was asked to stop (once: it then unwinds)."""
+        if self.cancel.is_set() and not self._stopping:
+            self._stopping = True
+            raise JobCancelled(f"job {self.job.id} was cancelled")
 
 
 # -- one function per kind -------------------------------------------------------------------
@@ -106,9 +158,9 @@ def _server(ctx: JobContext, needed: bool = True) -> Server:
 def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
     from pipecat_rl.simulator import load_bot, load_scenarios, run
 
-    def episode(e) -> None:
-        ctx.emit("episode", scenario=e.scenario_id, session=e.session_id, outcome=e.outcome,
-                 reward=e.reward)  # fmt: skip
+    def episode(e) -> None:  # never raises: the episodes still in flight must finish whole
+        ctx.record("episode", scenario=e.scenario_id, session=e.session_id, outcome=e.outcome,
+                   reward=e.reward)  # fmt: skip
 
     options = SimulationOptions(
         persona=p.persona, seed=p.seed, repeats=p.repeats, concurrency=p.concurrency,
@@ -117,8 +169,9 @@ def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
     report = run(
         load_scenarios(list(p.scenarios)), load_bot(p.bot), options, ctx.ledger,
         policies=[p.adapter or "base"], server=_server(ctx, needed=not p.no_server),
-        on_episode=episode,
+        on_episode=episode, stop=ctx.cancel.is_set,
     )  # fmt: skip
+    ctx.checkpoint()  # stopped: what ran is recorded, and the job ends cancelled
     episodes = report.episodes
     return {
         "episodes": len(episodes),
@@ -129,12 +182,20 @@ def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
     }
 
 
+TRAIN_FIELDS = frozenset(
+    {"algo", "parent", "steps", "epochs", "group_size", "rank", "lr", "temperature", "seed"}
+)
+"""The train request's fields that are `TrainConfig` fields of the same name."""
+
+
 def _train(ctx: JobContext, p: TrainJob) -> dict[str, Any]:
     from pipecat_rl.service.cycle import load_training
 
     TrainConfig, train = load_training()
-    fields = p.model_dump(exclude={"kind", "scenarios", "bot"}, exclude_none=True)
-    config = TrainConfig(out_dir=ctx.settings.data_dir / "adapters", **fields)
+    config = TrainConfig(
+        base_model=ctx.settings.model, out_dir=ctx.settings.data_dir / "adapters",
+        alpha=2 * p.rank, **p.model_dump(include=TRAIN_FIELDS),  # alpha as `pipecat-rl train`
+    )  # fmt: skip
     rollouts = None
     if p.scenarios and p.bot:
         from pipecat_rl.simulator import load_bot, load_scenarios
@@ -142,7 +203,7 @@ def _train(ctx: JobContext, p: TrainJob) -> dict[str, Any]:
 
         rollouts = Rollouts(
             scenarios=load_scenarios(list(p.scenarios)), bot=load_bot(p.bot),
-            options=SimulationOptions(persona="scripted"),
+            options=SimulationOptions(persona=p.persona, max_tokens=p.max_tokens),
         )  # fmt: skip
     result = train(
         ctx.ledger, config, server_url=ctx.settings.llm_url, rollouts=rollouts,
@@ -194,9 +255,10 @@ def _cycle(ctx: JobContext, p: CycleJob) -> dict[str, Any]:
     from pipecat_rl.service.cycle import run_cycle
     from pipecat_rl.service.loop import load_loop_config
 
-    config = load_loop_config(Path(p.config))
-    if p.budget_s is not None:
-        config = config.model_copy(update={"budget_s": p.budget_s})
+    overrides = p.model_dump(include={"budget_s", "stop_after"}, exclude_none=True)
+    config = load_loop_config(Path(p.config), ledger=ctx.settings.ledger, **overrides)
+    if config.llm_url is None and ctx.settings.llm_url is not None:
+        config = config.model_copy(update={"llm_url": ctx.settings.llm_url})
     summary = run_cycle(config, emit=lambda event, data: ctx.emit(event, **data))
     return summary.model_dump(mode="json")
 
@@ -241,6 +303,33 @@ def recover_interrupted(ledger: Ledger) -> list[JobRecord]:
     return recovered
 
 
+def close_job_sessions(ctx: JobContext, reason: str) -> list[str]:
+    """Close `interrupted` the simulated sessions a job that did not finish left open.
+
+    Its sessions are the simulated ones this process started since the job did: the worker
+    runs one job at a time, and they name this process as their writer. This process is alive,
+    so the ledger's closer of dead writers' sessions would never close them.
+    """
+    me = writer_identity()
+    ids = [
+        s.id
+        for s in ctx.ledger.sessions(since=ctx.job.started_at or ctx.job.submitted_at)
+        if s.source in SIMULATED_SOURCES and s.metadata.get("writer") == me
+    ]
+    return ctx.ledger.close_sessions(ids, reason=reason)
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What a cancel request did to a job."""
+
+    job: JobRecord
+    """The job as it is now."""
+    outcome: Literal["cancelled", "requested", "ended", "elsewhere"]
+    """`cancelled`: it was queued and never runs; `requested`: it runs and stops at its next
+    checkpoint; `ended`: it had already ended; `elsewhere`: another service process runs it."""
+
+
 class JobWorker:
     """Runs queued jobs one at a time on a background thread, in submission order."""
 
@@ -249,6 +338,8 @@ class JobWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # a claim and a cancel never interleave
+        self._running: JobContext | None = None
 
     def start(self) -> None:
         """Recover interrupted jobs, then start taking jobs from the queue."""
@@ -268,31 +359,67 @@ class JobWorker:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def cancel(self, ledger: Ledger, job_id: str) -> Cancellation:
+        """Cancel a queued job at once, or ask the running one to stop at its next checkpoint.
+
+        Raises:
+            NotInLedgerError: there is no such job.
+        """
+        with self._lock:
+            if ledger.cancel_queued_job(job_id):
+                ledger.add_job_event(job_id, "cancelled", {"was": "queued"})
+                return Cancellation(ledger.job(job_id), "cancelled")
+            job = ledger.job(job_id)
+            if job.state in TERMINAL_STATES:
+                return Cancellation(job, "ended")
+            running = self._running
+            if running is None or running.job.id != job_id:
+                return Cancellation(job, "elsewhere")
+            if not running.cancel.is_set():
+                running.cancel.set()
+                ledger.add_job_event(job_id, "cancel_requested", {})
+            return Cancellation(job, "requested")
+
     def _loop(self) -> None:
         with Ledger(self.settings.ledger) as ledger:
             while not self._stop.is_set():
-                job = ledger.claim_next_job()
-                if job is None:
+                with self._lock:
+                    job = ledger.claim_next_job()
+                    self._running = None if job is None else JobContext(job, ledger, self.settings)
+                if self._running is None:
                     self._wake.wait(self.settings.poll_s * 5)
                     self._wake.clear()
                     continue
-                run_job(JobContext(job, ledger, self.settings))
+                run_job(self._running)
+                with self._lock:
+                    self._running = None
 
 
 def run_job(ctx: JobContext) -> JobRecord:
-    """Run one claimed job to its end and record how it ended."""
+    """Run one claimed job to its end and record how it ended.
+
+    A job that did not finish (failed, crashed or cancelled) has the simulated sessions it left
+    open closed `interrupted`, so none stays open beside a live service.
+    """
     job = ctx.job
-    ctx.emit("started", kind=job.kind, attempt=job.attempts)
+    ctx.record("started", kind=job.kind, attempt=job.attempts)
     try:
         params = _REQUEST.validate_python({**job.params, "kind": job.kind})
         result = HANDLERS[job.kind](ctx, params)
-    except PipecatRLError as e:
-        ctx.emit("failed", error=str(e))
-        return ctx.ledger.finish_job(job.id, "failed", error=str(e))
+    except JobCancelled:
+        closed = close_job_sessions(ctx, f"interrupted: job {job.id} was cancelled")
+        ctx.record("cancelled", closed=closed)
+        return ctx.ledger.finish_job(
+            job.id, "cancelled",
+            error=f"cancelled while running; {len(closed)} session(s) it left open were closed "
+            "interrupted (never trained on); what it finished is in the ledger",
+        )  # fmt: skip
     except Exception as e:  # a bug in a job must not kill the worker: record it
-        logger.exception(f"job {job.id} crashed")
-        error = f"{type(e).__name__}: {e}"
-        ctx.emit("failed", error=error)
+        error = str(e) if isinstance(e, PipecatRLError) else f"{type(e).__name__}: {e}"
+        if not isinstance(e, PipecatRLError):
+            logger.exception(f"job {job.id} crashed")
+        closed = close_job_sessions(ctx, f"interrupted: job {job.id} failed")
+        ctx.record("failed", error=error, closed=closed)
         return ctx.ledger.finish_job(job.id, "failed", error=error)
-    ctx.emit("done", result=result)
+    ctx.record("done", result=result)
     return ctx.ledger.finish_job(job.id, "done", result=result)

@@ -1,22 +1,46 @@
 """Request and response bodies of the service: one pydantic model per job kind and resource.
 
-Fields that name files are plain strings here; the router confines each one to the data
-directory before a job is queued (`PATH_FIELDS` says which they are). Called `models.py` as in
-FastAPI's own layout; the weights the server serves are `pipecat_rl.models`.
+Fields that name files are plain strings here; before a job is queued the router resolves each
+one inside the data directory and checks that it exists (`PATH_FIELDS` says which they are).
+What a simulation or the gate shares with the CLI takes its default from the same place the
+verbs do (`SimulationOptions`, `GATE_REPEATS`), so a request left at its defaults runs what the
+verb would. Each field's docstring is its description in the OpenAPI document. Called
+`models.py` as in FastAPI's own layout; the weights the server serves are `pipecat_rl.models`.
 """
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipecat_rl.ledger.jobs import JobEventRecord, JobRecord, JobState
+from pipecat_rl.service.loop import STAGES
+from pipecat_rl.simulator.options import GATE_REPEATS, PersonaKind, SimulationOptions
+from pipecat_rl.training.config import Algo, TrainConfig
+
+MAX_REPEATS = 64
+"""Runs per scenario one request may ask for (the service is shared: a typo must not book it
+for a week)."""
+MAX_CONCURRENCY = 64
+
+
+def _like(model: type[BaseModel], name: str, **constraints: Any) -> Any:
+    """A field defaulting to `model`'s own default for `name`: the one the CLI verbs use too."""
+    return Field(default=model.model_fields[name].default, **constraints)
+
+
+def _option(name: str, **constraints: Any) -> Any:
+    return _like(SimulationOptions, name, **constraints)
+
+
+def _training(name: str, **constraints: Any) -> Any:
+    return _like(TrainConfig, name, **constraints)
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ()
-    """Fields holding paths (or lists of paths) that must stay inside the data directory."""
+    """Fields holding paths (or lists of paths) that must exist inside the data directory."""
 
 
 class SimulateJob(_Body):
@@ -24,50 +48,97 @@ class SimulateJob(_Body):
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("scenarios", "bot")
     kind: Literal["simulate"] = "simulate"
+    """The job kind."""
     scenarios: list[str] = Field(min_length=1, max_length=64)
+    """Scenario files or folders, relative to the data directory."""
     bot: str
+    """The bot file (`bot.py`, or `bot.py:function`), relative to the data directory."""
     adapter: str | None = None
-    persona: Literal["scripted", "llm"] = "scripted"
-    repeats: int | None = Field(default=None, ge=1, le=64)
-    concurrency: int = Field(default=4, ge=1, le=64)
-    seed: int = 0
-    max_tokens: int | None = Field(default=None, ge=1)
+    """The adapter to serve the agent (None: the base model)."""
+    persona: PersonaKind = _option("persona")
+    """The caller: an LLM persona, or the scenarios' `script:` rules (a scenario with a script
+    is always played by it)."""
+    repeats: int | None = _option("repeats", ge=1, le=MAX_REPEATS)
+    """Runs per scenario (None: each scenario's own `runs`)."""
+    concurrency: int = _option("concurrency", ge=1, le=MAX_CONCURRENCY)
+    """Episodes at once."""
+    seed: int = _option("seed", ge=0, le=2**63 - 1)
+    """Run seed; each episode derives its own from it."""
+    max_tokens: int | None = _option("max_tokens", ge=1)
+    """Cap on the agent's replies when its bot sets none (None: leave it)."""
     no_server: bool = False
     """Start no LLM server (a scripted persona and a bot that needs no model, e.g. the expert)."""
 
 
 class TrainJob(_Body):
-    """Train an adapter from the ledger (`pipecat_rl.training.train`)."""
+    """Train an adapter from the ledger (`pipecat-rl train`) on the model the service serves.
+
+    Defaults are the trainer's own (`pipecat_rl.training.TrainConfig`).
+    """
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("scenarios", "bot")
     kind: Literal["train"] = "train"
-    algo: Literal["sft", "grpo", "opsd"]
-    parent: str | None = None
-    steps: int | None = Field(default=None, ge=1)
-    epochs: int | None = Field(default=None, ge=1)
-    group_size: int | None = Field(default=None, ge=1)
-    rank: int | None = Field(default=None, ge=1)
-    lr: float | None = Field(default=None, gt=0)
-    seed: int = 0
-    scenarios: list[str] | None = None
+    """The job kind."""
+    algo: Algo
+    """SFT on passed calls and demonstrations, GRPO on groups of rewarded calls, or OPSD."""
+    parent: str | None = _training("parent")
+    """The adapter to continue from (None: a fresh LoRA on the base model)."""
+    steps: int = _training("steps", ge=1)
+    """GRPO / OPSD optimiser steps (each an online round when `scenarios` are given)."""
+    epochs: int = _training("epochs", ge=1)
+    """SFT: most passes over the rows."""
+    group_size: int = _training("group_size", ge=2)
+    """GRPO: episodes per scenario per step."""
+    rank: int = _training("rank", ge=1)
+    """LoRA rank (alpha is twice it, as `pipecat-rl train` sets it)."""
+    lr: float | None = _training("lr", gt=0)
+    """Learning rate (None: the trainer's per-algorithm default)."""
+    temperature: float = _training("temperature", ge=0)
+    """GRPO / OPSD exploration temperature."""
+    seed: int = _training("seed", ge=0)
+    """Training seed."""
+    scenarios: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    """Online GRPO / OPSD: the scenarios to simulate at every step (with `bot`)."""
     bot: str | None = None
+    """Online GRPO / OPSD: the bot to simulate (with `scenarios`)."""
+    persona: PersonaKind = _option("persona")
+    """Online: the caller of the simulated calls."""
+    max_tokens: int | None = _option("max_tokens", ge=1)
+    """Online: cap on the agent's replies when its bot sets none."""
+
+    @model_validator(mode="after")
+    def _online(self) -> "TrainJob":
+        if (self.scenarios is None) != (self.bot is None):
+            raise ValueError("online GRPO / OPSD needs both scenarios and bot (or neither)")
+        if self.scenarios is not None and self.algo == "sft":
+            raise ValueError("scenarios and bot are for algo grpo or opsd (online); SFT is not")
+        return self
 
 
 class GateJob(_Body):
-    """Gate a candidate on held-out scenarios and write its receipt (`pipecat-rl gate`)."""
+    """Gate a candidate on held-out scenarios and record its receipt (`pipecat-rl gate`)."""
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("scenarios", "bot", "config")
     kind: Literal["gate"] = "gate"
+    """The job kind."""
     candidate: str
+    """The adapter to gate (or `base`)."""
     incumbent: str = "live"
+    """The adapter to beat: a name, `base`, or `live` (the live pointer)."""
     scenarios: str
+    """The held-out scenario file or folder, relative to the data directory."""
     bot: str
-    repeats: int = Field(default=2, ge=1, le=64)
-    persona: Literal["scripted", "llm"] = "scripted"
-    concurrency: int = Field(default=4, ge=1, le=64)
-    max_tokens: int | None = Field(default=None, ge=1)
+    """The bot file (`bot.py`, or `bot.py:function`), relative to the data directory."""
+    repeats: int = Field(default=GATE_REPEATS, ge=1, le=MAX_REPEATS)
+    """Paired runs per scenario and policy (K)."""
+    persona: PersonaKind = _option("persona")
+    """The caller: an LLM persona, or the scenarios' `script:` rules."""
+    concurrency: int = _option("concurrency", ge=1, le=MAX_CONCURRENCY)
+    """Episodes at once, shared by both policies."""
+    max_tokens: int | None = _option("max_tokens", ge=1)
+    """Cap on the agent's replies when its bot sets none (None: leave it)."""
     config: str | None = None
-    """A gate thresholds file (YAML/JSON)."""
+    """A gate thresholds file (YAML/JSON), relative to the data directory (None: defaults)."""
 
 
 class PromoteJob(_Body):
@@ -75,22 +146,34 @@ class PromoteJob(_Body):
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("receipt",)
     kind: Literal["promote"] = "promote"
+    """The job kind."""
     receipt: str
+    """A receipt.json (or its folder) the gate recorded, relative to the data directory."""
 
 
 class RollbackJob(_Body):
     """Serve the adapter that was live before the current one again."""
 
     kind: Literal["rollback"] = "rollback"
+    """The job kind."""
 
 
 class CycleJob(_Body):
-    """Run (or resume) one night-loop cycle from a loop.yaml (`pipecat-rl cycle`)."""
+    """Run (or resume) one night-loop cycle from a loop.yaml (`pipecat-rl cycle`).
+
+    The cycle records into the service's ledger and, when its file names no `llm_url`,
+    simulates on the service's `--llm-url`.
+    """
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("config",)
     kind: Literal["cycle"] = "cycle"
+    """The job kind."""
     config: str
+    """The loop file, relative to the data directory."""
     budget_s: float | None = Field(default=None, gt=0)
+    """Wall-time budget of this run in seconds (None: the file's `budget_s`)."""
+    stop_after: Literal[STAGES] | None = None  # type: ignore[valid-type]
+    """Stop, resumably, once this stage has finished (None: the file's `stop_after`)."""
 
 
 JobRequest = Annotated[
@@ -105,16 +188,28 @@ JOB_KINDS = ("simulate", "train", "gate", "promote", "rollback", "cycle")
 class JobView(BaseModel):
     """A job as the API shows it."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     id: str
+    """The job's id (never reused)."""
     kind: str
+    """simulate, train, gate, promote, rollback or cycle."""
     state: JobState
+    """queued → running → done, failed or cancelled."""
     params: dict[str, Any]
+    """The request as queued, its paths resolved inside the data directory."""
     result: dict[str, Any] | None
+    """What a `done` job produced."""
     error: str | None
+    """Why a job failed or was cancelled."""
     submitted_at: float
+    """Unix time the job was queued."""
     started_at: float | None
+    """Unix time its last attempt started."""
     ended_at: float | None
+    """Unix time it ended."""
     attempts: int
+    """Times a worker started it (a cycle a crash interrupted runs again)."""
     events: int = 0
     """How many events the job has emitted so far."""
 
@@ -127,10 +222,16 @@ class JobView(BaseModel):
 class EventView(BaseModel):
     """One job event (also the `data:` of each Server-Sent Event)."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     seq: int
+    """Its number, from 1 (the SSE `id:`)."""
     at: float
+    """Unix time it was emitted."""
     event: str
+    """Its name (started, episode, stage_finished, cancel_requested, done, failed, ...)."""
     data: dict[str, Any]
+    """What it says."""
 
     @classmethod
     def of(cls, e: JobEventRecord) -> "EventView":
@@ -177,7 +278,10 @@ class LiveMoveRequest(_Body):
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("receipt",)
     action: Literal["promote", "rollback"]
+    """promote a receipt's candidate, or roll back to the adapter live before."""
     receipt: str | None = None
+    """promote: a receipt.json (or its folder) the gate recorded, relative to the data
+    directory."""
 
 
 class ReceiptSummary(BaseModel):
@@ -188,3 +292,25 @@ class ReceiptSummary(BaseModel):
     candidate: str
     incumbent: str
     created_at: str
+
+
+class ErrorView(BaseModel):
+    """An error the service answered with."""
+
+    detail: str
+    """What was wrong, and what to do about it."""
+
+
+ERRORS: dict[int, str] = {
+    400: "The receipt id is not one (letters, digits, `.`, `_`, `-`).",
+    401: "Missing or wrong bearer token (`Authorization: Bearer <token>`).",
+    403: "A path in the request lies outside the service's data directory.",
+    404: "No such job or receipt (or a receipt this version cannot read).",
+    409: "The job has already ended, or another service process runs it.",
+    413: "The request body is over the service's limit (64 KiB unless configured).",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` declaring the service's error answers `codes` (see `ERRORS`)."""
+    return {code: {"model": ErrorView, "description": ERRORS[code]} for code in codes}

@@ -28,7 +28,9 @@ class ServiceSettings(BaseModel):
     llm_url: str | None = None
     """The bot's vLLM: promotions load adapters here before the pointer moves."""
     model: str = "smollm2"
-    """The model an embedded vLLM serves when a job needs one and `llm_url` is not set."""
+    """The base model (a packaged name or an HF folder): what train jobs train on, and what an
+    embedded vLLM serves when a job needs one and `llm_url` is not set (with `llm_url`, the
+    model it serves)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     poll_s: float = Field(default=0.2, gt=0)
     """How often the worker and event streams look at the ledger for news."""

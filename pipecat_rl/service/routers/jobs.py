@@ -1,4 +1,4 @@
-"""`/jobs`: submit a job, list jobs, read one, stream its events (Server-Sent Events).
+"""`/jobs`: submit a job, list jobs, read one, stream its events (Server-Sent Events), cancel it.
 
 The HTTP face of the queue only: `service/jobs.py` runs the jobs, `ledger/jobs.py` holds them.
 """
@@ -6,27 +6,36 @@ The HTTP face of the queue only: `service/jobs.py` runs the jobs, `ledger/jobs.p
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Request, status
+from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 
 from pipecat_rl.ledger import NotInLedgerError
 from pipecat_rl.ledger.jobs import TERMINAL_STATES
-from pipecat_rl.service.models import EventView, JobRequest, JobState, JobView
+from pipecat_rl.service.models import EventView, JobRequest, JobState, JobView, errors
 from pipecat_rl.service.security import settings_of
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
+JobId = Annotated[str, Path(description="The job's id, as `POST /jobs` answered it.")]
+
 
 def submit(request: Request, job: JobRequest) -> JobView:
-    """Queue a validated job whose paths were confined, and wake the worker."""
-    from pipecat_rl.service.jobs import confine_params, new_job_id
+    """Queue a validated job whose paths were resolved and found, and wake the worker."""
+    from pipecat_rl.service.jobs import new_job_id, resolve_paths
 
-    job = confine_params(settings_of(request).data_dir, job)
+    job = resolve_paths(settings_of(request).data_dir, job)
     params = job.model_dump(mode="json", exclude={"kind"})
     record = request.app.state.ledger.add_job(job.kind, params, job_id=new_job_id(job.kind))
     request.app.state.worker.notify()
     return JobView.of(record)
+
+
+def refuse(field: str, message: str) -> RequestValidationError:
+    """A 422 naming one body field, shaped like FastAPI's own validation errors."""
+    return RequestValidationError([{"type": "value_error", "loc": ("body", field), "msg": message}])
 
 
 def _job(request: Request, job_id: str) -> JobView:
@@ -38,30 +47,83 @@ def _job(request: Request, job_id: str) -> JobView:
     return JobView.of(record, events=len(ledger.job_events(job_id)))
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobView)
+@router.post(
+    "", status_code=status.HTTP_202_ACCEPTED, response_model=JobView,
+    responses=errors(403, 413),
+)  # fmt: skip
 def post_job(request: Request, job: JobRequest) -> JobView:
-    """Queue a job; it runs after every job queued before it, one at a time."""
+    """Queue a job; it runs after every job queued before it, one at a time.
+
+    Every path in the body must exist inside the service's data directory: a path outside it
+    is a 403, a missing one a 422 naming the field.
+    """
     return submit(request, job)
 
 
 @router.get("", response_model=list[JobView])
-def list_jobs(request: Request, state: JobState | None = None, limit: int = 100) -> list[JobView]:
+def list_jobs(
+    request: Request,
+    state: Annotated[JobState | None, Query(description="Only jobs in this state.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="At most this many jobs.")] = 100,
+) -> list[JobView]:
     """Jobs in submission order (optionally only those in one state)."""
     return [JobView.of(j) for j in request.app.state.ledger.jobs(state=state, limit=limit)]
 
 
-@router.get("/{job_id}", response_model=JobView)
-def get_job(request: Request, job_id: str) -> JobView:
+@router.get("/{job_id}", response_model=JobView, responses=errors(404))
+def get_job(request: Request, job_id: JobId) -> JobView:
     """One job: its state, parameters, result or error, and how many events it emitted."""
     return _job(request, job_id)
 
 
-@router.get("/{job_id}/events", response_class=StreamingResponse)
+@router.delete(
+    "/{job_id}", response_model=JobView, responses={
+        202: {"model": JobView, "description": "Running: asked to stop at its next checkpoint."},
+        **errors(404, 409),
+    },
+)  # fmt: skip
+def cancel_job(request: Request, response: Response, job_id: JobId) -> JobView:
+    """Cancel a job: a queued one at once, a running one at its next checkpoint.
+
+    A queued job ends `cancelled` now (200) and never runs. A running one is asked to stop
+    (202) and ends `cancelled` at its next checkpoint (a simulation starts no more episodes
+    and lets those in flight finish; a training step; a cycle's stage boundary), with the
+    simulated sessions it left open closed `interrupted`. A gate's paired runs and a promotion
+    have no checkpoint: they finish.
+    """
+    try:
+        done = request.app.state.worker.cancel(request.app.state.ledger, job_id)
+    except NotInLedgerError as e:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=str(e)) from e
+    if done.outcome == "ended":
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, detail=f"job {job_id} has already ended ({done.job.state})"
+        )
+    if done.outcome == "elsewhere":
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            detail=f"job {job_id} is running in another service process on this ledger; "
+            "cancel it through that service",
+        )
+    if done.outcome == "requested":
+        response.status_code = status.HTTP_202_ACCEPTED
+    return JobView.of(done.job, events=len(request.app.state.ledger.job_events(job_id)))
+
+
+@router.get(
+    "/{job_id}/events", response_class=StreamingResponse, responses={
+        200: {"content": {"text/event-stream": {}},
+              "description": "`id:`, `event:` and `data:` (an EventView) per event; then `end`."},
+        **errors(404),
+    },
+)  # fmt: skip
 async def job_events(
     request: Request,
-    job_id: str,
-    after: int = 0,
-    last_event_id: str | None = Header(default=None),
+    job_id: JobId,
+    after: Annotated[int, Query(ge=0, description="Send only events after this number.")] = 0,
+    last_event_id: Annotated[
+        str | None, Header(description="An SSE client's resume point (wins over `after`).")
+    ] = None,
 ) -> StreamingResponse:
     """The job's events as Server-Sent Events, from the start (or after `Last-Event-ID`).
 

@@ -1,6 +1,6 @@
 """`/live`: read the live pointer, or move it (a promote or rollback job, run in queue order)."""
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Request, status
 
 from pipecat_rl.ledger import BASE_ADAPTER
 from pipecat_rl.service.models import (
@@ -10,8 +10,9 @@ from pipecat_rl.service.models import (
     PointerView,
     PromoteJob,
     RollbackJob,
+    errors,
 )
-from pipecat_rl.service.routers.jobs import submit
+from pipecat_rl.service.routers.jobs import refuse, submit
 
 router = APIRouter(prefix="/live", tags=["live"])
 
@@ -29,7 +30,10 @@ def get_live(request: Request) -> LiveView:
     )
 
 
-@router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=JobView)
+@router.post(
+    "", status_code=status.HTTP_202_ACCEPTED, response_model=JobView,
+    responses=errors(403, 413),
+)  # fmt: skip
 def move_live(request: Request, move: LiveMoveRequest) -> JobView:
     """Queue a promotion of a PROMOTE receipt (or a rollback).
 
@@ -38,8 +42,6 @@ def move_live(request: Request, move: LiveMoveRequest) -> JobView:
     """
     if move.action == "promote":
         if move.receipt is None:
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_ENTITY, detail="promote needs a receipt"
-            )
+            raise refuse("receipt", "promote needs a receipt")
         return submit(request, PromoteJob(receipt=move.receipt))
     return submit(request, RollbackJob())
