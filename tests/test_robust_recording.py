@@ -64,7 +64,8 @@ async def test_fifty_calls_share_one_writer_thread(tmp_path):
         assert len(sessions) == 50 and {s.outcome for s in sessions} == {"completed"}
         assert all(s.metadata["recorder"] == {"errors": 0, "dropped_writes": 0} for s in sessions)
         assert all(s.metadata["writer"]["pid"] == os.getpid() for s in sessions)
-        assert len(ledger.training_turns()) == 50
+        turns = [t for s in sessions for t in ledger.turns(s.id)]
+        assert len(turns) == 50 and all(t.trainable for t in turns)  # each one token-exact
 
 
 async def test_on_turn_recorded_fires_for_every_turn(tmp_path):
@@ -168,6 +169,7 @@ def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
                     completion_token_ids=[2],
                     logprobs=[-0.1],
                     token_exact=True,
+                    redacted=True,
                 )  # fmt: skip
             )
     with Ledger(path) as ledger:
@@ -181,6 +183,7 @@ def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
         assert ledger.training_turns() == []  # a call still open (or cut) never trains
         for sid in ("alive", "elsewhere"):  # once their own writers end them, they may
             ledger.end_session(sid, ended_at=2.0)
+            ledger.post_score(sid, ScoreIn(metric="success", value=1, source="human"))
         assert {t.session_id for t in ledger.training_turns()} == {"alive", "elsewhere"}
         assert ledger.stats()["training_eligible_turns"] == 2
         for outcome in ("error", "not_run"):
