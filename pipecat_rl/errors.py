@@ -17,6 +17,7 @@ PipecatRLError
 │   ├── NoTrainingSignalError  the ledger holds nothing this algorithm can learn from
 │   └── GuardError           the trainer and the sampler disagree on logprobs: do not train
 ├── GateError            the gate cannot decide from what it was given
+│   └── GateStopped          its own runs were stopped (a cancelled job): no receipt written
 └── BudgetExhausted      a cycle's next stage would overrun its wall-time budget (resumable stop)
 ```
 
@@ -98,6 +99,10 @@ class GuardError(TrainingError):
 
 class GateError(PipecatRLError):
     """The gate cannot decide from its inputs."""
+
+
+class GateStopped(GateError):
+    """The gate's own runs were stopped before they finished; no receipt was written."""
 
 
 class BudgetExhausted(PipecatRLError):

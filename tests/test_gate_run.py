@@ -43,3 +43,18 @@ def test_the_receipt_is_written_and_recorded(tmp_path):
         verify_receipt(done.paths["json"], ledger)  # recorded: promote would accept its bytes
         held = ledger.heldout_hashes()
         assert {r.scenario_hash for r in done.data.runs} <= set(held)
+
+
+def test_stopped_runs_write_no_receipt(tmp_path):
+    from dataclasses import replace
+
+    from pipecat_rl.errors import GateStopped
+
+    names = ["heldout_terse_booking", "heldout_chatty_booking"]
+    evidence = replace(_evidence(1, names), stop=lambda: True)  # a cancelled job's flag
+    settings = load_gate_config(None, require_latency=False)
+    with Ledger(tmp_path / "l.db") as ledger:
+        with pytest.raises(GateStopped, match="no receipt was written"):
+            run_gate(ledger, "cand", "base", evidence, settings, tmp_path / "r")
+        assert ledger.sessions(source="gate") == []  # stopped before its first episode
+    assert not (tmp_path / "r").exists()

@@ -6,6 +6,7 @@ verb, the service's gate job and the cycle's evaluate stage are thin callers of 
 every receipt any of them writes is one `promote` accepts (or refuses) for the same reasons.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -37,6 +38,8 @@ class Simulated:
     server: "Server"
     files: Path | None = None
     """The scenario file or folder, hashed byte for byte into the receipt."""
+    stop: Callable[[], bool] | None = None
+    """Asked before each episode; once true nothing more starts and no receipt is written."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def gather(
 
         data = run_paired_simulations(
             ledger, evidence.scenarios, *names, evidence.bot, evidence.options, evidence.server,
-            judged,
+            judged, stop=evidence.stop,
         )  # fmt: skip
     else:
         data = load_ledger_runs(

@@ -5,9 +5,9 @@ and a latency difference is the policies' and not the time of day's. Sessions ar
 `gate` and then read back exactly as `--from-ledger` reads them.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, GateStopped
 from pipecat_rl.gate.inputs import GateData, load_ledger_runs
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.scenarios import HELDOUT, ScenarioSet
@@ -25,6 +25,8 @@ def run_paired_simulations(
     options: SimulationOptions,
     server: Server,
     judged: Mapping[str, float] | None = None,
+    *,
+    stop: Callable[[], bool] | None = None,
 ) -> GateData:
     """Simulate both (resolved) policies on the held-out `scenarios` and return their runs.
 
@@ -40,8 +42,13 @@ def run_paired_simulations(
         options = options.model_copy(update={"transport": "local"})
     report = run(
         scenarios, bot, options, ledger, policies=(candidate, incumbent), source="gate",
-        server=server,
+        server=server, stop=stop,
     )  # fmt: skip
+    if stop is not None and stop():
+        raise GateStopped(
+            "the gate's runs were stopped before they finished: no receipt was written (the "
+            "runs that finished are in the ledger, labelled gate)"
+        )
     return load_ledger_runs(
         ledger, candidate, incumbent, heldout_set=scenarios.heldout_set_id, source="gate",
         judged=judged, session_ids=[e.session_id for e in report.episodes if e.session_id],

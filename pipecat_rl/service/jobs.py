@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from loguru import logger
 from pydantic import TypeAdapter
 
-from pipecat_rl.errors import PipecatRLError
+from pipecat_rl.errors import GateStopped, PipecatRLError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.jobs import TERMINAL_STATES, JobRecord
@@ -224,10 +224,14 @@ def _gate(ctx: JobContext, p: GateJob) -> dict[str, Any]:
             persona=p.persona, seed=settings.seed, repeats=p.repeats, concurrency=p.concurrency,
             max_tokens=p.max_tokens,
         ),
-        server=_server(ctx), files=Path(p.scenarios),
+        server=_server(ctx), files=Path(p.scenarios), stop=ctx.cancel.is_set,
     )  # fmt: skip
     folder = ctx.settings.data_dir / "receipts" / ctx.job.id
-    done = run_gate(ctx.ledger, p.candidate, p.incumbent, evidence, settings, folder)
+    try:
+        done = run_gate(ctx.ledger, p.candidate, p.incumbent, evidence, settings, folder)
+    except GateStopped:
+        ctx.checkpoint()  # asked to stop: the job ends cancelled, with no receipt
+        raise
     receipt = done.receipt
     return {"verdict": receipt.verdict, "reason": receipt.reason, "receipt_id": ctx.job.id,
             "receipt": str(done.paths["json"])}  # fmt: skip
