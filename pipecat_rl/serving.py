@@ -25,12 +25,16 @@ import time
 from collections import deque
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import httpx
 from loguru import logger
 
 from pipecat_rl.errors import ConfigError, ModelError, ServingError
 from pipecat_rl.paths import cache_dir
+
+if TYPE_CHECKING:
+    from pipecat_rl.merged import MergedFrom
 
 BASE_ALIAS = "base"
 """Every server also answers to this name for the base model, so a policy can say `base`."""
@@ -132,9 +136,25 @@ class VLLMAdmin:
             )
         return response
 
+    def _cards(self) -> list[dict]:
+        return self._request("GET", "/v1/models").json()["data"]
+
     def models(self) -> list[str]:
         """Names the server answers to: the base model, its aliases and every loaded adapter."""
-        return [m["id"] for m in self._request("GET", "/v1/models").json()["data"]]
+        return [m["id"] for m in self._cards()]
+
+    def merged_policy(self, cards: list[dict] | None = None) -> "MergedFrom | None":
+        """What the served weights were merged from (`pipecat_rl.merged`); None for a base model.
+
+        Read from the model folder the server names (its `root`), so only for a server on this
+        machine's file system, which loading an adapter by path already assumes.
+        """
+        from pipecat_rl.merged import merged_from
+
+        for card in self._cards() if cards is None else cards:
+            if not card.get("parent") and card.get("root"):
+                return merged_from(Path(card["root"]))
+        return None
 
     def load_adapter(self, name: str, path: str | Path, *, replace: bool = False) -> None:
         """Load a peft LoRA folder under `name`; requests with `model=name` then use it.
@@ -145,13 +165,19 @@ class VLLMAdmin:
         folder = Path(path).expanduser().resolve()
         if not (folder / "adapter_config.json").is_file():
             raise ServingError(f"{folder} is not a peft adapter folder (no adapter_config.json)")
-        if name in self.models():
+        cards = self._cards()
+        if name in {card["id"] for card in cards}:
             if not replace:
                 raise ServingError(
                     f"{self.root} already serves {name!r}; adapter names are never reused, so "
                     "load these weights under a new name (or pass --replace to swap them)"
                 )
             self.unload_adapter(name)
+        merged = self.merged_policy(cards)
+        if merged is not None:  # trained over the base: over merged weights it undoes them too
+            from pipecat_rl.merged import delta_adapter
+
+            folder = delta_adapter(folder, merged)
         self._request(
             "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}
         )
@@ -268,9 +294,13 @@ class VLLMServer:
         startup_timeout: float = 600.0,
         log_path: Path | None = None,
         api_key: str | None = None,
+        serves_base: bool = True,
     ):
         self.model = Path(model).expanduser().resolve()
         self.served_name = served_name or self.model.name
+        self.serves_base = serves_base
+        """Whether `model` is the base model, so `base` names it too; False for merged weights
+        (`pipecat_rl.merged`), which are another policy and must never answer as the base."""
         self.host = host
         self.port = port or free_port(host)
         self.max_model_len = max_model_len
@@ -304,7 +334,7 @@ class VLLMServer:
         cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model),
-            "--served-model-name", self.served_name, BASE_ALIAS,
+            "--served-model-name", self.served_name, *([BASE_ALIAS] if self.serves_base else []),
             "--host", self.host, "--port", str(self.port),
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),

@@ -48,6 +48,11 @@ class LiveMove(BaseModel):
 def _serve(ledger: Ledger, name: str, admin: VLLMAdmin | None) -> ServerAction:
     """Make sure the server can answer requests for `name` (loading it if needed)."""
     if name == BASE_ADAPTER:
+        if admin is not None and (merged := admin.merged_policy()) is not None:
+            raise GateError(
+                f"the server at {admin.root} serves {Path(merged.adapter).name} merged into its "
+                "weights, so it has no base model; restart it without --merged first."
+            )
         return "base_model"
     try:
         adapter = ledger.adapter(name)
