@@ -51,4 +51,7 @@ async def test_a_judge_that_cannot_answer_gives_no_verdict_not_a_guess():
     async with serve_fake_openai(["not json"]) as url:
         judgement = await judge_call(SCENARIO, TRANSCRIPT, [], Endpoint(url, "judge"))
     assert judgement.goal.verdict == "none"
-    assert judgement.metrics[0].failure_kind == "judge_no_verdict"
+    assert "did not answer with a JSON object" in judgement.goal.reason
+    (courteous,) = judgement.metrics
+    assert courteous.score is None and courteous.passed  # unscored, not a failed metric
+    assert "did not answer with a JSON object" in courteous.reason

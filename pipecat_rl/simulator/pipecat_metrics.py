@@ -7,7 +7,9 @@
   compares the bot's calls with `calls:` (each a name, or a name with a subset of `args`, in any
   order): every listed call must happen and no unlisted one; a cancelled call did not happen;
 - a judged metric (`criterion:`) scores the share of agent turns the judge said met it, and
-  fails below its `min_score`; one without `min_score` is reported and never fails;
+  fails below its `min_score`; one without `min_score` is reported and never fails; one the
+  judge could not score (no judge, no answer in time) is unscored, with the reason, and never
+  fails;
 - the run passes only when the judge says the goal (`success`) was achieved and no metric fell
   short; a run that `max_turns`, `max_duration_s` or `max_silence_s` ended has not succeeded
   (its metrics are still scored, for what they say about the turns it had).
@@ -190,8 +192,12 @@ def score_scenario(
     judgement: EvalSimulationJudgement | None,
     end_reason: EndReason | None,
     ended_at: float | None = None,
+    unjudged: str = "no judge was asked",
 ) -> ScenarioScore:
-    """Every metric of `scenario` for one run, in the file's order, and the run's verdict."""
+    """Every metric of `scenario` for one run, in the file's order, and the run's verdict.
+
+    Without a judgement (`unjudged` says why) every judged metric is still listed, unscored.
+    """
     measured = {
         m.key: measure(m, transcript, calls, ended_at)
         for m in scenario.metrics
@@ -199,10 +205,17 @@ def score_scenario(
     }
     by_judge = {o.name: o for o in judged(judgement)} if judgement is not None else {}
     outcomes = [
-        measured.get(m.key) or by_judge[m.key]
+        measured.get(m.key) or by_judge.get(m.key) or _unscored(m, unjudged)
         for m in scenario.metrics
-        if m.key in measured or m.key in by_judge
+        if m.measure is not None or m.criterion is not None
     ]
     goal = judgement.goal.verdict if judgement is not None else None
-    reason = judgement.goal.reason if judgement is not None else ""
+    reason = judgement.goal.reason if judgement is not None else unjudged
     return ScenarioScore(outcomes=outcomes, goal=goal, goal_reason=reason, ended_by=end_reason)
+
+
+def _unscored(metric: Metric, why: str) -> MetricOutcome:
+    return MetricOutcome(
+        name=metric.key, part=f"judge:{metric.key}", score=None, passed=True,
+        reason=f"unscored: {why}", min_score=metric.min_score,
+    )  # fmt: skip

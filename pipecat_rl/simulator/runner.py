@@ -50,6 +50,7 @@ from pipecat_rl.simulator.judge import (
     Endpoint,
     ToolCallSeen,
     check_reachable,
+    close_llm_client,
     judge_block,
     judge_call,
     resolve_endpoint,
@@ -127,6 +128,18 @@ class EpisodeResult:
         if self.outcome in ("unverified", "error", "not_run"):
             return None
         return self.outcome == "pass"
+
+    @property
+    def unscored(self) -> dict[str, str]:
+        """The parts this episode has no value for, each with why (recorded, never dropped).
+
+        A judge that could not answer, a metric with nothing to measure, a check not run.
+        """
+        return {
+            name: str(detail["reason"])
+            for name, detail in self.score_details.items()
+            if name not in self.reward_parts and detail.get("reason")
+        }
 
     @property
     def latencies_ms(self) -> list[float]:
@@ -238,22 +251,24 @@ async def _pipecat_parts(
     """The scenario's Pipecat parts (`judge:success`, `judge:<m>`, `metric:<m>`) for one run."""
     endpoint = judge_endpoint(scenario, config, config.llm_url)
     calls = _calls_seen(result.executions)
+    timeout_s = config.judge_timeout_s
     if scenario.scripted:
         parts, result.score_details = await score_turns(
-            scenario, result.transcript, calls, endpoint
+            scenario, result.transcript, calls, endpoint, timeout_s
         )
         return parts
-    judgement = None
+    judgement, unjudged = None, "no judge to ask (no served model and no --judge-llm-url)"
     if endpoint is not None:  # a run a limit ended is judged too; it just cannot succeed
         try:
-            judgement = await judge_call(scenario, result.transcript, calls, endpoint)
+            judgement = await judge_call(scenario, result.transcript, calls, endpoint, timeout_s)
         except Exception as e:  # a judge that fails leaves the run unjudged, never guessed
-            logger.warning(f"judge: could not judge {scenario.id}: {type(e).__name__}: {e}")
-    elif endpoint is None:
+            unjudged = f"the judge failed: {type(e).__name__}: {e}"
+            logger.warning(f"judge: could not judge {scenario.id}: {unjudged}")
+    else:
         logger.debug(f"judge: no judge for {scenario.id} (no served model): success not judged")
     score = score_scenario(
         scenario, result.transcript, calls, judgement=judgement,
-        end_reason=result.end_reason, ended_at=ended_at,
+        end_reason=result.end_reason, ended_at=ended_at, unjudged=unjudged,
     )  # fmt: skip
     result.score_details = score.details()
     return score.parts()
@@ -292,6 +307,7 @@ async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig)
             if bot_task.done() and not bot_task.cancelled() and bot_task.exception():
                 logger.debug(f"pre-flight: the bot raised {bot_task.exception()!r}")  # episodes say
             await handle.flush()
+            await episode.close_clients()
     world.close()
     if episode.refused:
         raise ConfigError(episode.refused[0])
@@ -364,6 +380,7 @@ async def run_episode(
         pair = LocalTransportPair(
             max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
         )
+    caller_llm = None
     try:
         llm_persona = config.persona == "llm" and not scenario.scripted
         endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None
@@ -405,6 +422,9 @@ async def run_episode(
         result.error = f"{type(e).__name__}: {e}"
     if audio is not None:
         await audio.close()  # a WebRTC call's peers (the local pair holds nothing)
+    await episode.close_clients()  # in this loop: a client closed after it logs tracebacks
+    if caller_llm is not None:
+        await close_llm_client(caller_llm)
     ended_at = time.time()
     result.end_reason = pair.end_reason
     result.transcript = list(pair.transcript)
@@ -468,6 +488,7 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "redirected": result.redirected,
             "transcript": [vars(line) for line in result.transcript],
             "checks": [vars(c) for c in result.checks],
+            "unscored": result.unscored,
             **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
         },
         latencies=caller_side_latencies(result, recorded),
@@ -625,6 +646,7 @@ class SimulationReport:
                     "outcome": e.outcome,
                     "reward": e.reward,
                     "reward_parts": e.reward_parts,
+                    "unscored": e.unscored,
                     "labels": e.labels,
                     "end_reason": e.end_reason,
                     "error": e.error,

@@ -29,8 +29,9 @@ As Pipecat's harness does:
 
 Each check is a reward part `metric:turn<T>.<N>.<event>` (1 or 0), and `judge:success` is 1
 only when every check passed, as Pipecat passes a scripted run (an `eval:` check with no judge
-to ask is left unscored, and so is `judge:success` unless another check failed). Expectations
-are matched against the whole turn, so their order within it is not checked.
+to ask, or one the judge could not answer in time, is left unscored with the reason, and so is
+`judge:success` unless another check failed). Expectations are matched against the whole turn,
+so their order within it is not checked.
 """
 
 import re
@@ -38,13 +39,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipecat.classifiers.llm.classifier import LLMClassifier
-from pipecat.evals.judge import EvalJudge
 from pipecat.evals.persona import END_CALL_FUNCTION
 
 from pipecat_rl.scenarios import Scenario
 from pipecat_rl.scenarios.turns import CALL_EVENTS, SPOKE_EVENTS, USER_EVENTS, Expectation, Turn
-from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, judge_service
+from pipecat_rl.simulator.judge import Endpoint, Judge, ToolCallSeen
+from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S
 from pipecat_rl.simulator.pipecat_metrics import SUCCESS_PART
 from pipecat_rl.simulator.scripted import ScriptedReply
 from pipecat_rl.simulator.transport import Line, LocalTransportPair
@@ -123,7 +123,7 @@ class Check:
 
     part: str
     passed: bool | None
-    """None when an `eval:` check had no judge to ask (no served model, no --judge-llm-url)."""
+    """None when an `eval:` check had no judge to ask, or the judge could not answer it."""
     reason: str
 
 
@@ -214,32 +214,37 @@ def decide(
 class _TurnJudge:
     """Pipecat's judge, told the conversation up to the turn being checked."""
 
-    def __init__(self, endpoint: Endpoint | None):
+    def __init__(self, endpoint: Endpoint | None, timeout_s: float):
         self._endpoint = endpoint
-        self._judge: EvalJudge | None = None
+        self._timeout_s = timeout_s
+        self._judge: Judge | None = None
         self._told = 0
 
     @property
     def available(self) -> bool:
         return self._endpoint is not None
 
-    async def ask(self, conversation: list[dict], criterion: str, call: Any = None) -> str:
+    async def ask(
+        self, conversation: list[dict], criterion: str, call: Any = None
+    ) -> tuple[str, str | None]:
+        """The judge's verdict, and why it is no answer when the judge could not give one."""
         assert self._endpoint is not None  # callers check `available`
         if self._judge is None:
-            self._judge = EvalJudge(LLMClassifier(llm=judge_service(self._endpoint)))
+            self._judge = Judge(self._endpoint, self._timeout_s)
+        judge = self._judge.eval
         for message in conversation[self._told :]:
             if message["role"] == "user":
-                self._judge.add_user_message(message["content"])
+                judge.add_user_message(message["content"])
             elif message["role"] == "assistant":
-                self._judge.add_assistant_message(message["content"])
+                judge.add_assistant_message(message["content"])
             else:
-                self._judge.add_tool_call(f"{message['name']}({message['arguments']})")
+                judge.add_tool_call(f"{message['name']}({message['arguments']})")
         self._told = len(conversation)
         if call is not None:
-            verdict = await self._judge.evaluate_call(call.name, call.arguments, criterion)
+            verdict = await judge.evaluate_call(call.name, call.arguments, criterion)
         else:
-            verdict = await self._judge.evaluate(criterion)
-        return verdict.verdict
+            verdict = await judge.evaluate(criterion)
+        return verdict.verdict, self._judge.unanswered(verdict)
 
     async def close(self) -> None:
         if self._judge is not None:
@@ -270,11 +275,15 @@ async def _check(
         return None, "no judge to ask (no served model and no --judge-llm-url)"
     if e.event in CALL_EVENTS:
         for call in matched:
-            verdict = await judge.ask(conversation, e.eval, call)
+            verdict, unanswered = await judge.ask(conversation, e.eval, call)
+            if unanswered:
+                return None, f"unscored: {unanswered}"
             if verdict != "yes":
                 return False, f"the judge said {verdict} for {call.name}: {e.eval}"
         return True, reason
-    verdict = await judge.ask(conversation, e.eval)
+    verdict, unanswered = await judge.ask(conversation, e.eval)
+    if unanswered:
+        return None, f"unscored: {unanswered}"
     if verdict != "yes":
         return False, f"the judge said {verdict}: {e.eval}"
     return True, reason
@@ -285,10 +294,11 @@ async def score_turns(
     transcript: Sequence[Line],
     calls: Sequence[ToolCallSeen],
     judge: Endpoint | None,
+    judge_timeout_s: float = DEFAULT_JUDGE_TIMEOUT_S,
 ) -> tuple[dict[str, float], dict[str, dict[str, Any]]]:
     """Every check of every turn run as a reward part, and `judge:success` (all passed)."""
     turns = scenario.parsed_turns or []
-    turn_judge = _TurnJudge(judge)
+    turn_judge = _TurnJudge(judge, judge_timeout_s)
     checks: list[Check] = []
     not_run: list[Check] = []
     failed_turn: int | None = None

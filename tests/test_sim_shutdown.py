@@ -1,0 +1,73 @@
+"""A real simulation prints no traceback and no shutdown warning: every HTTP client it opened
+(the agent's redirected OpenAI client, the persona's, the judge's) is closed in the event loop
+that opened it. A client left open is collected later, under the next loop a process runs (the
+gate's arms, the cycle's stages, the service's jobs), and logs "Task exception was never
+retrieved ... Event loop is closed"; the child here runs a loop after the simulation and
+collects garbage in it, as such a process would."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from pipecat_rl.serving import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = """
+import asyncio, gc, sys
+from pathlib import Path
+from pipecat_rl.ledger import Ledger
+from pipecat_rl.scenarios import load_scenarios
+from pipecat_rl.simulator import Server, load_bot, run
+from pipecat_rl.simulator.options import SimulationOptions
+
+async def next_loop():
+    gc.collect()
+    for _ in range(20):
+        await asyncio.sleep(0)  # let whatever the collection scheduled run
+
+url, db = sys.argv[1], Path(sys.argv[2])
+scenarios = load_scenarios([Path("examples/clinic/scenarios/pool/routine_booking.yaml")])
+with Ledger(db) as ledger:
+    report = run(scenarios, load_bot("examples/clinic/bot.py"),
+                 SimulationOptions(repeats=2, concurrency=2), ledger, server=Server(url=url))
+asyncio.run(next_loop())
+print(sorted({str(e.outcome) for e in report.episodes}), [e.error for e in report.episodes])
+"""
+
+
+def _wait_until_up(url: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            httpx.get(f"{url}/models", timeout=1.0).raise_for_status()
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)  # polling for readiness: the fake has no event to wait on
+    raise AssertionError("the fake OpenAI server did not start")
+
+
+def test_a_simulation_closes_its_clients_in_its_own_loop(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_openai", "--port", str(port), "--vllm",
+         "--pieces", "5"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/v1"
+        _wait_until_up(url, server)
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD, url, str(tmp_path / "l.db")],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "[None, None]" in child.stdout, child.stdout  # both episodes ran to their end
+    for sign in ("Traceback", "Task exception was never retrieved", "Event loop is closed"):
+        assert sign not in child.stderr, child.stderr[-3000:]
