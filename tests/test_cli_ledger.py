@@ -14,6 +14,7 @@ from pipecat_rl.ledger import (
     ToolCallRecord,
     TurnRecord,
 )
+from tests.cli_helpers import invoke as run_cli
 
 runner = CliRunner()
 
@@ -140,14 +141,14 @@ def test_stats_json(ledger_path):
     assert data["counts"]["sessions"] == 3
     assert data["counts"]["turns"] == 2
     assert data["sessions_by_source"] == {"simulate": 1, "gate": 1, "live": 1}
-    assert data["training_eligible_turns"] == 2
+    assert data["eligible_turns"] == {"sft": 2, "rl": 2}
     assert data["path"] == str(ledger_path)
 
 
 def test_stats_human(ledger_path):
     result = invoke("stats", "--ledger", str(ledger_path))
     assert result.exit_code == 0, result.output
-    assert "training-eligible turns: 2" in result.stdout
+    assert "training-eligible turns: SFT 2 (demonstrations included), RL 2" in result.stdout
 
 
 def test_ledger_path_from_environment(ledger_path):
@@ -263,7 +264,7 @@ def test_export_stdout_and_file(ledger_path, tmp_path):
     assert [r["id"] for r in rows] == ["sim-1", "held-1", "live-1"]
     assert len(rows[0]["turns"]) == 2
 
-    out = tmp_path / "exports" / "all.jsonl"
+    out = tmp_path / "all.jsonl"
     result = invoke("export", "--ledger", str(ledger_path), "--out", str(out), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"count": 3, "out": str(out)}
@@ -303,3 +304,36 @@ def test_unloading_the_live_adapter_is_refused_unless_forced(tmp_path):
     assert "v3 is the live adapter" in " ".join(result.output.split())
     forced = runner.invoke(app, [*args, "--force"])  # passes the check, then finds no server
     assert forced.exit_code != EXIT_USAGE and "live adapter" not in forced.output
+
+
+def test_show_and_stats_read_a_simulated_call_as_it_happened(tmp_path):
+    """The clinic expert books over three tool calls: the ledger holds eight LLM calls, four of
+    them after tool results, and the simulator's tool executions carry no turn index."""
+    db = tmp_path / "l.db"
+    simulated = run_cli(
+        "simulate", "examples/clinic/scenarios/pool/routine_booking.yaml",
+        "--bot", "examples/clinic/expert.py", "--persona", "scripted", "--no-server",
+        "--ledger", str(db), "--json",
+    )  # fmt: skip
+    assert simulated.exit_code == 0, simulated.output
+    (episode,) = json.loads(simulated.stdout)["episodes"]
+    out = invoke("show", episode["session_id"], "--ledger", str(db)).stdout
+
+    assert out.count("user: Maria Lopez.") == 1  # the calls after tool results add no line
+    assert out.count("user: Yes, please book it.") == 1
+    assert "prompt: (The phone rings. Greet the caller.)" in out  # the bot's cue, no caller
+    assert "(after tool results)" in out
+    assert "not attached to a turn" not in out
+    turn = {i: out.index(f"turn {i} ") for i in range(8)}
+    for name, made_in in (("lookup_patient", 2), ("find_slots", 3), ("book", 5)):
+        assert turn[made_in] < out.index(f"tool {name}(") < turn[made_in + 1], name
+    gap = out.index("latency (user turn 0): response gap ")  # text mode: the response gap
+    assert out.index("user: Hi, I'd like to book") < gap < turn[2]
+    assert "endpointing" not in out and "v2v" not in out  # not measured in text mode
+    assert "score 1 (verifier)" in out and "training reward 1.3" in out  # the gate's scale
+    assert "unscored judge:success: no judge to ask" in out
+
+    stats = json.loads(invoke("stats", "--ledger", str(db), "--json").stdout)
+    assert stats["eligible_turns"] == {"sft": 8, "rl": 0}  # demonstrations train SFT only
+    listed = invoke("sessions", "--ledger", str(db)).stdout
+    assert " 1.3 " not in listed and listed.split()[-2:] == ["1", "-"]

@@ -128,7 +128,7 @@ def test_a_pool_labelled_session_of_a_heldout_hash_is_excluded_from_training(tmp
         assert ledger.record_heldout_hashes([("h-held", "a", None)]) == 1
         assert ledger.record_heldout_hashes([("h-held", "a", "other")]) == 0  # first kept
         assert {t.session_id for t in ledger.training_turns(require_token_exact=False)} == {"b"}
-        assert ledger.stats()["training_eligible_turns"] == 0  # neither turn is token-exact
+        assert ledger.stats()["eligible_turns"]["rl"] == 0  # neither turn is token-exact
 
 
 async def test_one_id_with_two_contents_is_an_error_before_any_episode(clinic, tmp_path):

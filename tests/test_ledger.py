@@ -632,7 +632,7 @@ def test_heldout_excluded_and_unconsented_sessions_never_train(ledger):
     # flipping consent off later removes a session at once
     ledger.update_session("pool", consent=False)
     assert "pool" not in {t.session_id for t in ledger.training_turns()}
-    assert ledger.stats()["training_eligible_turns"] == len(ledger.training_turns())
+    assert ledger.stats()["eligible_turns"]["rl"] == len(ledger.training_turns())
 
 
 # -- closing what a crash left open ---------------------------------------------------------------
@@ -819,7 +819,7 @@ def test_stats(ledger):
     assert stats["sessions_by_source"] == {"simulate": 2, "live": 1}
     assert stats["sessions_by_split"] == {"pool": 1, "heldout": 1, "none": 1}
     assert stats["token_exact_turns"] == 2
-    assert stats["training_eligible_turns"] == 1
+    assert stats["eligible_turns"]["rl"] == 1
     assert stats["live"] == "v1"
     json.dumps(stats)
 

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import (
     EXIT_DATA,
-    EXIT_FAILURE,
     EXIT_IO,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -123,7 +122,7 @@ CASES = [
         EXIT_DATA,
         "Persona",
     ),
-    ("missing-path", lambda f, d: ["simulate", d / "nothing-here"], EXIT_DATA, "nothing-here"),
+    ("missing-path", lambda f, d: ["simulate", d / "nothing-here"], EXIT_USAGE, "nothing-here"),
     (
         "repeats-cap",
         lambda f, d: ["simulate", POOL, "--repeats", "1000000000"],
@@ -138,7 +137,7 @@ CASES = [
     (
         "bot-missing",
         lambda f, d: ["simulate", POOL, "--bot", d / "nobot.py"],
-        EXIT_FAILURE,
+        EXIT_USAGE,
         "nobot",
     ),
     ("mode-audio", lambda f, d: ["simulate", POOL, "--mode", "video"], EXIT_USAGE, "--mode"),
@@ -183,7 +182,7 @@ CASES = [
     (
         "export-out-under-a-file",
         lambda f, d: ["ledger", "export", "--out", f["a_file"] / "x.jsonl", "--ledger", _ledger(d)],
-        EXIT_IO,
+        EXIT_USAGE,
         "a_file",
     ),
     (
@@ -231,7 +230,7 @@ CASES = [
     (
         "gate-scores-missing",
         lambda f, d: ["gate", "--candidate", "a", "--incumbent", "b", "--scores", d / "no.jsonl"],
-        EXIT_DATA,
+        EXIT_USAGE,
         "no.jsonl",
     ),
     ("include-a-folder", lambda f, d: ["simulate", f["include_dir.yaml"]], EXIT_DATA, "no_persona"),

@@ -185,7 +185,7 @@ def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
             ledger.end_session(sid, ended_at=2.0)
             ledger.post_score(sid, ScoreIn(metric="success", value=1, source="human"))
         assert {t.session_id for t in ledger.training_turns()} == {"alive", "elsewhere"}
-        assert ledger.stats()["training_eligible_turns"] == 2
+        assert ledger.stats()["eligible_turns"]["rl"] == 2
         for outcome in ("error", "not_run"):
             ledger.end_session("alive", ended_at=2.0, outcome=outcome)
             assert {t.session_id for t in ledger.training_turns()} == {"elsewhere"}

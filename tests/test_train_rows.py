@@ -59,7 +59,7 @@ def test_eligibility_excludes_every_route_named_in_one_query(tmp_path):
         _remember_heldout(ledger, "H", "copied")
         assert [t.session_id for t in ledger.training_turns()] == ["ok"]
         assert [t.session_id for t in ledger.training_turns(purpose="sft")] == ["ok", "demo"]
-        assert ledger.stats()["training_eligible_turns"] == 1
+        assert ledger.stats()["eligible_turns"]["rl"] == 1
 
 
 def test_expert_demonstrations_render_with_the_served_template(tmp_path, smollm2_dir):

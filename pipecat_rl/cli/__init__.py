@@ -10,6 +10,8 @@ module that does the work (`cli/models.py` calls `pipecat_rl/models.py`, `cli/cy
 """
 
 import sys
+from importlib.metadata import version as _installed_version
+from typing import Annotated
 
 import typer
 from loguru import logger
@@ -32,15 +34,29 @@ app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    rich_markup_mode=common.HELP_MARKUP,
     cls=common.CLIGroup,
 )
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"pipecat-rl {_installed_version('pipecat-rl')}")
+        raise typer.Exit()
 
 
 @app.callback()
 def _options(
     verbose: int = typer.Option(
-        0, "--verbose", "-v", count=True, help="Log more: -v for info, -vv for debug."
+        0, "--verbose", "-v", count=True, help="Log more: -v for info, -vv for debug (also "
+        "after the verb)."
     ),
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Record, simulate, train and gate Pipecat voice agents."""
     # Pipecat logs every frame-level step at DEBUG; a CLI user wants warnings unless asked,

@@ -3,17 +3,25 @@
 `CLIGroup` is the top-level command class: it runs every verb with Click's standalone mode off,
 so usage errors exit 64 (Click's own 2 would read as INCONCLUSIVE), pipecat-rl errors exit with
 the code of their branch of the error tree, and anything unexpected is one line and 70, with the
-traceback only under `-vv`.
+traceback only under `-vv`. A reader that closes stdout early (`| head`) ends the verb quietly
+with the SIGPIPE convention, and `-v` may follow the verb (`ledger stats -v`).
+
+Results (tables, verdicts, paths) go to stdout through `results()`; progress, logs and errors go
+to stderr through `console`, so `verb > file` keeps the result and the terminal keeps the rest.
 """
 
 import json
+import os
+import re
 import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+import yaml
 from rich.console import Console
 from typer.core import TyperGroup
 from typer.exceptions import Abort, TyperException
@@ -31,8 +39,42 @@ from pipecat_rl.errors import (
     ServingError,
 )
 
+if TYPE_CHECKING:
+    from pipecat_rl.ledger import Ledger
+
 console = Console(stderr=True)
-"""Human-facing messages go to stderr so stdout stays clean for `--json`."""
+"""Progress, notes and errors: stderr, so stdout holds only results (and `--json`)."""
+
+
+class _Results(Console):
+    """A console on stdout whose closed pipe ends the verb through `CLIGroup`.
+
+    Rich's own handling exits 1, which would read as the gate's REJECT.
+    """
+
+    def on_broken_pipe(self) -> None:  # noqa: D102 (see the class)
+        raise BrokenPipeError
+
+
+def print_table(out: Console, table: Any) -> None:
+    """Print `table` at its natural width: no id or number is ever cut or folded.
+
+    A terminal narrower than the table wraps its lines, which keeps each id copyable whole.
+    """
+    natural = out.measure(table, options=out.options.update_width(10_000)).maximum
+    out.width = max(out.width, natural)
+    out.print(table)
+
+
+def results(json_out: bool = False) -> Console:
+    """Where a verb's result goes: stdout, never folded (a wide page when piped).
+
+    With `json_out` stdout carries the JSON, so the human result goes to stderr.
+    """
+    if json_out:
+        return console
+    return _Results(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+
 
 # 0/1/2 are the gate's verdicts (PROMOTE / REJECT / INCONCLUSIVE) and nothing else uses 1 or 2;
 # the rest follow BSD sysexits (sysexits.h) so they never collide with a verdict.
@@ -46,13 +88,23 @@ EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE
 EXIT_FAILURE = 70  # EX_SOFTWARE
 EXIT_IO = 74  # EX_IOERR
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_PIPE = 141  # 128 + SIGPIPE: what `yes | head -1` reports for `yes`
 
 EXIT_TABLE: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "success; the gate's PROMOTE"),
-    (EXIT_NO, "the gate's REJECT"),
+    (EXIT_NO, "the gate's REJECT; `simulate --fail-under RATE`: the pass rate fell below RATE"),
     (EXIT_INCONCLUSIVE, "the gate's INCONCLUSIVE"),
-    (EXIT_USAGE, "a flag or argument is wrong (Click's own usage errors included)"),
-    (EXIT_DATA, "an input file is wrong: scenario, gate config, scores file, receipt, model"),
+    (
+        EXIT_USAGE,
+        "a flag or argument is wrong, or the verb cannot apply: a bad value, a file or folder "
+        "that does not exist, an id the ledger does not hold, nothing to roll back to (Click's "
+        "own usage errors included)",
+    ),
+    (
+        EXIT_DATA,
+        "an input file is wrong: scenario, gate or loop config (its content, or a format its "
+        "suffix does not name), scores file, receipt, model",
+    ),
     (
         EXIT_NO_SIGNAL,
         "no training signal: nothing the algorithm can learn from (no passed session or "
@@ -68,8 +120,17 @@ EXIT_TABLE: tuple[tuple[int, str], ...] = (
         EXIT_FAILURE,
         "the harness failed: episodes that could not run to their end, or an unexpected error",
     ),
-    (EXIT_IO, "a file could not be read or written: the ledger, `--out`"),
+    (
+        EXIT_IO,
+        "a file that exists could not be read or written: the ledger, `--out` (permissions, a "
+        "full disk); a failed command creates no file or folder",
+    ),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+    (
+        EXIT_PIPE,
+        "stdout was closed before the result was written (`head` or a pager quit early): "
+        "128 + SIGPIPE, said quietly",
+    ),
 )
 """The one exit-code table of every verb; the README's table is rendered from it."""
 
@@ -92,6 +153,11 @@ _EXIT_BY_ERROR: tuple[tuple[type[BaseException], int], ...] = (
 
 verbosity = 0
 """How many -v the user gave (set by the top-level callback); -vv shows tracebacks."""
+
+HELP_MARKUP = None
+"""Every Typer app's `rich_markup_mode`: Click's plain help, which keeps flag names whole at 80
+columns, prints `[webrtc]` as written (rich markup would eat the brackets) and shows no metavar
+for a flag."""
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -126,29 +192,128 @@ def print_json(payload: Any) -> None:
 
 
 @contextmanager
-def cli_errors() -> Iterator[None]:
-    """Turn pipecat-rl (and file) errors into a one-line message and their exit code."""
+def cli_errors(json_out: bool = False) -> Iterator[None]:
+    """Turn pipecat-rl (and file) errors into a one-line message and their exit code.
+
+    With `json_out` the refusal is also a JSON document on stdout (`{"error", "exit_code"}`),
+    so a script reading `--json` always gets one.
+    """
     try:
         yield
+    except BrokenPipeError:
+        raise  # the reader went away: `CLIGroup` ends quietly
     except (PipecatRLError, OSError) as e:
-        error_line(_describe(e))
-        raise typer.Exit(exit_code_for(e)) from e
+        fail(exit_code_for(e), _describe(e), json_out, e)
 
 
-def _describe(error: BaseException) -> str:
-    if isinstance(error, OSError) and not isinstance(error, PipecatRLError):
-        where = f" {error.filename}" if error.filename else ""
-        return f"cannot use{where}: {error.strerror or error}"
-    return str(error)
+def fail(
+    code: int, message: str, json_out: bool = False, cause: BaseException | None = None
+) -> NoReturn:
+    """Print `message` as the error line (and as JSON with `json_out`), then exit with `code`."""
+    error_line(message)
+    if json_out:
+        print_json({"error": message, "exit_code": code})
+    raise typer.Exit(code) from cause
+
+
+def existing(path: Path, flag: str) -> Path:
+    """`path` as given to `flag`; one that does not exist is a usage error naming both."""
+    if not path.exists():
+        raise ConfigError(f"{flag} {path}: no such file or directory")
+    return path
+
+
+def writable_folder(path: Path, flag: str) -> Path:
+    """`path` as given to `flag`, a file to write; its folder must exist (none is created)."""
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise ConfigError(f"{flag} {path}: {folder} {what}; create the folder, or name another")
+    return path
+
+
+@contextmanager
+def new_ledger_kept_if_used(path: Path) -> Iterator["Ledger"]:
+    """Open the ledger at `path`, created if need be; a failed command leaves no new file.
+
+    When the block fails and the file is one this opened new and no session was recorded in
+    it, the file goes again (with SQLite's -wal and -shm beside it).
+    """
+    from pipecat_rl.ledger import Ledger
+
+    new = not path.exists()
+    store = Ledger(path)
+    try:
+        with store:
+            yield store
+    except BaseException:
+        if new and not _holds_sessions(path):
+            for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
+                leftover.unlink(missing_ok=True)
+        raise
+
+
+def _holds_sessions(path: Path) -> bool:
+    from pipecat_rl.ledger import Ledger
+
+    with Ledger(path) as store:
+        return bool(store.sessions(limit=1))
+
+
+_PARSERS = {".json": ("JSON", json.loads), ".yaml": ("YAML", yaml.safe_load),
+            ".yml": ("YAML", yaml.safe_load)}  # fmt: skip
+
+
+def config_file(path: Path, flag: str) -> Path:
+    """A config file given to `flag`: it must exist and hold the format its suffix names.
+
+    JSON is YAML, so a YAML reader takes a `.json` file holding YAML: the suffix decides. A file
+    whose content is not its suffix's format is a wrong input file (exit 65), named.
+    """
+    existing(path, flag)
+    kind, parse = _PARSERS.get(path.suffix.lower(), (None, None))
+    if parse is None:
+        raise ConfigError(f"{flag} {path}: name a .json, .yaml or .yml file")
+    try:
+        parse(path.read_text(encoding="utf-8"))
+    except (ValueError, yaml.YAMLError) as e:  # JSONDecodeError, UnicodeDecodeError: ValueError
+        fail(EXIT_DATA, f"{flag} {path}: not valid {kind} ({e}); fix it or rename it", cause=e)
+    return path
+
+
+_VERBOSE = re.compile(r"^(-v+|--verbose)$")
+
+
+def verbose_first(args: list[str]) -> list[str]:
+    """`args` with every `-v`/`--verbose` moved before the verb, so it may follow it."""
+    end = args.index("--") if "--" in args else len(args)
+    flags = [a for a in args[:end] if _VERBOSE.match(a)]
+    return [*flags, *(a for a in args[:end] if not _VERBOSE.match(a)), *args[end:]]
 
 
 class CLIGroup(TyperGroup):
     """The top-level group: one exit-code table and one error line for every verb."""
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # noqa: D102 (see the class)
+        return super().parse_args(ctx, verbose_first(list(args)))
+
+    # Typer turns a closed pipe into exit 1 (the gate's REJECT): catch it before Typer does,
+    # in parsing (eager options such as --version) and in the verb
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 (see the class)
+        with _quiet_on_closed_pipe():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:  # noqa: D102 (see the class)
+        with _quiet_on_closed_pipe():
+            return super().invoke(ctx)
+
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 (see the class)
         standalone = kwargs.pop("standalone_mode", True)
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not as a warning at exit
+        except BrokenPipeError:
+            code = _closed_pipe()
         except TyperException as e:  # Typer's (vendored) Click errors
             code = _click_error(e)
         except Abort:
@@ -161,6 +326,30 @@ class CLIGroup(TyperGroup):
         if standalone:
             sys.exit(code)
         return code
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and not isinstance(error, PipecatRLError):
+        where = f" {error.filename}" if error.filename else ""
+        return f"cannot use{where}: {error.strerror or error}"
+    return str(error)
+
+
+@contextmanager
+def _quiet_on_closed_pipe() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError as e:
+        raise typer.Exit(_closed_pipe()) from e
+
+
+def _closed_pipe() -> int:
+    """The reader closed stdout: say nothing, and let the exit not flush into it again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (a test runner's capture)
+        pass
+    return EXIT_PIPE
 
 
 def _kind(error: BaseException, name: str) -> bool:
@@ -192,9 +381,3 @@ def _unexpected(error: Exception) -> int:
         hint = "" if verbosity >= 2 else "; run with -vv for the traceback"
         error_line(f"unexpected {type(error).__name__}: {error}{hint} (please report it)")
     return exit_code_for(error)
-
-
-HELP_MARKUP = None
-"""Every Typer app's `rich_markup_mode`: Click's plain help, which keeps flag names whole at 80
-columns, prints `[webrtc]` as written (rich markup would eat the brackets) and shows no metavar
-for a flag."""

@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.spinner import Spinner
 from rich.table import Table
 
-from pipecat_rl.cli.common import EXIT_OK, cli_errors, console, print_json
+from pipecat_rl.cli.common import EXIT_OK, cli_errors, config_file, console, print_json, results
 from pipecat_rl.cli.ledger import LedgerOpt
 from pipecat_rl.service.loop import STAGES, load_loop_config
 
@@ -68,7 +68,7 @@ def cycle_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Run (or resume) one cycle: snapshot, preflight, filter, train, evaluate + gate, promote."""
-    with cli_errors():
+    with cli_errors(json_out):
         overrides = {
             k: v
             for k, v in dict(
@@ -81,7 +81,7 @@ def cycle_command(
             ).items()
             if v is not None
         }
-        loop = load_loop_config(config, **overrides)
+        loop = load_loop_config(config_file(config, "--config"), **overrides)
         from pipecat_rl.service.cycle import run_cycle
 
         progress = _Progress(enabled=not json_out)
@@ -89,18 +89,19 @@ def cycle_command(
             summary = run_cycle(loop, emit=progress)
     if json_out:
         print_json(summary.model_dump(mode="json"))
-    console.print(f"cycle {summary.state}: {summary.reason}", markup=False)
+    out = results(json_out)
+    out.print(f"cycle {summary.state}: {summary.reason}", markup=False)
     if summary.verdict is None:
-        console.print(f"events: {Path(summary.out) / 'events.jsonl'}", markup=False)
+        out.print(f"events: {Path(summary.out) / 'events.jsonl'}", markup=False)
         raise typer.Exit(EXIT_OK)
     evaluated = summary.stages["evaluate"]
     style = _STYLE.get(summary.verdict, "white")
-    console.print(
+    out.print(
         f"[bold {style}]{summary.verdict}[/bold {style}] {evaluated['candidate']} vs "
         f"{evaluated['incumbent']}: mean delta {evaluated['mean_delta']:+.3f}, 95% CI "
         f"[{evaluated['ci95'][0]:+.3f}, {evaluated['ci95'][1]:+.3f}]"
     )
-    console.print(f"receipt: {summary.receipt_html}", markup=False)
+    out.print(f"receipt: {summary.receipt_html}", markup=False)
     raise typer.Exit(evaluated["exit_code"])
 
 

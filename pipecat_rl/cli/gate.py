@@ -6,7 +6,9 @@ bad input file, scores, config, scenarios, receipt or a refused promotion, is EX
 
 Every receipt the gate writes is recorded in the ledger (`--ledger`, else $PIPECAT_RL_LEDGER,
 else ./pipecat-rl.db), which `promote` checks it against; the scenario hashes of the held-out
-runs it decided on are recorded there too, so they never train.
+runs it decided on are recorded there too, so they never train. A gate that fails before it
+records anything leaves no new ledger file behind. The verdict goes to stdout; with `--json`
+stdout holds only JSON, a refusal included.
 """
 
 import os
@@ -19,12 +21,16 @@ import typer
 
 from pipecat_rl.cli.common import (
     cli_errors,
-    console,
+    config_file,
+    existing,
+    new_ledger_kept_if_used,
     print_json,
+    results,
+    writable_folder,
 )
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate import (
     Evidence,
     FromLedger,
@@ -39,11 +45,11 @@ from pipecat_rl.gate import (
     run_gate,
 )
 from pipecat_rl.gate.receipt import ci_text
-from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.ledger import resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, load_scenarios
 from pipecat_rl.serving import VLLMAdmin
 from pipecat_rl.simulator.audio import check_transport
-from pipecat_rl.simulator.options import GATE_REPEATS, SimulationOptions
+from pipecat_rl.simulator.options import GATE_REPEATS, MAX_SEED, SimulationOptions
 
 _VERDICT_STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 
@@ -79,8 +85,10 @@ def _evidence(
     llm_url: str | None,
 ) -> Evidence:
     """What the gate decides from: a scores file, the ledger, or its own paired runs."""
+    if scenarios is not None:
+        existing(scenarios, "--scenarios")
     if scores is not None:
-        return FromScores(scores, files=scenarios)
+        return FromScores(existing(scores, "--scores"), files=scenarios)
     if from_ledger:
         return FromLedger(heldout_set=heldout_set, source=source, files=scenarios)
     if scenarios is None or bot is None:
@@ -185,7 +193,9 @@ def gate(
         int | None,
         typer.Option(help="Latency bootstrap resamples, 10000..200000. (default 10000)"),
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Bootstrap seed. (default 0)")] = None,
+    seed: Annotated[
+        int | None, typer.Option(min=0, max=MAX_SEED, help="Bootstrap seed. (default 0)")
+    ] = None,
     require_guard: Annotated[
         bool | None,
         typer.Option(
@@ -208,9 +218,9 @@ def gate(
     json_out: JsonOpt = False,
 ) -> None:
     """Decide PROMOTE / REJECT / INCONCLUSIVE for a candidate on held-out scenarios."""
-    with cli_errors():
+    with cli_errors(json_out):
         settings = load_gate_config(
-            config,
+            config if config is None else config_file(config, "--config"),
             min_delta=min_delta,
             tie_band=tie_band,
             max_regressions=max_regressions,
@@ -224,17 +234,20 @@ def gate(
         )
         if from_ledger and scores is not None:
             raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
-        opened = open_ledger(ledger) if from_ledger else Ledger(resolve_ledger_path(ledger))
+        if out is not None:
+            writable_folder(out, "--out")  # the receipt folder is made in one that exists
+        evidence = _evidence(
+            scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
+            heldout_set=heldout_set, source=source, mode=mode, transport=transport,
+            options=SimulationOptions(
+                persona=persona, seed=settings.seed, repeats=repeats,
+                concurrency=concurrency, max_tokens=max_tokens,
+            ),
+            llm_url=llm_url,
+        )  # fmt: skip
+        path = resolve_ledger_path(ledger)
+        opened = open_ledger(ledger) if from_ledger else new_ledger_kept_if_used(path)
         with opened as store:
-            evidence = _evidence(
-                scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
-                heldout_set=heldout_set, source=source, mode=mode, transport=transport,
-                options=SimulationOptions(
-                    persona=persona, seed=settings.seed, repeats=repeats,
-                    concurrency=concurrency, max_tokens=max_tokens,
-                ),
-                llm_url=llm_url,
-            )  # fmt: skip
             names = [n if scores else resolve_policy(store, n) for n in (candidate, incumbent)]
             folder = out or _default_out(*names)
             done = run_gate(store, candidate, incumbent, evidence, settings, folder)
@@ -246,13 +259,14 @@ def gate(
 def _report(receipt: GateReceipt, folder: Path, json_out: bool) -> None:
     style = _VERDICT_STYLE[receipt.verdict]
     p = receipt.paired
-    console.print(
+    out = results(json_out)
+    out.print(
         f"[bold {style}]{receipt.verdict}[/bold {style}] {receipt.candidate.name} vs "
         f"{receipt.incumbent.name}: mean delta {p.mean_delta:+.4f}, {ci_text(p)} over "
         f"{p.n_scenarios} scenarios"
     )
-    console.print(f"reason: {receipt.reason}", markup=False)
-    console.print(f"receipt: {folder}/receipt.json, receipt.md, receipt.html", markup=False)
+    out.print(f"reason: {receipt.reason}", markup=False)
+    out.print(f"receipt: {folder}/receipt.json, receipt.md, receipt.html", markup=False)
     if json_out:
         print_json(receipt.model_dump(mode="json"))
 
@@ -263,7 +277,7 @@ def _admin(llm_url: str | None) -> VLLMAdmin | None:
 
 
 def _report_move(verb: str, move: LiveMove, json_out: bool) -> None:
-    console.print(
+    results(json_out).print(
         f"[green]{verb}[/green] live: {move.previous or 'nothing'} -> {move.adapter}"
         + (
             f" (LLM server not touched: pass --llm-url or set {LLM_URL_ENV} to load it there)"
@@ -279,11 +293,21 @@ def promote_command(
     receipt: Annotated[Path, typer.Argument(help="A receipt.json (or its folder) saying PROMOTE.")],
     ledger: LedgerOpt = None,
     llm_url: UrlOpt = None,
+    allow_scores_receipt: Annotated[
+        bool,
+        typer.Option(
+            "--allow-scores-receipt",
+            help="Promote a receipt gated from a --scores file (results the gate did not run).",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Load a gated candidate into the running server and make it live."""
-    with cli_errors(), open_ledger(ledger) as store:
-        move = promote(receipt, store, _admin(llm_url))
+    with cli_errors(json_out), open_ledger(ledger) as store:
+        move = promote(
+            existing(receipt, "RECEIPT"), store, _admin(llm_url),
+            allow_scores_receipt=allow_scores_receipt,
+        )  # fmt: skip
     _report_move("promoted", move, json_out)
 
 
@@ -291,8 +315,14 @@ def rollback_command(
     ledger: LedgerOpt = None, llm_url: UrlOpt = None, json_out: JsonOpt = False
 ) -> None:
     """Make the previously live adapter live again (loading it into the server if needed)."""
-    with cli_errors(), open_ledger(ledger) as store:
-        move = rollback(store, _admin(llm_url))
+    with cli_errors(json_out), open_ledger(ledger) as store:
+        pointer = store.live()
+        try:
+            move = rollback(store, _admin(llm_url))
+        except GateError as e:
+            if pointer is None or pointer.previous is None:  # nothing to roll back to: the
+                raise ConfigError(str(e)) from e  # verb does not apply, no file is wrong
+            raise
     _report_move("rolled back", move, json_out)
 
 

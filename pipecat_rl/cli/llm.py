@@ -12,7 +12,13 @@ from typing import Annotated
 
 import typer
 
-from pipecat_rl.cli.common import EXIT_UNAVAILABLE, cli_errors, console, print_json
+from pipecat_rl.cli.common import (
+    EXIT_UNAVAILABLE,
+    HELP_MARKUP,
+    cli_errors,
+    console,
+    print_json,
+)
 from pipecat_rl.cli.ledger import LedgerOpt
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.serving import (
@@ -28,7 +34,9 @@ DEFAULT_PORT = 8000
 LLM_URL_ENV = "PIPECAT_RL_LLM_URL"
 
 llm_app = typer.Typer(
-    help="Serve the LLM (vLLM with LoRA) and manage adapters.", no_args_is_help=True
+    help="Serve the LLM (vLLM with LoRA) and manage adapters.",
+    no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
 )
 
 UrlOption = Annotated[
@@ -66,6 +74,17 @@ def serve(
     kv_cache_gb: Annotated[
         int, typer.Option(min=1, help="CPU KV cache size (vllm-cpu only).")
     ] = 2,
+    merged: Annotated[
+        str | None,
+        typer.Option(
+            "--merged",
+            show_default=False,
+            help="Serve this adapter merged into the weights, at the base model's speed, under "
+            "its own name (a peft folder, an adapter name in --ledger, or `live`); adapters "
+            "loaded later are served over it exactly. The base model is then not served.",
+        ),
+    ] = None,
+    ledger: LedgerOpt = None,
     api_key: KeyOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -75,12 +94,44 @@ def serve(
     with cli_errors():
         if not is_loopback(host) and not api_key:
             VLLMServer.refuse_open_bind(host)
+        weights, name = prepare_model(model), None
+        if merged:
+            from pipecat_rl.merged import merge_adapter, rank_over_merged
+
+            name, folder = _adapter_to_merge(merged, ledger)
+            weights = merge_adapter(folder, weights)
+            max_lora_rank = rank_over_merged(folder, max_lora_rank)
         server = VLLMServer(
-            prepare_model(model), host=host, port=port, max_model_len=max_model_len,
-            max_lora_rank=max_lora_rank, max_loras=max_loras, kv_cache_gb=kv_cache_gb,
-            api_key=api_key,
+            weights, served_name=name, serves_base=not merged, host=host, port=port,
+            max_model_len=max_model_len, max_lora_rank=max_lora_rank, max_loras=max_loras,
+            kv_cache_gb=kv_cache_gb, api_key=api_key,
         )  # fmt: skip
         asyncio.run(_serve_until_stopped(server, json_out))
+
+
+def _adapter_to_merge(spec: str, ledger: Path | None) -> tuple[str, Path]:
+    """The served name and folder `--merged` means: a peft folder, an adapter name, or `live`."""
+    folder = Path(spec).expanduser()
+    if (folder / "adapter_config.json").is_file():
+        return folder.resolve().name, folder.resolve()
+    from pipecat_rl.gate.lineage import LIVE
+    from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
+
+    path = resolve_ledger_path(ledger)
+    if not path.is_file():
+        raise ConfigError(
+            f"--merged {spec}: not a peft adapter folder, and there is no ledger at {path} to "
+            "look the name up in; pass an adapter folder, or --ledger"
+        )
+    with Ledger(path) as store:
+        pointer = store.live() if spec == LIVE else None
+        name = (BASE_ADAPTER if pointer is None else pointer.adapter) if spec == LIVE else spec
+        if name == BASE_ADAPTER:
+            raise ConfigError(
+                f"--merged {spec}: the base model is live in {path}, and it needs no merging; "
+                "serve it without --merged"
+            )
+        return name, Path(store.adapter(name).path)
 
 
 async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
@@ -211,14 +262,15 @@ async def _chat(
     from pipecat_rl.models import prepare_model
 
     async def ask(base_url: str) -> dict:
-        client = AsyncOpenAI(base_url=base_url, api_key=client_api_key(api_key))
-        response = await client.chat.completions.create(
-            model=adapter,
-            messages=[{"role": "user", "content": message}],
-            max_tokens=max_tokens,
-            logprobs=True,
-            extra_body={"return_token_ids": True},
-        )
+        # closed in this loop: a client collected after its loop ended logs tracebacks
+        async with AsyncOpenAI(base_url=base_url, api_key=client_api_key(api_key)) as client:
+            response = await client.chat.completions.create(
+                model=adapter,
+                messages=[{"role": "user", "content": message}],
+                max_tokens=max_tokens,
+                logprobs=True,
+                extra_body={"return_token_ids": True},
+            )
         choice = response.choices[0]
         return {
             "url": base_url,

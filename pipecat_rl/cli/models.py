@@ -4,10 +4,12 @@ from typing import Annotated
 
 import typer
 
-from pipecat_rl.cli.common import cli_errors, console, print_json
+from pipecat_rl.cli.common import HELP_MARKUP, cli_errors, print_json, results
 from pipecat_rl.models import PACKAGED_MODELS, prepare_model
 
-models_app = typer.Typer(help="Prepare models for serving.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="Prepare models for serving.", no_args_is_help=True, rich_markup_mode=HELP_MARKUP
+)
 
 
 @models_app.command("prepare")
@@ -18,7 +20,7 @@ def prepare(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Convert a packaged GGUF to a cached HF folder (idempotent) and print its path."""
-    with cli_errors():
+    with cli_errors(json_out):
         path = prepare_model(model)
     if json_out:
         print_json({"model": model, "path": str(path)})
@@ -36,8 +38,11 @@ def list_models(json_out: Annotated[bool, typer.Option("--json", help="Print JSO
     if json_out:
         print_json(rows)
         return
+    out = results()
     for row in rows:
-        console.print(f"{row['name']}: {row['model']} (from {row['package']}; {row['install']})")
+        out.print(
+            f"{row['name']}: {row['model']} (from {row['package']}; {row['install']})", markup=False
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -1,10 +1,12 @@
 """`pipecat-rl simulate`: run the user's bot against persona callers and record every call.
 
-Exit codes (`cli.common`): 0 when the harness ran every episode (whatever the agent scored);
-64 for bad flags, a `simulator:`/`judge:` block we cannot reach offline, or a bot LLM service
-that cannot be served; 65 for bad scenario files; 69 when the LLM server failed or went away
-mid-run (the episodes not yet started are reported `not_run`); 70 when episodes could not run to
-their end (harness errors, or a session the ledger could not fully write).
+Exit codes (`cli.common.EXIT_TABLE`): 0 when the harness ran every episode (whatever the agent
+scored), unless `--fail-under RATE` is given and the pass rate is below it (1, for CI, as a
+failed test run); 64 for bad flags, a path that does not exist, a `simulator:`/`judge:` block we
+cannot reach offline, or a bot LLM service that cannot be served; 65 for bad scenario files; 69
+when the LLM server failed or went away mid-run (the episodes not yet started are reported
+`not_run`); 70 when episodes could not run to their end (harness errors, or a session the ledger
+could not fully write). The result table goes to stdout, the progress bar to stderr.
 """
 
 from pathlib import Path
@@ -16,18 +18,23 @@ from rich.table import Table
 
 from pipecat_rl.cli.common import (
     EXIT_FAILURE,
+    EXIT_NO,
     EXIT_UNAVAILABLE,
     cli_errors,
     console,
     error_line,
+    existing,
     print_json,
+    print_table,
+    results,
+    writable_folder,
 )
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, load_scenarios
 from pipecat_rl.simulator.audio import check_transport
-from pipecat_rl.simulator.options import SimulationOptions
+from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S, MAX_SEED, SimulationOptions
 from pipecat_rl.simulator.world import World
 
 if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs
@@ -42,7 +49,10 @@ def _ms(value: float | None) -> str:
 def _table(report: "SimulationReport", mode: str = "") -> Table:
     table = Table(title=f"simulation {mode}".strip(), title_justify="left")
     for column in ("scenario", "split", "pass", "score", "P50 ms", "P95 ms", "labels"):
-        table.add_column(column, justify="right" if column in ("pass", "score") else "left")
+        table.add_column(
+            column, justify="right" if column in ("pass", "score") else "left",
+            no_wrap=column != "labels",  # ids and numbers are copied whole
+        )  # fmt: skip
     for s in report.summaries:
         rate = "—" if s.pass_rate is None else f"{s.passes}/{s.verified}"
         labels = ", ".join(f"{k}×{v}" for k, v in sorted(s.labels.items())) or ""
@@ -53,6 +63,12 @@ def _table(report: "SimulationReport", mode: str = "") -> Table:
             _ms(s.latency_p50_ms), _ms(s.latency_p95_ms), labels,
         )  # fmt: skip
     return table
+
+
+def _positive(seconds: float) -> float:
+    if not seconds > 0:  # NaN included
+        raise typer.BadParameter(f"{seconds:g} is not a number of seconds above 0")
+    return seconds
 
 
 def _run(
@@ -84,7 +100,10 @@ def _run(
 
 def simulate_command(
     scenarios: Annotated[
-        list[Path], typer.Argument(help="Scenario files or folders (searched recursively).")
+        list[Path],
+        typer.Argument(
+            metavar="SCENARIO...", help="Scenario files or folders (searched recursively)."
+        ),
     ],
     bot: Annotated[
         str,
@@ -119,7 +138,7 @@ def simulate_command(
         typer.Option(
             "--transport",
             help="Audio transport: the in-process paced pair (local), or SmallWebRTC over "
-            "loopback (webrtc: Opus, jitter buffer; needs pipecat-rl[webrtc]).",
+            "loopback (webrtc: Opus, jitter buffer; needs the [webrtc] extra).",
         ),
     ] = "local",
     stt: Annotated[
@@ -131,14 +150,19 @@ def simulate_command(
         typer.Option("--tts", help="Audio: who speaks (cartesia: CARTESIA_API_KEY)."),
     ] = None,
     gap_html: Annotated[
-        Path,
-        typer.Option("--gap-html", help="With --mode text,audio: where the gap page is written."),
-    ] = Path("channel-gap.html"),
+        Path | None,
+        typer.Option(
+            "--gap-html", show_default=False,
+            help="With --mode text,audio: write the channel-gap page here (default: none).",
+        ),
+    ] = None,
     persona: Annotated[
         Literal["llm", "scripted"],
         typer.Option("--persona", help="LLM persona, or the scenarios' script: rules."),
     ] = "llm",
-    seed: Annotated[int, typer.Option("--seed", help="Run seed; episodes derive theirs.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=MAX_SEED, help="Run seed; episodes derive theirs.")
+    ] = 0,
     max_tokens: Annotated[
         int | None,
         typer.Option("--max-tokens", min=1, help="Cap the agent's replies if its bot sets none."),
@@ -183,15 +207,32 @@ def simulate_command(
         str | None,
         typer.Option("--judge-model", help="The judge's model (default base / the block's)."),
     ] = None,
+    judge_timeout: Annotated[
+        float,
+        typer.Option(
+            "--judge-timeout", callback=_positive, metavar="SECONDS",
+            help="How long the judge may take over each answer; one it misses is unscored.",
+        ),
+    ] = DEFAULT_JUDGE_TIMEOUT_S,
+    fail_under: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-under", min=0, max=1, metavar="RATE", show_default=False,
+            help="Exit 1 when the pass rate (passes over verified runs) is below RATE, as CI "
+            "wants a failed evaluation to fail.",
+        ),
+    ] = None,
     ledger: Annotated[
         Path | None, typer.Option("--ledger", help="Ledger file (default: $PIPECAT_RL_LEDGER).")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Simulate calls to BOT for every scenario, write them to the ledger, print a table."""
-    with cli_errors():
+    with cli_errors(json_out):
         modes = _modes(mode, transport)
-        loaded = load_scenarios(list(scenarios))
+        if gap_html is not None:
+            writable_folder(gap_html, "--gap-html")
+        loaded = load_scenarios([existing(path, "SCENARIO") for path in scenarios])
         for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
             World(scenario).close()
         from pipecat_rl.simulator import Server
@@ -200,7 +241,8 @@ def simulate_command(
         options = SimulationOptions(
             persona=persona, mode=modes[0], seed=seed, repeats=repeats, concurrency=concurrency,
             max_tokens=max_tokens, persona_llm_url=persona_llm_url, persona_model=persona_model,
-            judge_llm_url=judge_llm_url, judge_model=judge_model, stt=stt, tts=tts,
+            judge_llm_url=judge_llm_url, judge_model=judge_model, judge_timeout_s=judge_timeout,
+            stt=stt, tts=tts,
         )  # fmt: skip
         check_endpoints(loaded, options, llm_url)  # before any server starts: fail fast
         server = Server(url=llm_url, model=model, needed=not no_server)
@@ -221,10 +263,11 @@ def simulate_command(
     elif json_out:
         print_json(reports[0].to_json())
     else:
-        console.print(_table(reports[0]))
+        out = results()
+        print_table(out, _table(reports[0]))
         if loaded.heldout_set_id:
-            console.print(f"held-out set: {loaded.heldout_set_id}")
-        console.print(f"{len(reports[0].episodes)} episodes in {reports[0].wall_s:.1f} s")
+            out.print(f"held-out set: {loaded.heldout_set_id}")
+        out.print(f"{len(reports[0].episodes)} episodes in {reports[0].wall_s:.1f} s")
     gone = next((r for r in reports if r.server_gone), None)
     if gone is not None:
         error_line(
@@ -239,6 +282,25 @@ def simulate_command(
             f"{failed[0].scenario_id}: {failed[0].error}"
         )
         raise typer.Exit(EXIT_FAILURE)
+    if fail_under is not None:
+        _check_pass_rate(reports, fail_under)
+
+
+def _check_pass_rate(reports: list["SimulationReport"], fail_under: float) -> None:
+    """Exit 1 when a channel's pass rate (passes over verified runs) is below `fail_under`."""
+    for report in reports:
+        verdicts = [e.passed for e in report.episodes if e.passed is not None]
+        channel = f" ({report.episodes[0].mode})" if len(reports) > 1 and report.episodes else ""
+        if not verdicts:
+            error_line(f"--fail-under {fail_under:g}: no run was verified{channel}, so none passed")
+            raise typer.Exit(EXIT_NO)
+        rate = sum(verdicts) / len(verdicts)
+        if rate < fail_under:
+            error_line(
+                f"pass rate {rate:.3f}{channel} ({sum(verdicts)}/{len(verdicts)} verified runs) "
+                f"is below --fail-under {fail_under:g}"
+            )
+            raise typer.Exit(EXIT_NO)
 
 
 def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:
@@ -255,20 +317,23 @@ def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:
 
 
 def _report_gap(
-    text: "SimulationReport", audio: "SimulationReport", page: Path, json_out: bool
+    text: "SimulationReport", audio: "SimulationReport", page: Path | None, json_out: bool
 ) -> None:
     from pipecat_rl.simulator.audio.gap import channel_gap, gap_table, write_gap_page
 
     gap = channel_gap(text.episodes, audio.episodes)
-    write_gap_page(gap, page)
+    if page is not None:
+        write_gap_page(gap, page)
     if json_out:
         both = {"text": text.to_json(), "audio": audio.to_json()}
         print_json({**both, "channel_gap": gap.model_dump()})
         return
+    out = results()
     for name, r in (("text", text), ("audio", audio)):
-        console.print(_table(r, name))
-    console.print(gap_table(gap))
-    console.print(f"channel gap page: {page}")
+        print_table(out, _table(r, name))
+    out.print(gap_table(gap))
+    if page is not None:
+        out.print(f"channel gap page: {page}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,10 +13,18 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipecat_rl.cli.common import EXIT_UNAVAILABLE, cli_errors, console, print_json
+from pipecat_rl.cli.common import (
+    cli_errors,
+    console,
+    existing,
+    new_ledger_kept_if_used,
+    print_json,
+)
+from pipecat_rl.cli.ledger import open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
-from pipecat_rl.errors import ConfigError, ServingError
-from pipecat_rl.ledger import Ledger, resolve_ledger_path
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import resolve_ledger_path
+from pipecat_rl.simulator.options import MAX_SEED
 from pipecat_rl.training import Algo, TrainConfig
 
 _SHOWN = ("loss", "policy_loss", "distill_loss", "reward", "frac_reward_zero_std", "grad_norm")
@@ -72,13 +80,13 @@ def train_command(
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Adapter folder root.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Seed.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Train a LoRA adapter on the ledger's eligible calls and print its name."""
     from pipecat_rl.training import train
 
-    with cli_errors():
+    with cli_errors(json_out):
         if (scenarios is None) != (bot is None):
             raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
         if scenarios is not None and algo == "sft":
@@ -94,7 +102,8 @@ def train_command(
             from pipecat_rl.simulator.options import Rollouts
 
             rollouts = Rollouts(
-                scenarios=load_scenarios(list(scenarios)), bot=load_bot(bot),
+                scenarios=load_scenarios([existing(p, "--scenarios") for p in scenarios]),
+                bot=load_bot(bot),
                 options=SimulationOptions(persona=persona, max_tokens=max_tokens),
             )  # fmt: skip
         progress = Progress(
@@ -110,14 +119,12 @@ def train_command(
                 description=_describe(row),
             )  # fmt: skip
 
-        try:
-            with Ledger(resolve_ledger_path(ledger)) as store, progress:
-                result = train(
-                    store, config, server_url=llm_url, progress=on_step, rollouts=rollouts
-                )
-        except ServingError as e:
-            console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(EXIT_UNAVAILABLE) from e
+        # offline training reads a ledger that must exist; online rollouts may start one
+        opened = open_ledger(ledger) if rollouts is None else new_ledger_kept_if_used(
+            resolve_ledger_path(ledger)
+        )  # fmt: skip
+        with opened as store, progress:  # a ServingError exits 69 (`cli_errors`)
+            result = train(store, config, server_url=llm_url, progress=on_step, rollouts=rollouts)
     if json_out:
         print_json(result.model_dump(mode="json"))
         return

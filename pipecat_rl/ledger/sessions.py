@@ -20,7 +20,6 @@ from pipecat_rl.errors import LedgerError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.eligibility import (
     DEFAULT_LIVE_TRUST,
-    SAMPLED_TURN,
     TOKEN_EXACT_TURN,
     LiveTrust,
     Purpose,
@@ -546,8 +545,10 @@ class Sessions(Room):
     def stats(self, live: LiveTrust = DEFAULT_LIVE_TRUST) -> dict[str, Any]:
         """Counts that show at a glance what the ledger holds and how much of it can train.
 
-        Live calls by score state (`live_sessions`) and training-eligible turns count by the
-        same eligibility query `training_turns` runs, with the same `live` trust.
+        Live calls by score state (`live_sessions`) and the turns each purpose may train on
+        (`eligible_turns`: `sft` counts demonstrations too, `rl` only the policy's sampled
+        turns) count by the same eligibility query `training_turns` runs, with the same `live`
+        trust.
         """
         tables = (
             "sessions",
@@ -572,10 +573,13 @@ class Sessions(Room):
             (token_exact,) = conn.execute(
                 f"SELECT count(*) FROM turns t WHERE {TOKEN_EXACT_TURN}"
             ).fetchone()
-            (eligible,) = conn.execute(
-                "SELECT count(*) FROM turns t JOIN sessions s ON s.id = t.session_id "
-                f"WHERE {eligible_session(live)} AND {SAMPLED_TURN}"
-            ).fetchone()
+            eligible = {
+                purpose: conn.execute(
+                    "SELECT count(*) FROM turns t JOIN sessions s ON s.id = t.session_id "
+                    f"WHERE {eligible_session(live)} AND {eligible_turn(purpose)}"
+                ).fetchone()[0]
+                for purpose in ("sft", "rl")
+            }
             live_row = conn.execute(SELECT_LIVE).fetchone()
             live_sessions = live_score_states(conn, live)
         return {
@@ -585,7 +589,7 @@ class Sessions(Room):
             "sessions_by_source": by_source,
             "sessions_by_split": by_split,
             "token_exact_turns": token_exact,
-            "training_eligible_turns": eligible,
+            "eligible_turns": eligible,
             "live_sessions": live_sessions,
             "live": None if live_row is None else LIVE.record(live_row).adapter,
         }

@@ -65,7 +65,7 @@ from pipecat.services.tts_service import TTSService
 from pipecat.transports.base_transport import TransportParams
 
 from pipecat_rl import compat
-from pipecat_rl.errors import SimulationError
+from pipecat_rl.errors import ConfigError, SimulationError
 from pipecat_rl.serving import client_api_key
 from pipecat_rl.simulator.world import World
 
@@ -520,8 +520,8 @@ def install_create_transport() -> None:
 def _import(spec: str) -> Any:
     path = Path(spec)
     if spec.endswith(".py"):
-        if not path.is_file():
-            raise SimulationError(f"--bot {spec}: no such file")
+        if not path.is_file():  # a wrong argument, as a missing scenario file is
+            raise ConfigError(f"--bot {spec}: no such file")
         folder = str(path.resolve().parent)
         name = f"pipecat_rl_bot_{path.stem}_{abs(hash(str(path.resolve())))}"
         module_spec = importlib.util.spec_from_file_location(name, path.resolve())
@@ -554,7 +554,7 @@ def load_bot(spec: str) -> BotEntry:
     install_create_transport()
     try:
         module = _import(module_spec)
-    except SimulationError:
+    except (SimulationError, ConfigError):
         raise
     except Exception as e:
         hint = ""
