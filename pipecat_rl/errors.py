@@ -21,6 +21,9 @@ PipecatRLError
 └── BudgetExhausted      a cycle's next stage would overrun its wall-time budget (resumable stop)
 ```
 
+Outside the tree, on purpose: `JobCancelled`, a `BaseException` as asyncio's `CancelledError` is,
+so code that records failures as data (`except Exception`) never swallows a cancelled job.
+
 Every message says what to do next. The CLI maps each branch to one exit code
 (`pipecat_rl.cli.common.exit_code_for`).
 """
@@ -107,3 +110,11 @@ class GateStopped(GateError):
 
 class BudgetExhausted(PipecatRLError):
     """The next stage would overrun the cycle's wall-time budget; it stopped, resumably."""
+
+
+class JobCancelled(BaseException):  # noqa: N818 (named as asyncio's CancelledError)
+    """Raised inside a running service job at its first checkpoint after it was asked to stop.
+
+    A BaseException, as asyncio's CancelledError is: code that records a failure as data
+    (`except Exception` around an episode, a progress callback) must not swallow it.
+    """

@@ -189,3 +189,14 @@ def test_an_edited_regression_table_is_caught(ledger, tmp_path):
     forge_row(ledger, path, data)
     with pytest.raises(GateError, match=r"\(statistics\).*regression tests do not follow"):
         verify_receipt(path, ledger)
+
+
+def test_cli_promote_takes_a_scores_receipt_only_with_the_flag(ledger, tmp_path):
+    path = gated_receipt(tmp_path / "r", ledger, "PROMOTE", "v2", "base", kind="scores")
+    base = ["promote", str(path), "--ledger", str(ledger.path)]
+    refused = CliRunner().invoke(app, base)
+    assert refused.exit_code == EXIT_DATA and "scores_input" in " ".join(refused.stderr.split())
+    assert ledger.live() is None
+    allowed = CliRunner().invoke(app, [*base, "--allow-scores-receipt"])
+    assert allowed.exit_code == 0, allowed.output
+    assert ledger.live().adapter == "v2"

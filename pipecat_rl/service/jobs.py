@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from loguru import logger
 from pydantic import TypeAdapter
 
-from pipecat_rl.errors import GateStopped, PipecatRLError
+from pipecat_rl.errors import GateStopped, JobCancelled, PipecatRLError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.jobs import TERMINAL_STATES, JobRecord
@@ -111,14 +111,6 @@ def resolve_paths(data_dir: Path, request: Any) -> Any:
     if missing:
         raise RequestValidationError(missing)
     return request.model_copy(update=changes)
-
-
-class JobCancelled(BaseException):
-    """Raised inside a running job at its first checkpoint after it was asked to stop.
-
-    A BaseException, as asyncio's CancelledError is: code that records a failure as data
-    (`except Exception` around an episode, a progress callback) must not swallow it.
-    """
 
 
 @dataclass
