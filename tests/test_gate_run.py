@@ -1,4 +1,4 @@
-"""`gate.run_gate`: the one gate sequence, its design check before any call, its recorded receipt."""
+"""`gate.run_gate`: the one gate sequence, its design check before any call, its receipt."""
 
 from pathlib import Path
 
