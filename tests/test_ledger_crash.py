@@ -10,11 +10,13 @@ closer, the service's job recovery and a resumed cycle each leave a live writer'
 
 import json
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -108,6 +110,15 @@ def test_sigkill_at_random_points_of_episode_writes_leaves_each_whole_or_interru
         text=True, env=ENV,
     )  # fmt: skip
     seen = {"whole": 0, "interrupted": 0}
+    said: queue.Queue[str] = queue.Queue()  # the launcher's lines, read off the pipe by a thread
+    threading.Thread(target=lambda: [said.put(x) for x in launcher.stdout], daemon=True).start()
+
+    def next_line() -> str:
+        try:
+            return said.get(timeout=60)
+        except queue.Empty:
+            raise AssertionError("the launcher said nothing for 60 s") from None
+
     try:
         for trial in range(24):
             path = tmp_path / f"trial-{trial}.db"
@@ -115,7 +126,7 @@ def test_sigkill_at_random_points_of_episode_writes_leaves_each_whole_or_interru
             launcher.stdin.flush()
             lines, pid, wanted = [], None, rng.randint(1, 12)
             while pid is None or len(lines) < wanted:
-                kind, value = launcher.stdout.readline().split()
+                kind, value = next_line().split()
                 assert kind != "reaped", "the writer died before it was killed"
                 if kind == "pid":
                     pid = int(value)
@@ -123,8 +134,9 @@ def test_sigkill_at_random_points_of_episode_writes_leaves_each_whole_or_interru
                     lines.append((kind, value))
             time.sleep(rng.uniform(0, 0.004))  # a random point of the next transaction
             os.kill(pid, signal.SIGKILL)
-            while (line := launcher.stdout.readline().split()) != ["reaped", str(pid)]:
-                lines.append(tuple(line))  # committed before the kill, read after it
+            # Read on to the launcher's `reaped`; a line the kill cut short may run into it.
+            while not (line := next_line().strip()).endswith(f"reaped {pid}"):
+                lines.append(tuple(line.split()))  # committed before the kill, read after it
             finished = {sid for kind, sid in lines if kind == "finished"}
             with Ledger(path) as ledger:  # opening runs the closer: the child is gone
                 for s in ledger.sessions():
