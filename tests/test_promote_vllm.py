@@ -33,7 +33,8 @@ def test_gate_promote_rollback_on_vllm(vllm_server, random_lora, tmp_path):
             for run in range(3):
                 for policy, reward in (("cand-1", 1.0), ("base", 0.0 if s < 6 else 1.0)):
                     row = {"scenario": f"s{s}", "policy": policy, "run": run, "reward": reward,
-                           "v2v_ms": [650.0 + 10 * run], "unauthorized_writes": 0}  # fmt: skip
+                           "v2v_ms": [650.0 + 10 * run + t for t in range(8)],
+                           "unauthorized_writes": 0}  # fmt: skip
                     f.write(json.dumps(row) + "\n")
     cli = CliRunner()
     out = tmp_path / "gate"
@@ -43,8 +44,10 @@ def test_gate_promote_rollback_on_vllm(vllm_server, random_lora, tmp_path):
     assert json.loads(gated.stdout)["verdict"] == "PROMOTE"
 
     assert "cand-1" not in vllm_server.admin.models()
+    # Gated from a scores file: results the gate did not run, so promotion must be asked for.
     promoted = cli.invoke(app, ["promote", str(out / "receipt.json"), "--ledger", str(db),
-                                "--llm-url", vllm_server.base_url])  # fmt: skip
+                                "--llm-url", vllm_server.base_url,
+                                "--allow-scores-receipt"])  # fmt: skip
     assert promoted.exit_code == 0, promoted.output
     assert "cand-1" in vllm_server.admin.models()
     with Ledger(db) as ledger:
