@@ -148,9 +148,8 @@ def test_a_failing_job_is_recorded_and_the_next_one_still_runs(client):
     assert client.get(f"/jobs/{good}", headers=AUTH).json()["state"] == "done"
 
 
-def test_adapters_receipts_and_the_live_pointer(tmp_path):
-    from tests.test_gate_promote import receipt_file
-
+def _register_v1(tmp_path: Path) -> Path:
+    """Adapter `v1` in the data dir, registered with a passed training guard."""
     folder = tmp_path / "adapters" / "v1"
     folder.mkdir(parents=True)
     (folder / "adapter_config.json").write_text("{}")
@@ -159,6 +158,14 @@ def test_adapters_receipts_and_the_live_pointer(tmp_path):
             name="v1", path=str(folder), base_model="smollm2", created_at=1.0,
             training_run={"id": "run-1", "guard": {"passed": True, "max_abs": 0.001}},
         ))  # fmt: skip
+    return folder
+
+
+def test_adapters_receipts_and_the_live_pointer(tmp_path):
+    from tests.test_gate_promote import receipt_file
+
+    folder = _register_v1(tmp_path)
+    with Ledger(tmp_path / "ledger.db") as ledger:
         receipt = receipt_file(tmp_path, ledger, "PROMOTE", "v1", incumbent="base")
     with FakeVLLM() as vllm, TestClient(create_app(settings(tmp_path, llm_url=vllm.url))) as c:
         adapters = {a["name"]: a for a in c.get("/adapters", headers=AUTH).json()}
@@ -208,14 +215,7 @@ def test_a_gate_job_records_its_receipt_and_promote_accepts_it(tmp_path):
     """The service's gate goes through `gate.run_gate`: its receipt is one `promote` accepts."""
     clinic = clinic_copy(tmp_path, pool=[], heldout=GATE_HELDOUT)
     better_candidate_bot(clinic)
-    folder = tmp_path / "adapters" / "v1"
-    folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text("{}")
-    with Ledger(tmp_path / "ledger.db") as ledger:
-        ledger.register_adapter(AdapterRecord(
-            name="v1", path=str(folder), base_model="smollm2", created_at=1.0,
-            training_run={"id": "run-1", "guard": {"passed": True, "max_abs": 0.001}},
-        ))  # fmt: skip
+    _register_v1(tmp_path)
     # The candidate is the scripted expert, the base an agent that never calls a tool: a real,
     # recorded improvement (text mode has no voice, so no latency budget to hold).
     (tmp_path / "gate.yaml").write_text("require_latency: false\n")
