@@ -2,6 +2,7 @@
 
 import ast
 import inspect
+import sys
 from pathlib import Path
 
 from pipecat_rl import errors
@@ -100,3 +101,19 @@ def test_an_unexpected_error_is_one_line_and_70_unless_asked_for_the_traceback(m
     loud = CliRunner().invoke(app, ["-vv", "models", "list"])
     assert loud.exit_code == EXIT_FAILURE
     assert "Traceback" in loud.stderr and "a bug" in loud.stderr
+
+
+def test_the_app_run_in_process_leaves_logging_working_once_its_stderr_is_gone(capsys):
+    from loguru import logger
+    from typer.testing import CliRunner
+
+    from pipecat_rl.cli import app
+
+    assert CliRunner().invoke(app, ["models", "list"]).exit_code == 0  # its stderr now closed
+    try:
+        logger.warning("a line logged after the app returned")
+        err = capsys.readouterr().err
+        assert "a line logged after the app returned" in err and "Logging error" not in err
+    finally:
+        logger.remove()
+        logger.add(sys.stderr)

@@ -4,6 +4,7 @@ Each episode here is a real-time call of a few seconds, run through Pipecat pipe
 sides (Silero VAD, smart-turn, Whisper tiny.en, Piper), so these tests are `slow`.
 """
 
+import dataclasses
 import statistics
 import textwrap
 from pathlib import Path
@@ -72,23 +73,25 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
 CLINIC_PACK = ROOT / "examples" / "clinic" / "world.py"
 
 
-def _scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "delay.yaml"
+def _scenario(
+    tmp_path: Path, name: str = "delay_probe", opening: str = "I would like to check my booking."
+) -> Path:
+    path = tmp_path / f"{name}.yaml"
     path.write_text(
         textwrap.dedent(
             """
-            name: delay_probe
+            name: NAME
             persona: A caller checking a booking.
             goal: Check the booking, then hang up.
             success: The agent answered.
             max_turns: 4
             script:
-              opening: I would like to check my booking.
+              opening: OPENING
               rules:
                 - {when: ".", say: "Thank you very much.", times: 2}
                 - {when: ".", say: "Goodbye.", end_call: true}
             """
-        )
+        ).replace("NAME", name).replace("OPENING", opening)
         # a world to verify (the gate pairs verified runs only): nothing may change in it
         + f"world: {{pack: {CLINIC_PACK}, state: {{patients: [{{id: 1, name: Maria Lopez}}]}}}}\n"
         + "verify:\n  - unchanged: [patients]\n"
@@ -130,21 +133,35 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     from pipecat_rl.gate.inputs import load_ledger_runs
     from pipecat_rl.gate.lineage import base_lineage
 
-    scenario = _scenario(tmp_path)
-    scenario.write_text(scenario.read_text() + "split: heldout\n")
+    openings = {
+        "delay_booking": "I would like to check my booking.",
+        "delay_time": "What time is my appointment on Friday?",
+        "delay_hours": "Are you open on Saturday mornings?",
+    }
+    paths = []
+    for name, opening in openings.items():
+        path = _scenario(tmp_path, name, opening)
+        path.write_text(path.read_text() + "split: heldout\n")
+        paths.append(path)
     ledger = Ledger(tmp_path / "gate.db")
-    scenarios = load_scenarios([scenario])
+    scenarios = load_scenarios(paths)
     for policy, entry in (("slow", "run_bot_delayed"), ("fast", "run_bot")):
         config = SimulationConfig(
             persona="scripted", mode="audio", adapter=policy, source="gate", repeats=2,
             concurrency=1,
         )  # fmt: skip
         report = await simulate(scenarios, load_bot(f"{BOTS}:{entry}"), config, ledger)
-        assert all(e.error is None for e in report.episodes)
+        assert all(e.error is None for e in report.episodes), [e.error for e in report.episodes]
     data = load_ledger_runs(ledger, "slow", "fast", source="gate")
     assert all(r.channel == "audio" and r.heard_gap_ms for r in data.runs)
+    fast = [g for r in data.runs if r.policy == "fast" for g in r.heard_gap_ms]
+    # A budget between the two bots: the slow one's P95 is over it even from a dozen turns.
+    budget = max(fast) + audio_bots.DELAY_S * 1000 / 2
     receipt = evaluate(
-        data, GateConfig(resamples=10_000), base_lineage("slow"), base_lineage("fast")
+        data,
+        GateConfig(resamples=10_000, p95_budget_ms=budget),
+        base_lineage("slow"),
+        base_lineage("fast"),
     )
     latency = receipt.latency
     assert latency.gated_on == "heard_gap" and latency.in_agent_v2v_p95 is not None
@@ -156,8 +173,18 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     planted = audio_bots.DELAY_S * 1000
     assert difference.low - 20.0 <= planted <= difference.high + 20.0, difference
     checks = {c.name: c for c in receipt.checks}
-    assert checks["p95_budget"].status == "pass" and "heard gap P95" in checks["p95_budget"].detail
+    budget_check = checks["p95_budget"]
+    assert budget_check.status == "fail" and "heard gap P95" in budget_check.detail, budget_check
     assert checks["p95_vs_incumbent"].status == "fail"  # 400 ms slower than a 100 ms margin
+    # The fast bot within a generous budget: a dozen turns cannot bound a P95 from above.
+    reverse = evaluate(
+        dataclasses.replace(data, candidate="fast", incumbent="slow"),
+        GateConfig(resamples=10_000, p95_budget_ms=60_000),
+        base_lineage("fast"),
+        base_lineage("slow"),
+    )
+    (budget_check,) = [c for c in reverse.checks if c.name == "p95_budget"]
+    assert budget_check.status == "uncertain" and "too few turns" in budget_check.detail
 
 
 def test_a_text_gate_says_it_has_no_voice_to_voice_evidence():

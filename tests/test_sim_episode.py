@@ -212,3 +212,18 @@ async def test_overlapping_simulations_restore_the_environment(monkeypatch):
 
     await asyncio.gather(one(0.05), one(0.1))  # the first out must not undo the second
     assert dict(os.environ) == before
+
+
+async def test_the_callers_non_fatal_errors_are_logged_and_the_bots_are_kept():
+    from pipecat.frames.frames import ErrorFrame
+
+    from pipecat_rl.simulator.botloader import error_recorder
+
+    silent = ErrorFrame(error="TTS context c1 completed with no audio")
+    broken = ErrorFrame(error="the TTS is gone", fatal=True)
+    bot, caller = [], []
+    for frame in (silent, broken):
+        await error_recorder(bot)("BotWorker", frame)
+        await error_recorder(caller, fatal_only=True)("PersonaWorker", frame)
+    assert bot == [f"BotWorker: {silent.error}", f"BotWorker: {broken.error}"]
+    assert caller == [f"PersonaWorker: {broken.error}"]

@@ -63,7 +63,22 @@ def _options(
     # and logged exceptions carry their traceback only under -vv.
     common.verbosity = verbose
     logger.remove()
-    logger.add(sys.stderr, level=("WARNING", "INFO", "DEBUG")[min(verbose, 2)], format=_log_format)
+    level = ("WARNING", "INFO", "DEBUG")[min(verbose, 2)]
+    logger.add(_Stderr(), level=level, format=_log_format, colorize=sys.stderr.isatty())
+
+
+class _Stderr:
+    """Whatever `sys.stderr` is at each write, not the one of the moment the app started.
+
+    The app run in-process (a test's runner, a notebook) swaps stderr and closes its copy
+    afterwards; a sink holding that copy would raise on every later log line.
+    """
+
+    def write(self, message: str) -> None:
+        sys.stderr.write(message)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def _log_format(record: dict) -> str:

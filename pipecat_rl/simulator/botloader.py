@@ -226,16 +226,23 @@ def _world_handler(world: World) -> Callable:
     return handler
 
 
-def error_recorder(errors: list[str]) -> Callable:
+def error_recorder(errors: list[str], *, fatal_only: bool = False) -> Callable:
     """An `on_pipeline_error` handler that appends each error to `errors`.
 
     A bot's own tool handler that raised (Pipecat reports it as an `APPLICATION` error, and
     settles the call as failed) is a failed tool call, scored as one, not a broken episode.
+    `fatal_only` is for the caller's side, our instrument: a non-fatal error there (Pipecat
+    reports one TTS line that came out silent, which on a loaded machine happens, as saying
+    nothing about the service) is logged; the call goes on, and a caller who truly went quiet
+    shows in the call itself.
     """
 
     async def record(worker: PipelineWorker, frame) -> None:
         if getattr(frame, "category", None) == ErrorCategory.APPLICATION and not frame.fatal:
             logger.debug(f"{worker}: a tool handler failed: {frame.error}")
+            return
+        if fatal_only and not frame.fatal:
+            logger.warning(f"{worker}: {frame.error} (not fatal; the call goes on)")
             return
         errors.append(f"{worker}: {frame.error}")
 

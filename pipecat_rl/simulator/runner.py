@@ -388,7 +388,9 @@ async def run_episode(
         stages = audio.persona_stages() if audio else None
         persona = build_persona_worker(scenario, pair, caller_llm, stages)
         persona_errors: list[str] = []
-        persona.add_event_handler("on_pipeline_error", error_recorder(persona_errors))
+        persona.add_event_handler(
+            "on_pipeline_error", error_recorder(persona_errors, fatal_only=True)
+        )
         persona_task = asyncio.create_task(_run_worker(persona))
         with recording(ledger, info) as handle, episode_context(episode):
             runner_args = SimulationRunnerArguments(
