@@ -227,3 +227,18 @@ async def test_the_callers_non_fatal_errors_are_logged_and_the_bots_are_kept():
         await error_recorder(caller, fatal_only=True)("PersonaWorker", frame)
     assert bot == [f"BotWorker: {silent.error}", f"BotWorker: {broken.error}"]
     assert caller == [f"PersonaWorker: {broken.error}"]
+
+
+def test_a_pack_calling_sys_exit_on_import_is_exit_65_not_0(tmp_path):
+    pack = tmp_path / "exiting_pack.py"
+    pack.write_text("import sys\nsys.exit(0)\n")
+    path = tmp_path / "exiting.yaml"
+    path.write_text(
+        "name: exiting\npersona: A caller.\ngoal: Ask.\nsuccess: Answered.\n"
+        f"script: {{opening: Hello.}}\nworld: {{pack: {pack}}}\n"
+    )
+    args = ["simulate", str(path), "--bot", EXPERT, "--persona", "scripted", "--no-server",
+            "--ledger", str(tmp_path / "l.db")]  # fmt: skip
+    result = CliRunner().invoke(_cli(), args)
+    assert result.exit_code == EXIT_DATA, result.output
+    assert "exiting.yaml: world.pack" in result.stderr and "sys.exit(0)" in result.stderr

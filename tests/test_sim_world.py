@@ -151,3 +151,37 @@ def test_asr_noise_is_seeded_and_confuses_spelled_things():
     assert len(outs) > 1
     assert all(o.startswith("My number is") for o in outs)  # ordinary words are kept
     assert AsrNoiseModel(AsrNoise(), 1)(line) == line
+
+
+def _exiting_world(tmp_path: Path, body: str) -> Path:
+    pack = tmp_path / "exiting_pack.py"
+    pack.write_text(
+        "import sys\nfrom pipecat_rl.simulator.world import WorldPack\n"
+        + body
+        + "\nPACK = WorldPack(schema='CREATE TABLE t (id INTEGER);', tools={'quit': quit_tool})\n"
+    )
+    path = tmp_path / "exiting.yaml"
+    path.write_text(
+        "name: exiting\npersona: A caller.\ngoal: Ask.\nsuccess: Answered.\n"
+        f"world: {{pack: {pack}}}\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    ("raise_it", "said"),
+    [("sys.exit(0)", "sys.exit(0)"), ("raise KeyboardInterrupt", "KeyboardInterrupt")],
+)
+def test_a_pack_that_ends_the_process_is_a_harness_error_not_an_exit(tmp_path, raise_it, said):
+    path = _exiting_world(tmp_path, f"def quit_tool(db):\n    {raise_it}\n")
+    world = World(load_scenario_file(path)[0])
+    execution = world.execute("quit", {})
+    assert not execution.ok and "world pack broke" in execution.error
+    (error,) = world.harness_errors
+    assert "exiting.yaml" in error and "'quit'" in error and said in error
+
+
+def test_a_pack_that_exits_on_import_is_a_scenario_error_naming_it(tmp_path):
+    path = _exiting_world(tmp_path, "sys.exit(0)\ndef quit_tool(db):\n    pass\n")
+    with pytest.raises(ScenarioError, match=r"exiting.yaml: world.pack: cannot import .*sys.exit"):
+        World(load_scenario_file(path)[0])

@@ -415,6 +415,8 @@ async def run_episode(
         elif bot_task.done() and not bot_task.cancelled() and bot_task.exception():
             error = bot_task.exception()
             result.error = f"the bot raised {type(error).__name__}: {error}"
+        elif world.harness_errors:
+            result.error = "; ".join(world.harness_errors)
         elif episode.refused:
             result.error = episode.refused[0]
         elif episode.errors or persona_errors:

@@ -95,13 +95,22 @@ def load_pack(scenario: Scenario) -> WorldPack | None:
             module = importlib.import_module(spec)
     except ScenarioError:
         raise
-    except Exception as e:
-        raise ScenarioError(f"{where}: cannot import {spec}: {e}") from e
+    except (Exception, SystemExit, KeyboardInterrupt) as e:  # a pack must not end the process
+        raise ScenarioError(f"{where}: cannot import {spec}: {_raised(e)}") from e
     pack = getattr(module, "PACK", None)
     if not isinstance(pack, WorldPack):
         raise ScenarioError(f"{where}: {spec} defines no `PACK = WorldPack(...)`")
     _packs[key] = pack
     return pack
+
+
+def _raised(e: BaseException) -> str:
+    """What pack code raised, in words: `sys.exit(0)` says nothing by itself."""
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    if isinstance(e, KeyboardInterrupt):
+        return "it raised KeyboardInterrupt"
+    return f"{type(e).__name__}: {e}"
 
 
 def _rows_key(rows: list[dict[str, Any]]) -> set[str]:
@@ -119,6 +128,8 @@ class World:
         self._rng = random.Random(seed)
         self._calls: dict[str, int] = {}
         self.executions: list[ToolExecution] = []
+        self.harness_errors: list[str] = []
+        """Pack code that tried to end the process: the episode is the harness's failure."""
         where = f"{scenario.source_path}: world"
         try:
             self._db.executescript(self.pack.schema)
@@ -238,6 +249,12 @@ class World:
             except Exception as e:  # a bug in the pack is still the agent's failed call
                 self._db.rollback()
                 execution.error = f"{name} raised {type(e).__name__}: {e}"
+            except (SystemExit, KeyboardInterrupt) as e:  # not the agent's: the pack is broken
+                self._db.rollback()
+                execution.error = f"{name} failed: the world pack broke"
+                self.harness_errors.append(
+                    f"{self.scenario.source_path}: world pack tool {name!r}: {_raised(e)}"
+                )
         execution.state_diff = self.diff(before, self.snapshot())
         execution.duration_ms = (time.perf_counter() - start) * 1000.0
         self.executions.append(execution)
