@@ -20,6 +20,7 @@ from pipecat_rl.scenarios import load_scenarios
 from pipecat_rl.service.cycle import run_cycle
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import LoopConfig
+from pipecat_rl.simulator.runner import episode_seed
 from tests.service_helpers import CLINIC, FakeVLLM, clinic_copy
 
 
@@ -147,6 +148,13 @@ def test_a_cycle_runs_every_stage_and_writes_its_receipt(tmp_path, world):
     assert summary.stages["promote"]["promoted"] is False
     with Ledger(tmp_path / "ledger.db") as ledger:
         assert ledger.live() is None
+        gated = ledger.sessions(source="gate")
+    # Held-out draws are this cycle's own (salted by the candidate), not the gate config's seed 0.
+    salt = evaluated["heldout_seed"]
+    assert salt != 0 and gated
+    assert {s.seed for s in gated} == {
+        episode_seed(salt, s.scenario_id, s.repeat) for s in gated
+    } != {episode_seed(0, s.scenario_id, s.repeat) for s in gated}
     names = [(e["event"], e.get("stage")) for e in read_events(config)]
     assert names[0] == ("cycle_started", None) and names[-1] == ("cycle_ended", None)
     assert [s for e, s in names if e == "stage_finished"] == list(summary.stages)

@@ -13,6 +13,7 @@ verbs); the service runs it as a `cycle` job.
 """
 
 import asyncio
+import hashlib
 import json
 import shutil
 import sqlite3
@@ -510,9 +511,13 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
     heldout = cycle.scenarios("heldout")  # frozen check
     candidate, incumbent = cycle.results["train"]["candidate"], cycle.incumbent()
     settings = load_gate_config(c.gate.config, **c.gate.overrides)
+    # The held-out runs' seeds are salted with the candidate's name: fixed for this cycle (a
+    # resumed gate reruns the same calls), new for the next, so the pool cannot grow toward a
+    # fixed set of held-out draws.
+    salt = int(hashlib.sha256(f"{settings.seed}:{candidate}".encode()).hexdigest()[:8], 16)
     evidence = Simulated(
         scenarios=heldout, bot=load_bot(c.bot), server=cycle.server(), files=c.heldout,
-        options=cycle.options(repeats=c.gate.repeats, seed=settings.seed),
+        options=cycle.options(repeats=c.gate.repeats, seed=salt),
     )  # fmt: skip
     done = run_gate(cycle.ledger, candidate, incumbent, evidence, settings, c.out / "receipt")
     receipt, paths, data = done.receipt, done.paths, done.data
@@ -520,7 +525,7 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
     v2v = lat.v2v_p95
     return {
         "verdict": receipt.verdict, "reason": receipt.reason, "exit_code": receipt.exit_code,
-        "candidate": candidate, "incumbent": incumbent,
+        "candidate": candidate, "incumbent": incumbent, "heldout_seed": salt,
         "receipt": {k: str(v) for k, v in paths.items()},
         "pass_rate": _pass_rates(cycle, data),
         "mean_delta": p.mean_delta, "ci95": list(p.ci95),
