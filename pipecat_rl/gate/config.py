@@ -30,7 +30,9 @@ Defaults, and why:
 - `max_unusable_share` 0.1, in [0, 1]: above this share of an arm's runs being harness errors or
   unverified, the verdict is INCONCLUSIVE (a broken harness is not evidence).
 
-Every number must be finite. The score the gate pairs is the authoritative one
+Every number must be finite, and a switch is a boolean (`true`/`false`), never a string or a
+number: `require_latency: 'no'` is refused, not read as on. A file is read as its suffix says:
+`.json` as JSON only, `.yaml`/`.yml` as YAML. The score the gate pairs is the authoritative one
 (`pipecat_rl.ledger.outcome`: the verifier, else the judged `success`), never the shaped tool
 credit; `judged_metrics` may add named judged parts, each a number in [0, 1], so the gate score
 stays in [0, 1]: (authoritative + sum w_i * part_i) / (1 + sum w_i).
@@ -39,6 +41,7 @@ The price table's defaults are illustrative round numbers of the right order for
 LLM, a streaming STT and a streaming TTS; set your own vendor's prices before comparing costs.
 """
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -47,6 +50,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -89,8 +93,8 @@ class GateConfig(BaseModel):
     p95_margin_ms: float = Field(100.0, ge=0, le=60_000)
     resamples: int = Field(10_000, ge=10_000, le=200_000)
     seed: int = Field(0, ge=0, lt=2**32)
-    require_guard: bool = False
-    require_latency: bool = True
+    require_guard: StrictBool = False
+    require_latency: StrictBool = True
     max_llm_latency_ratio: float = Field(3.0, ge=1.0, le=100.0)
     max_unusable_share: float = Field(0.1, ge=0.0, le=1.0)
     prices: PriceTable = PriceTable()
@@ -190,7 +194,11 @@ def _explain_file(path: Path, node: yaml.Node | None, error: ValidationError) ->
         loc = tuple(err["loc"])
         line = _line(node, loc)
         field = ".".join(str(p) for p in loc) or "gate"
-        reason = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        reason = err["msg"]
+        if err["type"] == "extra_forbidden":
+            reason = "unknown field"
+        elif err["type"] == "bool_type":
+            reason = f"must be true or false, not {err['input']!r}"
         where = f"{path}:{line}" if line else str(path)
         problems.append(f"{where}: {field}: {reason}")
     return "invalid gate config: " + "; ".join(problems) + ". Fix the field or remove it."
@@ -209,20 +217,35 @@ def _line(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
     return line
 
 
-def _read_mapping(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
-    """A YAML or JSON file (JSON is YAML) holding a mapping, optionally under `gate:`.
+_FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
+"""How a gate config is read, by its suffix."""
 
-    Returns the mapping and its node tree (for line numbers).
+
+def _read_mapping(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
+    """A YAML or JSON file, read as its suffix says, holding a mapping, optionally under `gate:`.
+
+    JSON is YAML, so a YAML reader would take a `.json` file holding YAML: the suffix decides,
+    and a file that is not what it says it is refused. Returns the mapping and its node tree
+    (for line numbers; None where PyYAML cannot compose valid JSON).
     """
+    kind = _FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise GateError(
+            f"gate config {path}: name a .yaml, .yml or .json file (its suffix says how it is "
+            "read)."
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise GateError(f"cannot read gate config {path}: {e}; check the path.") from e
     try:
-        data = yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise GateError(f"gate config {path} is not valid {kind}: {e}; fix it or rename it.") from e
+    try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as e:
-        raise GateError(f"gate config {path} is not valid YAML/JSON: {e}") from e
+    except yaml.YAMLError:
+        node = None
     if data is None:
         return {}, None
     if not isinstance(data, dict):
@@ -230,6 +253,7 @@ def _read_mapping(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
     if "gate" in data:
         if not isinstance(data["gate"], dict):
             raise GateError(f"gate config {path}: `gate:` must be a mapping of field: value.")
-        node = next((v for k, v in node.value if getattr(k, "value", None) == "gate"), None)
+        if node is not None:
+            node = next((v for k, v in node.value if getattr(k, "value", None) == "gate"), None)
         return dict(data["gate"]), node
     return dict(data), node

@@ -23,13 +23,16 @@ request to last token), `guarded` (whether the run carried a check that somethin
 lines of other policies are skipped and counted.
 
 Every number is bounded: rewards and parts finite in [0, 1], latencies finite in
-[0, `MAX_LATENCY_MS`], counts non-negative; a violation names the file, the line and the field.
+[0, `MAX_LATENCY_MS`], counts non-negative; `reward` is a number and `passed` / `guarded` are
+booleans, never strings; a violation names the file, the line and the field. A file over
+`MAX_SCORES_BYTES` is refused before it is read.
 """
 
 import hashlib
+import itertools
 import json
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,6 +41,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -68,6 +72,11 @@ MAX_LATENCY_MS = 600_000.0
 """Ten minutes: a longer "latency" is a unit mistake (seconds vs microseconds), not a turn."""
 
 Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS)]
+
+MAX_SCORES_BYTES = 64 * 2**20
+"""Largest scores file read: 64 MiB, about 400,000 runs of a dozen latencies each, which take
+about 1 GB once parsed (measured: 40,000 such runs, 5.8 MiB, took 100 MB). Real gates hold
+hundreds to thousands of lines; a bigger file is refused before it is read."""
 
 
 def gate_score(parts: Mapping[str, float], judged: Mapping[str, float]) -> float | None:
@@ -121,15 +130,15 @@ class RunResult(BaseModel):
     scenario: str = Field(min_length=1)
     policy: str = Field(min_length=1)
     run: int = Field(ge=0)
-    reward: float = Field(ge=0, le=1)
+    reward: float = Field(ge=0, le=1, strict=True)
     reward_parts: dict[str, float] = Field(default_factory=dict)
-    passed: bool
+    passed: StrictBool
     v2v_ms: tuple[Latency, ...] = ()
     stages_ms: dict[str, tuple[Latency, ...]] = Field(default_factory=dict)
     unauthorized_writes: int = Field(0, ge=0, le=1_000_000)
     writes: tuple[UnauthorizedWrite, ...] = ()
     """The unauthorised writes one by one (as many as `unauthorized_writes`), when recorded."""
-    guarded: bool | None = None
+    guarded: StrictBool | None = None
     """Whether the run carried a guarded check; None when not recorded."""
     llm_turn_ms: tuple[Latency, ...] = ()
     """Each LLM call's time from request to its last token."""
@@ -282,14 +291,11 @@ def load_scores(
         GateError: the file is unreadable, a line is invalid or duplicated, or a policy is absent.
     """
     _distinct(candidate, incumbent)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise GateError(f"cannot read the scores file {path}: {e}; check the path.") from e
+    digest = hashlib.sha256()
     runs: list[RunResult] = []
     seen: dict[tuple[str, str, int], int] = {}
     others: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in _scores_lines(path, digest.update):
         if not line.strip():
             continue
         try:
@@ -321,11 +327,42 @@ def load_scores(
         source=InputSource(
             kind="scores",
             path=str(path),
-            sha256=hashlib.sha256(text.encode()).hexdigest(),
+            sha256=digest.hexdigest(),
             scenario_hashes={r.scenario: r.scenario_hash for r in runs if r.scenario_hash},
             notes=notes,
         ),
     )
+
+
+def _scores_lines(path: Path, feed: Callable[[bytes], object]) -> Iterator[tuple[int, str]]:
+    """The file's numbered lines, read one at a time, each line's bytes given to `feed`.
+
+    At most `MAX_SCORES_BYTES` are read, whatever the file claims its size is (a pipe claims 0).
+
+    Raises:
+        GateError: the file is unreadable, over the cap, or a line is not UTF-8.
+    """
+    cap = f"the {MAX_SCORES_BYTES:,}-byte ({MAX_SCORES_BYTES // 2**20} MiB) cap on scores files"
+    over = f"the scores file {path} is over {cap}; split it, or gate fewer runs."
+    try:
+        with path.open("rb") as f:
+            if path.stat().st_size > MAX_SCORES_BYTES:
+                raise GateError(over)
+            read = 0
+            for lineno in itertools.count(1):
+                raw = f.readline(MAX_SCORES_BYTES + 1 - read)
+                if not raw:
+                    return
+                read += len(raw)
+                if read > MAX_SCORES_BYTES:
+                    raise GateError(over)
+                feed(raw)
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise GateError(f"{path}:{lineno}: not UTF-8 text ({e.reason}).") from e
+    except OSError as e:
+        raise GateError(f"cannot read the scores file {path}: {e}; check the path.") from e
 
 
 def _field_error(e: ValidationError) -> str:

@@ -36,6 +36,7 @@ files into these records, with errors naming the file, line and field, is `loadi
 """
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -220,6 +221,16 @@ class ScriptRule(_Model):
     end_call: bool = False
     times: int | None = Field(default=None, ge=1)
     """How many times the rule may fire (default: unlimited)."""
+
+    @field_validator("when")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        """A bad pattern fails at load, naming the field, not mid-episode."""
+        try:
+            re.compile(value, re.IGNORECASE | re.DOTALL)  # the flags the scripted caller uses
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e})") from e
+        return value
 
 
 class Script(_Model):
