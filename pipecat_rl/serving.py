@@ -367,6 +367,8 @@ class VLLMServer:
         env.setdefault("DO_NOT_TRACK", "1")
         if running_on_cpu():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gb))
+            # Our vLLM plugin's grouped LoRA ops (pipecat_rl.vllm_cpu_lora); `0` keeps vLLM's.
+            env.setdefault("PIPECAT_RL_CPU_LORA", "1")
         env.pop("VLLM_API_KEY", None)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # in the environment, not on a `ps`-visible argv
