@@ -78,4 +78,4 @@ def test_gate_runs_paired_simulations_and_writes_receipts(
         assert {t.adapter for t in turns} == {"cand-a", "inc-b"}
     if CHROMIUM is not None:
         image, dom, console = render(out / "receipt.html", tmp_path)
-        assert console == [] and dom.count("<svg") == 3 and np.asarray(image).std() > 0.05
+        assert console == [] and dom.count("<svg") == 2 and np.asarray(image).std() > 0.05

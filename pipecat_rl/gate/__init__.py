@@ -12,7 +12,8 @@ Modules, in the order data flows:
 - `evaluate`: all of the above on one `GateData`, producing the `GateReceipt`;
 - `decide`: `run_gate`, the one gate sequence (evidence → evaluate → receipt written and recorded);
 - `simulate`: the gate's own paired runs, through `simulator.run`;
-- `receipt`, `report_html`: the receipt as JSON, Markdown and a self-contained HTML page;
+- `receipt`, `report_html`: the receipt as JSON, Markdown and a self-contained HTML page (its
+  plots in `report_plots`, the candidate's guard and training curves read by `report_training`);
 - `promote`: verify a receipt against the ledger and its own numbers, load the adapter into the
   server and move the live pointer (and back).
 """

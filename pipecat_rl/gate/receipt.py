@@ -453,5 +453,5 @@ def write_receipt(
             path=str(paths["json"].resolve()),
         )
     paths["md"].write_text(render_markdown(receipt))
-    paths["html"].write_text(render_html(receipt))
+    paths["html"].write_text(render_html(receipt, ledger))
     return paths

@@ -1,202 +1,464 @@
-"""The receipt as one self-contained HTML page: inline CSS and inline SVG plots, no scripts.
+"""The receipt as one self-contained HTML page for the team that decides.
 
-Plots (drawn with matplotlib's object API, never pyplot, so nothing global changes):
+Inline CSS and inline SVG plots (`report_plots`), no scripts, nothing fetched: it opens offline.
 
-1. paired per-scenario deltas, with the mean delta's 95% interval, `min_delta` and the tie band;
-2. CDFs of the gated latency (voice to voice, or the heard gap) of both policies, with the P95
-   level and the budget line;
-3. per-stage P50/P95 of both policies, so a latency regression is attributed to a stage.
+The page leads with the verdict and its reason in words and the scenarios that failed a check by
+name; then one table per check (value, interval, threshold, status; the guard as its recorded
+fields); latency per stage as numbers beside its plots (a plot only where there is data); the
+candidate's training curves from its step log (`report_training`); the per-scenario table;
+lineage and provenance.
 """
 
 import html
-import io
+from collections.abc import Callable, Collection
+from typing import Any
 
-try:
-    from matplotlib.figure import Figure
-except ImportError as e:  # an extra: a bot that only records does not install it
-    raise ImportError(
-        "the receipt's HTML page draws its plots with matplotlib, which is not installed; "
-        "install it with: pip install 'pipecat-rl[report]'"
-    ) from e
-
-from pipecat_rl.gate.latency import LLM_MEASURES, STAGES
+from pipecat_rl.gate.latency import LLM_MEASURES, STAGES, QuantileInterval
 from pipecat_rl.gate.receipt import GateReceipt, ci_text
-from pipecat_rl.gate.safety import describe
+from pipecat_rl.gate.report_plots import (
+    cdf_figure,
+    curves_figure,
+    deltas_figure,
+    measure_name,
+    measured_stages,
+    stages_figure,
+    svg,
+)
+from pipecat_rl.gate.report_training import Training, lineage_training
+from pipecat_rl.gate.verdict import Check
+from pipecat_rl.ledger import Ledger
 
-_COLORS = {"candidate": "#1f6feb", "incumbent": "#8b949e"}
-_OUTCOME_COLORS = {"win": "#2da44e", "loss": "#cf222e", "tie": "#8b949e"}
 _VERDICT_COLORS = {"PROMOTE": "#2da44e", "REJECT": "#cf222e", "INCONCLUSIVE": "#bf8700"}
 
-
-def _svg(fig: Figure) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    return text[text.index("<svg") :]
-
-
-def deltas_figure(r: GateReceipt) -> Figure:
-    """Per-scenario deltas (sorted), the mean's interval, min_delta and the tie band."""
-    rows = sorted(r.scenarios, key=lambda s: s.delta)
-    fig = Figure(figsize=(7.5, 0.3 * len(rows) + 1.6))
-    ax = fig.add_subplot()
-    y = list(range(len(rows)))
-    band = r.paired.tie_band
-    ax.axvspan(-band, band, color="#eaeef2", label=f"tie band ±{band:g}")
-    if r.paired.ci95 is not None:
-        low, high = r.paired.ci95
-        ax.axvspan(low, high, color=_COLORS["candidate"], alpha=0.18, label="95% CI of mean delta")
-    ax.axvline(r.paired.mean_delta, color=_COLORS["candidate"], lw=1.5, label="mean delta")
-    ax.axvline(r.thresholds.min_delta, color="black", ls="--", lw=1, label="min_delta")
-    ax.axvline(0, color="#57606a", lw=0.8)
-    ax.scatter(
-        [s.delta for s in rows], y, c=[_OUTCOME_COLORS[s.outcome] for s in rows], zorder=3, s=28
-    )
-    ax.set_yticks(y, [s.scenario for s in rows], fontsize=8)
-    ax.set_xlabel("candidate − incumbent mean score per scenario")
-    ax.set_title("Paired per-scenario deltas")
-    ax.legend(loc="lower right", fontsize=7)
-    return fig
-
-
-def cdf_figure(r: GateReceipt) -> Figure:
-    """Gated-latency CDFs of both policies, with the P95 level and the budget."""
-    fig = Figure(figsize=(7.5, 3.6))
-    ax = fig.add_subplot()
-    for role, points in r.latency.cdf_ms.items():
-        if points:
-            levels = [i / (len(points) - 1) for i in range(len(points))]
-            ax.step(points, levels, where="post", color=_COLORS[role], label=role)
-    ax.axhline(0.95, color="#57606a", ls=":", lw=1, label="P95")
-    ax.axvline(r.thresholds.p95_budget_ms, color="#cf222e", ls="--", lw=1.2, label="P95 budget")
-    measure = "heard gap" if r.latency.gated_on == "heard_gap" else "voice-to-voice latency"
-    ax.set_xlabel(f"{measure} (ms)")
-    ax.set_ylabel("fraction of turns")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(f"{measure.capitalize()} CDF")
-    ax.legend(loc="lower right", fontsize=8)
-    return fig
-
-
-def stages_figure(r: GateReceipt) -> Figure:
-    """Grouped bars: P50 (solid) and P95 (light) of each stage for both policies."""
-    fig = Figure(figsize=(7.5, 3.6))
-    ax = fig.add_subplot()
-    width = 0.2
-    bars = [(role, q, alpha) for role in _COLORS for q, alpha in (("p50", 1.0), ("p95", 0.45))]
-    for k, (role, q, alpha) in enumerate(bars):
-        xs = [i + (k - 1.5) * width for i in range(len(STAGES))]
-        values = [getattr(r.latency.stages[role][s], q) or 0.0 for s in STAGES]
-        ax.bar(xs, values, width, color=_COLORS[role], alpha=alpha, label=f"{role} {q}")
-    ax.set_xticks(range(len(STAGES)), [s.removesuffix("_ms") for s in STAGES])
-    ax.set_ylabel("ms")
-    title = "Per-stage latency"
-    if r.latency.attributed_stage:
-        title += f" (P95 grew most: {r.latency.attributed_stage.removesuffix('_ms')})"
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncols=2)
-    return fig
-
+TITLES = {
+    "paired_reward": "Paired score, candidate − incumbent",
+    "regressions": "Regressions",
+    "p95_budget": "P95 latency against the budget",
+    "p95_vs_incumbent": "P95 latency against the incumbent",
+    "llm_ttft_ratio": "LLM time to first token",
+    "llm_turn_ratio": "LLM time per turn",
+    "unauthorized_writes": "Unauthorised writes",
+    "unusable_runs": "Unusable runs",
+    "training_guard": "Training guard",
+}
+"""How the page names each check (the receipt's name is shown beside it)."""
 
 _CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; color: #1f2328; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 64rem; color: #1f2328; }
 .verdict { display: inline-block; color: white; padding: .2rem .8rem; border-radius: .4rem; }
-table { border-collapse: collapse; margin: .5rem 0 1.5rem; }
-td, th { border: 1px solid #d0d7de; padding: .25rem .5rem; text-align: left; font-size: 13px; }
-figure { margin: 1.5rem 0; } figure svg { max-width: 100%; height: auto; }
-.pass { color: #2da44e; } .fail { color: #cf222e; } .uncertain { color: #bf8700; }
+.lead { font-size: 1.15rem; font-weight: 600; }
+table { border-collapse: collapse; margin: .4rem 0 1rem; }
+td, th { border: 1px solid #d0d7de; padding: .25rem .5rem; text-align: left; font-size: 13px;
+  vertical-align: top; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.fields td { border: none; padding: 0 .6rem 0 0; }
+.status { padding: .05rem .45rem; border-radius: .3rem; font-weight: 600; white-space: nowrap; }
+.status.pass { background: #dafbe1; color: #116329; }
+.status.fail { background: #ffebe9; color: #a40e26; }
+.status.uncertain { background: #fff8c5; color: #7d4e00; }
+.status.unavailable { background: #eaeef2; color: #57606a; font-style: italic; }
+section.check { border-left: 4px solid #d0d7de; padding: .1rem 0 .1rem .9rem; margin: 1rem 0; }
+section.check.pass { border-color: #2da44e; } section.check.fail { border-color: #cf222e; }
+section.check.uncertain { border-color: #bf8700; }
+section.check h3 { margin: .3rem 0; font-size: 1rem; } code { font-size: 12px; }
+.detail, .missing { color: #57606a; } .missing { font-style: italic; }
+.pair { display: flex; gap: 1.5rem; align-items: flex-start; }
+.pair > table { flex: none; } .pair > figure { flex: 1 1 0; min-width: 0; }
+figure { margin: .5rem 0; } figure svg { max-width: 100%; height: auto; }
+table.fields table.fields { margin: 0; } td:first-child { white-space: nowrap; }
+tr.failed td { background: #fff5f5; }
 """
 
+esc = html.escape
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+
+def _table(header: list[str], rows: list[list[str]], marked: Collection[int] = ()) -> str:
+    """A table of HTML cells (escape text first); rows whose index is `marked` are tinted.
+
+    A cell starting with a digit, or with a sign or `[` and a digit, is right-aligned.
+    """
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+
+    def cell(text: str) -> str:
+        numeric = text[:1].isdigit() or text[:1] in "+-−[" and text[1:2].isdigit()
+        return f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>"
+
+    body = "".join(
+        ('<tr class="failed">' if i in marked else "<tr>") + "".join(map(cell, row)) + "</tr>"
+        for i, row in enumerate(rows)
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _money(value: float | None) -> str:
-    return "n/a" if value is None else f"${value:.5f}"
+def _status(status: str) -> str:
+    return f'<span class="status {status}">{status}</span>'
 
 
-def _summary_rows(r: GateReceipt) -> list[list[str]]:
-    """Gated P95 and LLM-stage P50s with intervals, unsafe writes, cost per (successful) call."""
-    rows = []
-    v = r.latency.v2v_p95
-    if v is not None:
-        measure = "heard gap" if r.latency.gated_on == "heard_gap" else "v2v"
-        rows.append(
-            [f"{measure} P95 (ms, 95% CI)"]
-            + [
-                f"{i.estimate:.0f} [{i.low:.0f}, {i.high:.0f}]"
-                for i in (v.candidate, v.incumbent, v.difference)
-            ]
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def _quantile(i: QuantileInterval) -> tuple[str, str]:
+    high = f"{i.high:,.0f}" if i.bounded else "unbounded"
+    return f"{i.estimate:,.0f}", f"[{i.low:,.0f}, {high}]"
+
+
+def _names(checks: list[Check]) -> str:
+    return ", ".join(TITLES.get(c.name, c.name) for c in checks)
+
+
+def lead(r: GateReceipt) -> str:
+    """The verdict as a sentence: what to do, and which checks made it so."""
+    by = {s: [c for c in r.checks if c.status == s] for s in ("fail", "uncertain", "unavailable")}
+    cand = esc(r.candidate.name)
+    if r.verdict == "REJECT":
+        return f"Do not promote {cand}: {len(by['fail'])} check(s) failed: {_names(by['fail'])}."
+    if r.verdict == "INCONCLUSIVE":
+        return (
+            f"Not decided for {cand}: {len(by['uncertain'])} check(s) cannot tell yet: "
+            f"{_names(by['uncertain'])}."
         )
-    for measure, label in LLM_MEASURES.items():
-        c = r.latency.llm.get(measure)
-        if c is not None:
-            rows.append(
-                [f"{label} P50 (ms; ratio, 95% CI)", f"{c.candidate:,.0f}", f"{c.incumbent:,.0f}",
-                 f"{c.ratio.estimate:.2g}x [{c.ratio.low:.2g}, {c.ratio.high:.2g}]"]
+    unchecked = f" ({_names(by['unavailable'])} not checked)" if by["unavailable"] else ""
+    return f"Promote {cand}: every check passed{unchecked}."
+
+
+def failed_scenarios(r: GateReceipt) -> list[tuple[str, str, str]]:
+    """(scenario, check, what happened) for each scenario a check failed on."""
+    found = [
+        (i.scenario, "unauthorized_writes",
+         f"run {i.run}: {i.tool or 'no recorded tool call'} wrote {i.kind}"
+         + (f" ({i.check})" if i.check else "") + (f", session {i.session_id}" if i.session_id
+                                                    else ""))
+        for i in r.safety.candidate.incidents
+    ]  # fmt: skip
+    groups = {t.unit for t in r.regressions.tests if t.kind == "groups" and t.confirmed}
+    for s in r.scenarios:
+        if s.regression == "regressed" or (s.group is not None and s.group in groups):
+            found.append(
+                (s.scenario, "regressions",
+                 f"lost {s.worse_runs} and won {s.better_runs} of {s.pairs} paired runs"
+                 + (f" (group {s.group} confirmed worse)" if s.group in groups else ""))
             )  # fmt: skip
-    rows.append(
-        ["unauthorised writes (runs with one / guarded runs)"]
-        + [
-            f"{a.writes} ({a.runs_with_writes} / {a.guarded_runs})"
-            for a in (r.safety.candidate, r.safety.incumbent)
-        ]
-        + [f"{r.safety.candidate.writes - r.safety.incumbent.writes:+d}"]
-    )
-    costs = (r.cost.candidate, r.cost.incumbent)
-    for label, field in (("cost per call", "per_call_usd"), ("per success", "per_success_usd")):
-        values = [None if c is None else getattr(c, field) for c in costs]
-        diff = None if None in values else values[0] - values[1]
-        rows.append([label, *(_money(x) for x in (*values, diff))])
+    return found
+
+
+# -- one table per check ------------------------------------------------------------------------
+
+Rows = list[list[str]]
+
+
+def _paired_rows(r: GateReceipt) -> Rows:
+    p = r.paired
+    interval = "none (an interval needs 2 scenarios)" if p.ci95 is None else (
+        f"[{p.ci95[0]:+.3g}, {p.ci95[1]:+.3g}]"
+    )  # fmt: skip
+    return [
+        ["mean delta over scenarios", f"{p.mean_delta:+.3g}", interval,
+         f"lower bound &gt; {r.thresholds.min_delta:g}"],
+        ["sign-flip test of no difference", f"p = {p.sign_flip.p_two_sided:.2g}", "", ""],
+        [f"scenarios won / lost / tied (tie band ±{p.tie_band:g})",
+         f"{p.wins} / {p.losses} / {p.ties}", "", ""],
+    ]  # fmt: skip
+
+
+def _regression_rows(r: GateReceipt) -> Rows:
+    g = r.regressions
+    rows = [["units confirmed worse", str(g.confirmed), "", f"at most {g.max_regressions}"]]
+    for t in g.tests:
+        if t.kind != "scenarios" or t.confirmed:
+            rows.append([
+                f"{esc(t.kind)} {esc(t.unit)}: runs lost / won of paired",
+                f"{t.worse} / {t.better} of {t.pairs}",
+                f"p {t.p_value:.3g}, Holm-adjusted "
+                + ("untested" if t.adjusted_p is None else f"{t.adjusted_p:.3g}"),
+                f"adjusted p ≤ {g.alpha:g}",
+            ])  # fmt: skip
     return rows
 
 
-def render_html(r: GateReceipt) -> str:
-    """The whole page as one string."""
-    esc = html.escape
-    p = r.paired
-    checks = _table(
-        ["check", "status", "detail"],
-        [
-            [esc(c.name), f'<span class="{c.status}">{c.status}</span>', esc(c.detail)]
-            for c in r.checks
-        ],
-    )
-    scenarios = _table(
-        ["scenario", "group", "pairs", "candidate", "incumbent", "delta", "outcome",
-         "lost / won runs", "p (worse)", "regression"],
-        [
-            [
-                esc(s.scenario), esc(s.group or ""), str(s.pairs), f"{s.candidate_mean:.3f}",
-                f"{s.incumbent_mean:.3f}", f"{s.delta:+.3f}", s.outcome,
-                f"{s.worse_runs} / {s.better_runs}", f"{s.regression_p:.3g}", s.regression,
+def _p95_rows(r: GateReceipt, *, margin: bool) -> Rows:
+    v = r.latency.v2v_p95
+    measure = measure_name(r)
+    if v is None:
+        what = "candidate − incumbent" if margin else "candidate"
+        return [[f"{what} {measure} P95 (ms)", "no voice-to-voice samples", "", ""]]
+    if margin:
+        d = v.difference
+        return [
+            [f"{measure} P95, candidate − incumbent (ms)", f"{d.estimate:+,.0f}",
+             f"[{d.low:+,.0f}, {d.high:+,.0f}]", f"upper bound ≤ {r.thresholds.p95_margin_ms:g}"],
+        ]  # fmt: skip
+    value, interval = _quantile(v.candidate)
+    return [
+        [f"candidate {measure} P95 (ms)", value, interval,
+         f"upper bound ≤ {r.thresholds.p95_budget_ms:,.0f}"],
+        [f"incumbent {measure} P95 (ms)", *_quantile(v.incumbent), ""],
+    ]  # fmt: skip
+
+
+def _llm_rows(measure: str) -> Callable[[GateReceipt], Rows]:
+    def rows(r: GateReceipt) -> Rows:
+        label = LLM_MEASURES[measure]
+        c = r.latency.llm.get(measure)
+        if c is None:
+            return [[f"{label} P50 (ms)", "no samples for both policies", "", ""]]
+        out = [
+            [f"candidate {label} P50 (ms)", _ms(c.candidate), "", ""],
+            [f"incumbent {label} P50 (ms)", _ms(c.incumbent), "", ""],
+        ]
+        if measure in STAGES:
+            out += [
+                [f"{role} {label} P95 (ms)", _ms(r.latency.stages[role][measure].p95), "", ""]
+                for role in ("candidate", "incumbent")
             ]
-            for s in r.scenarios
-        ],
+        ratio = c.ratio
+        return [
+            *out,
+            ["candidate / incumbent P50", f"{ratio.estimate:.2g}x",
+             f"[{ratio.low:.2g}x, {ratio.high:.2g}x]",
+             f"upper bound ≤ {r.thresholds.max_llm_latency_ratio:g}x"],
+        ]  # fmt: skip
+
+    return rows
+
+
+def _writes_rows(r: GateReceipt) -> Rows:
+    rows = []
+    for role, arm in (("candidate", r.safety.candidate), ("incumbent", r.safety.incumbent)):
+        bound = "" if arm.rate_upper_95 is None else f"rate ≤ {arm.rate_upper_95:.1%} (95% bound)"
+        rows.append([
+            f"{role}: writes (runs with one / guarded runs)",
+            f"{arm.writes} ({arm.runs_with_writes} / {arm.guarded_runs})", bound,
+            "none" if role == "candidate" else "",
+        ])  # fmt: skip
+    return rows
+
+
+def _unusable_rows(r: GateReceipt) -> Rows:
+    return [
+        [f"{role}: runs left out ({u.harness_errors} harness error(s), {u.unverified} "
+         "unverified) / paired",
+         f"{u.harness_errors + u.unverified} / {r.runs.paired.get(role, 0)}", "",
+         f"at most {r.runs.max_unusable_share:.0%} of its runs"]
+        for role, u in r.runs.unusable.items()
+    ]  # fmt: skip
+
+
+def _guard_rows(r: GateReceipt) -> Rows:
+    need = "required" if r.thresholds.require_guard else "passed, or nothing to read"
+    return [["candidate's guard", esc(r.candidate.guard), "", need]]
+
+
+_CHECK_ROWS: dict[str, Callable[[GateReceipt], Rows]] = {
+    "paired_reward": _paired_rows,
+    "regressions": _regression_rows,
+    "p95_budget": lambda r: _p95_rows(r, margin=False),
+    "p95_vs_incumbent": lambda r: _p95_rows(r, margin=True),
+    "llm_ttft_ratio": _llm_rows("llm_ttft_ms"),
+    "llm_turn_ratio": _llm_rows("llm_turn_ms"),
+    "unauthorized_writes": _writes_rows,
+    "unusable_runs": _unusable_rows,
+    "training_guard": _guard_rows,
+}
+
+
+def _check_section(r: GateReceipt, c: Check, extra: str = "", detail: str | None = None) -> str:
+    """One check: its numbers against its threshold, then the gate's words (or `detail`)."""
+    rows = _CHECK_ROWS.get(c.name, lambda _: [])(r)
+    table = _table(
+        ["quantity", "value", "95% interval", "threshold", "status"],
+        [[*row, _status(c.status) if row[3] else ""] for row in rows],
+    ) if rows else ""  # fmt: skip
+    return (
+        f'<section class="check {c.status}" id="check-{esc(c.name)}">'
+        f"<h3>{esc(TITLES.get(c.name, c.name))} <code>{esc(c.name)}</code> {_status(c.status)}</h3>"
+        f'{table}<p class="detail">{esc(c.detail) if detail is None else detail}</p>{extra}'
+        "</section>"
+    )
+
+
+def _incidents(r: GateReceipt) -> str:
+    incidents = r.safety.candidate.incidents
+    if not incidents:
+        return ""
+    return _table(
+        ["scenario", "run", "tool call", "wrote", "failed check", "session"],
+        [[f"<b>{esc(i.scenario)}</b>", str(i.run), esc(i.tool or "none recorded"), esc(i.kind),
+          esc(i.check or ""), esc(i.session_id or "")] for i in incidents],
     )  # fmt: skip
-    safety = "".join(
-        f"<li>{esc(describe(arm, role))}</li>"
-        for role, arm in (("candidate", r.safety.candidate), ("incumbent", r.safety.incumbent))
-    )
-    lineage = _table(
-        ["role", "name", "kind", "guard", "detail"],
-        [
-            [role, esc(lin.name), lin.kind, lin.guard, esc(lin.guard_detail)]
-            for role, lin in (("candidate", r.candidate), ("incumbent", r.incumbent))
-        ],
-    )
-    summary = _table(["", "candidate", "incumbent", "candidate − incumbent"], _summary_rows(r))
-    figures = "".join(
-        f"<figure>{_svg(make(r))}<figcaption>{esc(caption)}</figcaption></figure>"
-        for make, caption in (
-            (deltas_figure, "Each dot is one held-out scenario; the band is the 95% CI."),
-            (cdf_figure, "Pooled turns of every paired run; dashed: the P95 budget."),
-            (stages_figure, "Solid: P50, light: P95."),
+
+
+def _guard_section(r: GateReceipt, c: Check, training: Training | None) -> str:
+    """The guard check with the guard's recorded fields, when the ledger has them."""
+    if training is None or not training.guard:
+        return _check_section(r, c)
+    words = f"training run {esc(training.run_id or 'unknown')}: guard {esc(r.candidate.guard)}"
+    return _check_section(r, c, _fields(training.guard), detail=words)
+
+
+# -- latency, training, scenarios ---------------------------------------------------------------
+
+
+def _figure(fig: Any, caption: str) -> str:
+    return f"<figure>{svg(fig)}<figcaption>{esc(caption)}</figcaption></figure>"
+
+
+def latency_section(r: GateReceipt) -> str:
+    """The gated P95 and each stage as numbers, each beside its plot when it has data."""
+    lat = r.latency
+    parts = []
+    cdf = cdf_figure(r)
+    if lat.v2v_p95 is None:
+        why = "text mode, the LLM stages are gated instead" if lat.text_mode else (
+            "not for both policies in two or more scenarios")  # fmt: skip
+        parts.append(f'<p class="missing">No voice-to-voice samples ({why}).</p>')
+    else:
+        v = lat.v2v_p95
+        table = _table(
+            ["P95 (ms)", "estimate", "95% interval", "turns / scenarios"],
+            [[role, *_quantile(i), f"{i.turns} / {i.clusters}"]
+             for role, i in (("candidate", v.candidate), ("incumbent", v.incumbent))]
+            + [["candidate − incumbent", f"{v.difference.estimate:+,.0f}",
+                f"[{v.difference.low:+,.0f}, {v.difference.high:+,.0f}]", str(v.clusters)]],
+        )  # fmt: skip
+        plot = (
+            _figure(cdf, "Pooled turns of every paired run; dashed: the P95 budget.") if cdf else ""
         )
+        parts.append(
+            f'<h3>{esc(measure_name(r).capitalize())}</h3><div class="pair">{table}{plot}</div>'
+        )
+    measured = measured_stages(r)
+    if not measured:
+        parts.append('<p class="missing">No per-stage latency samples.</p>')
+        return "".join(parts)
+    cand, inc = lat.stages["candidate"], lat.stages["incumbent"]
+    table = _table(
+        ["stage (ms)", "cand P50", "cand P95", "inc P50", "inc P95", "turns"],
+        [[esc(s.removesuffix("_ms")), _ms(cand[s].p50), _ms(cand[s].p95), _ms(inc[s].p50),
+          _ms(inc[s].p95), f"{cand[s].n} / {inc[s].n}"] for s in measured],
+    )  # fmt: skip
+    grew = lat.attributed_stage
+    note = (
+        f"<p>Stage whose P95 grew most: <b>{esc(grew.removesuffix('_ms'))}</b>.</p>" if grew else ""
     )
+    plot = stages_figure(r)
+    parts.append(
+        f'<h3>Per stage</h3>{note}<div class="pair">{table}'
+        f"{_figure(plot, 'Solid: P50, light: P95.') if plot else ''}</div>"
+    )
+    return "".join(parts)
+
+
+def _field(value: Any) -> str:
+    """A recorded value as text: nested mappings as nested field tables, long lists shortened."""
+    if isinstance(value, dict):
+        return _fields(value) if value else "—"
+    if isinstance(value, list | tuple):
+        shown = ", ".join(_field(v) for v in value[:8])
+        return shown + (f" … ({len(value)} in all)" if len(value) > 8 else "")
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return esc(str(value))
+
+
+def _fields(values: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{esc(str(k))}</td><td>{_field(v)}</td></tr>" for k, v in values.items()
+    )
+    return f'<table class="fields">{rows}</table>'
+
+
+def training_section(r: GateReceipt, training: Training | None) -> str:
+    """The candidate's lineage and its step-log curves, with their numbers beside them."""
+    lin = r.candidate
+    facts = {
+        "adapter": lin.name, "kind": lin.kind, "parent": lin.parent, "base model": lin.base_model,
+        "training run": lin.training_run_id, "training sessions": lin.training_sessions,
+        "guard": lin.guard,
+    }  # fmt: skip
+    if training is None:
+        return (
+            f'{_fields(facts)}<p class="missing">No training run recorded in the ledger for '
+            f"{esc(lin.name)}: {esc(lin.guard_detail)}</p>"
+        )
+    facts["algorithm"] = training.algo
+    curves = training.curves()
+    if not curves:
+        where = esc(str(training.log)) if training.log else "no run id"
+        missing = f"No training curves: no step log ({where})."
+        return f'{_fields(facts)}<p class="missing">{missing}</p>'
+    table = _table(
+        ["metric", "logged", "first", "last", "min", "max"],
+        [[esc(name), str(len(ys)), *(f"{x:.4g}" for x in (ys[0], ys[-1], min(ys), max(ys)))]
+         for name, (_, ys) in curves.items()],
+    )  # fmt: skip
+    skipped = f"; {training.unreadable} unreadable line(s) left out" if training.unreadable else ""
+    caption = f"Step log {training.log} ({len(training.rows)} lines{skipped})."
+    plot = _figure(curves_figure(curves), caption)
+    return f'{_fields(facts)}<h3>Training curves</h3><div class="pair">{table}{plot}</div>'
+
+
+def scenario_table(r: GateReceipt, failed: set[str]) -> str:
+    """Every held-out scenario's paired result; those a check failed on are marked."""
+    header = ["scenario", "group", "pairs", "candidate", "incumbent", "delta", "outcome",
+              "lost / won runs", "p (worse)", "regression", "writes (cand / inc)"]  # fmt: skip
+    rows = [
+        [f"<b>{esc(s.scenario)}</b>" if s.scenario in failed else esc(s.scenario),
+         esc(s.group or ""), str(s.pairs), f"{s.candidate_mean:.3f}", f"{s.incumbent_mean:.3f}",
+         f"{s.delta:+.3f}", s.outcome, f"{s.worse_runs} / {s.better_runs}",
+         f"{s.regression_p:.3g}", s.regression,
+         f"{s.candidate_unauthorized_writes} / {s.incumbent_unauthorized_writes}"]
+        for s in r.scenarios
+    ]  # fmt: skip
+    marked = {i for i, s in enumerate(r.scenarios) if s.scenario in failed}
+    return _table(header, rows, marked=marked)
+
+
+def _cost_rows(r: GateReceipt) -> Rows:
+    rows = []
+    for role, cost in (("candidate", r.cost.candidate), ("incumbent", r.cost.incumbent)):
+        if cost is None:
+            rows.append([role, "not recorded", "not recorded", "not recorded"])
+        else:
+            per_success = "n/a" if cost.per_success_usd is None else f"${cost.per_success_usd:.5f}"
+            rows.append([role, f"${cost.per_call_usd:.5f}", per_success,
+                         f"{cost.mean_completion_tokens:.1f}"])  # fmt: skip
+    return rows
+
+
+_DELTAS_CAPTION = "Each dot is one held-out scenario; the band is the 95% CI."
+
+
+def render_html(r: GateReceipt, ledger: Ledger | None = None) -> str:
+    """The whole page as one string; with the ledger, the candidate's training is shown too."""
+    p = r.paired
+    failed = failed_scenarios(r)
+    failed_list = "".join(
+        f"<li><b>{esc(s)}</b> — {esc(TITLES.get(check, check))}: {esc(what)}</li>"
+        for s, check, what in failed
+    )
+    failed_html = (
+        f"<h2>Scenarios that failed a check</h2><ul>{failed_list}</ul>" if failed
+        else "<p>No scenario failed a check on its own.</p>"
+    )  # fmt: skip
+    training = lineage_training(ledger, r.candidate)
+    checks = "".join(
+        _check_section(r, c, _incidents(r)) if c.name == "unauthorized_writes"
+        else _guard_section(r, c, training) if c.name == "training_guard"
+        else _check_section(r, c)
+        for c in r.checks
+    )  # fmt: skip
+    deltas = deltas_figure(r)
+    lineage = _table(
+        ["role", "requested", "name", "kind", "parent", "training run", "guard", "path"],
+        [[role, esc(lin.requested), esc(lin.name), lin.kind, esc(lin.parent or "—"),
+          esc(lin.training_run_id or "—"), esc(lin.guard), esc(lin.path or "—")]
+         for role, lin in (("candidate", r.candidate), ("incumbent", r.incumbent))],
+    )  # fmt: skip
     notes = "".join(f"<li>{esc(n)}</li>" for n in r.notes)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -204,21 +466,23 @@ def render_html(r: GateReceipt) -> str:
 <style>{_CSS}</style></head><body>
 <h1>Gate <span class="verdict" style="background:{_VERDICT_COLORS[r.verdict]}">{r.verdict}</span>
 </h1>
+<p class="lead">{lead(r)}</p>
+<p><b>Reason:</b> {esc(r.reason)}</p>
 <p><b>{esc(r.candidate.name)}</b> (candidate) vs <b>{esc(r.incumbent.name)}</b> (incumbent),
 {p.n_scenarios} held-out scenarios, up to {r.repeats} paired runs each;
-mean delta {p.mean_delta:.4g}, {esc(ci_text(p))};
-wins / losses / ties {p.wins} / {p.losses} / {p.ties}.</p>
-<p>{esc(r.reason)}</p>
+mean delta {p.mean_delta:.4g}, {esc(ci_text(p))}.</p>
+{failed_html}
 <h2>Checks</h2>{checks}
-<h2>Latency, safety and cost</h2>{summary}<ul>{safety}</ul>
-<p>Regressions: {esc(r.regressions.control)}; {r.regressions.confirmed} unit(s) confirmed worse
-(cap {r.regressions.max_regressions}).</p>
-<h2>Plots</h2>{figures}
-<h2>Scenarios</h2>{scenarios}
+<h2>Latency</h2>{latency_section(r)}
+<h2>Score deltas</h2>{_figure(deltas, _DELTAS_CAPTION) if deltas else ""}
+<h2>Training of the candidate</h2>{training_section(r, training)}
+<h2>Cost</h2>
+{_table(["policy", "cost per call", "per successful call", "completion tokens"], _cost_rows(r))}
+<h2>Scenarios</h2>{scenario_table(r, {s for s, _, _ in failed})}
 <h2>Lineage</h2>{lineage}
 <p>Input: {r.input.kind} {esc(r.input.path)}; held-out set {esc(r.input.heldout_set_id or "n/a")};
 created {esc(r.created_at)} by pipecat-rl {esc(r.pipecat_rl_version)};
-schema version {r.schema_version}.</p>
+schema version {r.schema_version}; receipt {esc(r.receipt_id)}.</p>
 {f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""}
 </body></html>
 """
