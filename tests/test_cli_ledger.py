@@ -31,6 +31,7 @@ def _turn(sid: str, index: int, user: str, text: str, **kw) -> TurnRecord:
         completion_token_ids=[1, 2, 3],
         logprobs=[-0.1, -0.2, -0.3],
         token_exact=True,
+        usage={"completion_tokens": 3},
         generated_text=text,
     )
     fields.update(kw)
@@ -141,14 +142,16 @@ def test_stats_json(ledger_path):
     assert data["counts"]["sessions"] == 3
     assert data["counts"]["turns"] == 2
     assert data["sessions_by_source"] == {"simulate": 1, "gate": 1, "live": 1}
-    assert data["eligible_turns"] == {"sft": 2, "rl": 2}
+    assert data["eligible_turns"] == {"sft": 1, "rl": 1}  # the caller barged in on turn 1
+    assert {k: n for k, n in data["dropped_turns"].items() if n} == {"interrupted": 1}
     assert data["path"] == str(ledger_path)
 
 
 def test_stats_human(ledger_path):
     result = invoke("stats", "--ledger", str(ledger_path))
     assert result.exit_code == 0, result.output
-    assert "training-eligible turns: SFT 2 (demonstrations included), RL 2" in result.stdout
+    assert "training-eligible turns: SFT 1 (demonstrations included), RL 1" in result.stdout
+    assert "sampled turns kept out of training: interrupted 1" in result.stdout
 
 
 def test_ledger_path_from_environment(ledger_path):

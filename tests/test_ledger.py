@@ -57,6 +57,7 @@ def make_turn(session_id: str = "s1", index: int = 0, exact: bool = True, **kw) 
             completion_token_ids=[5, 6, 7],
             logprobs=[-0.1, -0.25, -1.5],
             token_exact=True,
+            usage={"prompt_tokens": 4, "completion_tokens": 3},
         )
     fields.update(kw)
     return TurnRecord(session_id=session_id, index=index, **fields)

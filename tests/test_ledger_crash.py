@@ -57,6 +57,7 @@ LAUNCHER = textwrap.dedent(
                         request={{"messages": [{{"role": "user", "content": "x" * 500}}]}},
                         prompt_token_ids=list(range(300)), completion_token_ids=[1, 2],
                         logprobs=[-0.1, -0.2], token_exact=True,
+                        usage={{"completion_tokens": 2}},
                     ))
                     print("turn", sid, flush=True)
                 ledger.end_session(sid, ended_at=time.time(), outcome="completed")

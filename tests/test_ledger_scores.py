@@ -22,6 +22,7 @@ def turn(sid: str, index: int = 0, redacted: bool = True) -> TurnRecord:
         session_id=sid, index=index, adapter="base", created_at=101.0 + index,
         request={"messages": [{"role": "user", "content": f"hello {index}"}]},
         prompt_token_ids=[1, 2], completion_token_ids=[3], logprobs=[-0.1], token_exact=True,
+        usage={"completion_tokens": 1},
         generated_text="hi", redacted=redacted,
     )  # fmt: skip
 

@@ -169,6 +169,7 @@ def test_opening_a_ledger_closes_sessions_of_dead_processes(tmp_path):
                     completion_token_ids=[2],
                     logprobs=[-0.1],
                     token_exact=True,
+                    usage={"completion_tokens": 1},
                     redacted=True,
                 )  # fmt: skip
             )
@@ -212,7 +213,7 @@ def test_a_simulated_session_the_recorder_ended_but_the_simulator_never_finished
                 TurnRecord(
                     session_id=sid, index=0, adapter="base", created_at=1.0, request={},
                     prompt_token_ids=[1], completion_token_ids=[2], logprobs=[-0.1],
-                    token_exact=True, redacted=source == "live",
+                    token_exact=True, redacted=source == "live", usage={"completion_tokens": 1},
                 )  # fmt: skip
             )
             ledger.end_session(sid, ended_at=2.0, outcome="completed")  # the recorder's write

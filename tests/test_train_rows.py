@@ -46,6 +46,9 @@ def test_eligibility_excludes_every_route_named_in_one_query(tmp_path):
             "not-run": ({"outcome": "not_run"}, {}),
             "gate": ({"source": "gate"}, {}),
             "usage-mismatch": ({}, {"usage": {"completion_tokens": 3}}),
+            "usage-less": ({}, {"usage": {}}),  # a stream cancelled before its last chunk
+            "barge-in": ({}, {"interrupted": True}),
+            "length-cut": ({}, {"finish_reason": "length"}),
             "top-p": ({}, {"request": {"model": "base", "top_p": 0.9}}),
             "top-k": ({}, {"request": {"model": "base", "extra_body": {"top_k": 20}}}),
             "not-exact": ({}, {"token_exact": False}),
@@ -59,7 +62,13 @@ def test_eligibility_excludes_every_route_named_in_one_query(tmp_path):
         _remember_heldout(ledger, "H", "copied")
         assert [t.session_id for t in ledger.training_turns()] == ["ok"]
         assert [t.session_id for t in ledger.training_turns(purpose="sft")] == ["ok", "demo"]
-        assert ledger.stats()["eligible_turns"]["rl"] == 1
+        stats = ledger.stats()
+        assert stats["eligible_turns"]["rl"] == 1
+        # per reason, among the sampled turns of trainable sessions (the demonstration is not one)
+        assert stats["dropped_turns"] == {
+            "not_token_exact": 1, "usage_less": 1, "usage_mismatch": 1, "truncated_sampling": 2,
+            "interrupted": 1, "length_cut": 1,
+        }  # fmt: skip
 
 
 def test_expert_demonstrations_render_with_the_served_template(tmp_path, smollm2_dir):

@@ -101,6 +101,8 @@ def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
         f"  training-eligible turns: SFT {eligible['sft']} (demonstrations included), "
         f"RL {eligible['rl']} (sampled token-exactly by the policy)"
     )
+    dropped = ", ".join(f"{k} {n}" for k, n in data["dropped_turns"].items() if n)
+    out.print(f"  sampled turns kept out of training: {dropped or '-'}")
     live = data["live_sessions"]
     out.print(
         f"  live sessions: {live['unscored']} unscored, {live['scored']} scored "

@@ -8,10 +8,15 @@ the configuration trusts (`LiveTrust.sources`: the source whose `success` is its
 part, `ledger.outcome.deciding_source`), and have ended at least `LiveTrust.settle_s` ago, so
 that the scores that arrive late (a person's review after a platform's) are in before it trains.
 
-A turn of such a session may train a policy-gradient row only if it is token-exact (ids and
-logprobs from the server), its sampled-id count agrees with the server's
-`usage.completion_tokens`, and it was sampled without truncation (top-p < 1 or top-k bias the
-importance ratio). A demonstration turn (a scripted expert's) may train SFT only.
+A turn of such a session may train a policy-gradient row only if it passes every rule of
+`SAMPLED_RULES`: token-exact (ids and logprobs from the server), its sampled-id count agrees with
+the server's `usage.completion_tokens`, sampled without truncation (top-p < 1 or top-k bias the
+importance ratio), and not cut short: not interrupted by the caller, not a stream that ended
+without usage (Pipecat always asks for it, so none means the stream was cancelled), not stopped
+by `max_tokens` (`finish_reason` "length"). A reply cut short is not the sample its reward judged,
+and training it as if complete teaches the cut. The same rules hold for SFT's sampled turns; a
+demonstration turn (a scripted expert's) may train SFT only. Each rule has a reason name, and
+`Ledger.stats` counts the turns each one keeps out.
 
 Token-exactness is the one rule with a Python side (`TurnRecord.trainable`, read by the trainer
 on turns it already holds): both sides are rendered from the clauses of `TOKEN_EXACT`, so they
@@ -173,16 +178,51 @@ def token_exact(turn: "TurnRecord") -> bool:
     return all(c.check(turn) for c in TOKEN_EXACT)
 
 
-SAMPLED_TURN = (
-    f"{TOKEN_EXACT_TURN} AND t.demonstration = 0"
-    " AND (json_extract(t.usage, '$.completion_tokens') IS NULL"
-    " OR json_extract(t.usage, '$.completion_tokens') = json_array_length(t.completion_token_ids))"
-    " AND COALESCE(json_extract(t.request, '$.top_p'),"
-    " json_extract(t.request, '$.extra_body.top_p'), 1.0) >= 1.0"
-    " AND COALESCE(json_extract(t.request, '$.top_k'),"
-    " json_extract(t.request, '$.extra_body.top_k'), -1) <= 0"
+@dataclass(frozen=True)
+class TurnRule:
+    """One rule a policy-sampled turn must pass to train, named for why a turn fails it."""
+
+    reason: str
+    """The name a turn kept out by this rule is counted under (`Ledger.stats`)."""
+    sql: str
+    """The condition a turn that passes meets (alias `t`)."""
+
+
+_COMPLETION_TOKENS = "json_extract(t.usage, '$.completion_tokens')"
+
+SAMPLED_RULES: tuple[TurnRule, ...] = (
+    TurnRule("not_token_exact", TOKEN_EXACT_TURN),
+    TurnRule("usage_less", f"{_COMPLETION_TOKENS} IS NOT NULL"),
+    TurnRule(
+        "usage_mismatch",
+        f"{_COMPLETION_TOKENS} IS NULL"
+        f" OR {_COMPLETION_TOKENS} = json_array_length(t.completion_token_ids)",
+    ),
+    TurnRule(
+        "truncated_sampling",
+        "COALESCE(json_extract(t.request, '$.top_p'),"
+        " json_extract(t.request, '$.extra_body.top_p'), 1.0) >= 1.0"
+        " AND COALESCE(json_extract(t.request, '$.top_k'),"
+        " json_extract(t.request, '$.extra_body.top_k'), -1) <= 0",
+    ),
+    TurnRule("interrupted", "t.interrupted = 0"),
+    TurnRule("length_cut", "COALESCE(t.finish_reason, '') != 'length'"),
 )
+"""What a policy-sampled turn needs to train (alias `t`), in the order a reader checks them."""
+
+SAMPLED_TURN = "t.demonstration = 0 AND " + " AND ".join(f"({r.sql})" for r in SAMPLED_RULES)
 """A policy-sampled turn fit for a policy-gradient row (alias `t`)."""
+
+
+def dropped_by(rule: TurnRule) -> str:
+    """SQL: 1 for a policy-sampled turn that `rule` keeps out, else 0.
+
+    A NULL condition keeps a turn out, as it does in a WHERE clause; a turn may fail several rules
+    and counts under each.
+    """
+    kept_out = f"t.demonstration = 0 AND NOT COALESCE(({rule.sql}), FALSE)"
+    return f"(CASE WHEN {kept_out} THEN 1 ELSE 0 END)"
+
 
 DEMONSTRATION_TURN = "t.demonstration = 1 AND t.generated_text IS NOT NULL"
 """A demonstration turn (alias `t`): rendered by the trainer, SFT only."""

@@ -20,9 +20,11 @@ from pipecat_rl.errors import LedgerError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.eligibility import (
     DEFAULT_LIVE_TRUST,
+    SAMPLED_RULES,
     TOKEN_EXACT_TURN,
     LiveTrust,
     Purpose,
+    dropped_by,
     eligible_session,
     eligible_turn,
     open_session,
@@ -548,7 +550,8 @@ class Sessions(Room):
         Live calls by score state (`live_sessions`) and the turns each purpose may train on
         (`eligible_turns`: `sft` counts demonstrations too, `rl` only the policy's sampled
         turns) count by the same eligibility query `training_turns` runs, with the same `live`
-        trust.
+        trust; `dropped_turns` counts, per rule of `SAMPLED_RULES`, the policy-sampled turns of
+        trainable sessions it keeps out (a turn failing several rules counts under each).
         """
         tables = (
             "sessions",
@@ -580,6 +583,11 @@ class Sessions(Room):
                 ).fetchone()[0]
                 for purpose in ("sft", "rl")
             }
+            counts_by_rule = ", ".join(f"SUM({dropped_by(r)})" for r in SAMPLED_RULES)
+            dropped = conn.execute(
+                f"SELECT {counts_by_rule} FROM turns t JOIN sessions s ON s.id = t.session_id "
+                f"WHERE {eligible_session(live)}"
+            ).fetchone()
             live_row = conn.execute(SELECT_LIVE).fetchone()
             live_sessions = live_score_states(conn, live)
         return {
@@ -590,6 +598,9 @@ class Sessions(Room):
             "sessions_by_split": by_split,
             "token_exact_turns": token_exact,
             "eligible_turns": eligible,
+            "dropped_turns": {
+                r.reason: n or 0 for r, n in zip(SAMPLED_RULES, dropped, strict=True)
+            },
             "live_sessions": live_sessions,
             "live": None if live_row is None else LIVE.record(live_row).adapter,
         }
