@@ -1,10 +1,11 @@
 """OPSD: on-policy self-distillation from a teacher that sees a hint the student never sees.
 
 For a judged turn, the hint (the caller's next line, the verifier's failed checks, the failure
-labels) goes into the teacher's prompt as an extra user message just before the generation
-header; the teacher is the incumbent, frozen, in eval mode; both score the student's own sampled
-ids. Two losses (`loss.py`): per-sampled-token reverse KL (cheap) and top-k forward KL with a
-tail bucket over the whole distribution.
+labels, and on a live call its deciding scorer's explanation, `metadata.verdict` as
+`Ledger.post_score` writes it) goes into the teacher's prompt as an extra user message just before
+the generation header; the teacher is the incumbent, frozen, in eval mode; both score the
+student's own sampled ids. Two losses (`loss.py`): per-sampled-token reverse KL (cheap) and top-k
+forward KL with a tail bucket over the whole distribution.
 """
 
 import time
@@ -88,6 +89,9 @@ def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int
         )
     if session.failure_labels:
         parts.append(f"Mistakes made in this call: {', '.join(session.failure_labels)}.")
+    explanation = (session.metadata.get("verdict") or {}).get("explanation")
+    if explanation:  # a live call's: why its deciding scorer passed or failed it, verbatim
+        parts.append(str(explanation).strip())
     return " ".join(parts) or None
 
 
