@@ -6,7 +6,6 @@ that is not valid YAML; 70 when some calls could not be judged (they stay unscor
 """
 
 import asyncio
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,12 +17,10 @@ from pipecat_rl.cli.common import EXIT_FAILURE, cli_errors, console, print_json
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
+from pipecat_rl.service.loop import span_s
 
 if TYPE_CHECKING:  # the judge imports Pipecat: only when a judge really runs
     from pipecat_rl.simulator.live_judge import JudgeReport
-
-_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_span(text: str) -> float:
@@ -32,10 +29,12 @@ def parse_span(text: str) -> float:
     Raises:
         ConfigError: the text is not a span.
     """
-    match = _SPAN.match(text)
-    if match is None:
-        raise ConfigError(f"--since {text!r}: give a span such as 24h, 90m, 7d or 3600 (seconds)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
+    try:
+        return float(span_s(text))
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r}: give a span such as 24h, 90m, 7d or 3600 (seconds)"
+        ) from None
 
 
 def _summary(report: "JudgeReport", drafts: list[Path]) -> dict:

@@ -29,9 +29,10 @@ from pydantic import BaseModel
 from pipecat_rl.errors import BudgetExhausted, ConfigError, ServingError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
+from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.scenarios.heldout import copies_of_heldout
 from pipecat_rl.service.drafts import draft_from_failures
-from pipecat_rl.service.loop import STAGES, LoopConfig
+from pipecat_rl.service.loop import NO_LIVE, STAGES, LiveSettings, LoopConfig
 from pipecat_rl.simulator.options import Server, SimulationOptions
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -418,8 +419,27 @@ def _run_record(cycle: Cycle, algo: str, result: Any, wall_s: float) -> dict[str
     }  # fmt: skip
 
 
+def live_calls(ledger: Ledger, live: LiveSettings, now: float) -> dict[str, list[str]]:
+    """The live calls of `live`'s window that may train: `judged` (all), `passed` (of them).
+
+    Chosen by the eligibility query under `live.trust()`, the very rows training then reads.
+    """
+    window = [s.id for s in ledger.sessions(source="live", since=now - live.since)]
+    turns = ledger.training_turns(purpose="rl", session_ids=window, live=live.trust())
+    judged = list(dict.fromkeys(t.session_id for t in turns))
+    return {
+        "judged": judged,
+        "passed": [sid for sid in judged if passed(ledger.session(sid).reward_parts)],
+    }
+
+
 def train_stage(cycle: Cycle) -> dict[str, Any]:
-    """SFT warm start when the incumbent cannot call tools, then GRPO / OPSD on the contested."""
+    """The candidate: live calls, a warm start, then the contested; each run from the last.
+
+    OPSD on the judged live calls of `live:` (from the incumbent that served them), an SFT warm
+    start when the incumbent cannot call tools (demonstrations and simulated passes, no live
+    call), filtered SFT on the live calls that passed, then GRPO / OPSD on the contested.
+    """
     TrainConfig, train = load_training()
     c, t = cycle.config, cycle.config.train
     filtered = cycle.results["filter"]
@@ -438,6 +458,18 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     def progress(row: dict[str, Any]) -> None:
         cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})
 
+    live = {} if c.live is None else live_calls(cycle.ledger, c.live, time.time())
+    if live:
+        cycle.log.write("live_calls", **{k: len(v) for k, v in live.items()})
+    if c.live is not None and c.live.opsd_steps and live["judged"]:  # on-policy: first
+        cycle.require(c.live.opsd_steps * t.step_s, f"{c.live.opsd_steps} live OPSD step(s)")
+        t0 = time.monotonic()
+        result = train(cycle.ledger, TrainConfig(algo="opsd", parent=parent,
+                                                 steps=c.live.opsd_steps, **common),
+                       server_url=url, progress=progress, live=c.live.trust(),
+                       session_ids=live["judged"])  # fmt: skip
+        runs.append(_run_record(cycle, "opsd-live", result, time.monotonic() - t0))
+        parent = result.adapter
     if warm:
         pool = cycle.scenarios("pool")
         demos = cycle.simulate(
@@ -451,8 +483,18 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
                                                  **common),
                        server_url=url if t.verify_on_server else None,
-                       progress=progress)  # fmt: skip
+                       progress=progress, live=NO_LIVE)  # fmt: skip
         runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
+        parent = result.adapter
+    if c.live is not None and c.live.sft and live["passed"]:
+        steps = len(live["passed"]) * t.sft_epochs
+        cycle.require(steps * t.step_s, f"filtered SFT on live calls (up to {steps} steps)")
+        t0 = time.monotonic()
+        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
+                                                 **common),
+                       server_url=url if t.verify_on_server else None, progress=progress,
+                       live=c.live.trust(), session_ids=live["passed"])  # fmt: skip
+        runs.append(_run_record(cycle, "sft-live", result, time.monotonic() - t0))
         parent = result.adapter
     pool = cycle.scenarios("pool")
     contested = pool.model_copy(
@@ -481,7 +523,8 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         raise TrainingError(
             "the train stage had nothing to run: the incumbent already calls tools (tool use "
             f"{filtered['tool_use']:.0%} of calls) or no expert_bot is set, so there is no warm "
-            "start, and train.grpo_steps and train.opsd_steps are 0: set one of them"
+            "start, no live call may train (`live:`), and train.grpo_steps and train.opsd_steps "
+            "are 0: set one of them"
         )
     return {"candidate": parent, "warm_start": warm, "runs": runs}
 

@@ -4,17 +4,51 @@ Paths in the file are taken relative to the file's own folder, so a loop file tr
 project it describes.
 """
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import LiveTrust
+from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
 from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
 
 STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
 """The cycle's stages, in order; each is recorded and never rerun once finished."""
+
+
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def span_s(value: Any) -> Any:
+    """A span such as `24h`, `90m`, `7d` or `3600` (seconds) in seconds; a number as it is.
+
+    Raises:
+        ValueError: a string that is not a span.
+    """
+    if not isinstance(value, str):
+        return value
+    match = _SPAN.match(value)
+    if match is None:
+        raise ValueError(
+            f"{value!r} is not a span: give one such as 24h, 90m, 7d or 3600 (seconds)"
+        )
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+Span = Annotated[float, BeforeValidator(span_s), Field(ge=0, allow_inf_nan=False)]
+"""Seconds, written as a span (`24h`) or a number."""
 
 
 class _Part(BaseModel):
@@ -39,6 +73,7 @@ class TrainSettings(_Part):
     demonstrations: int = Field(default=1, ge=1)
     """Scripted-expert runs per pool scenario recorded as demonstrations for the warm start."""
     sft_epochs: int = Field(default=10, ge=1)
+    """At most this many; SFT stops earlier once its held-aside loss stops improving."""
     verify_on_server: bool = True
     """Let the trainer hot-load the SFT adapter and check a canary's served logprobs against its
     own (`training.registry.load_and_verify`). Off: the SFT runs offline from the ledger and the
@@ -49,13 +84,50 @@ class TrainSettings(_Part):
     rank: int = Field(default=16, ge=1)
     alpha: int = Field(default=32, ge=1)
     lr: float | None = Field(default=None, gt=0)
-    """None: the trainer's per-algorithm default (3e-4 for SFT, 2e-5 for GRPO and OPSD)."""
+    """None: the trainer's per-algorithm default (`TrainConfig.learning_rate`)."""
     temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature for GRPO/OPSD exploration."""
     step_s: float = Field(default=3.5, gt=0)
     """Expected seconds per optimiser step (2 CPU cores, SmolLM2): the budget check uses it."""
     episode_s: float = Field(default=20.0, gt=0)
     """Expected seconds per simulated episode of an online step, for the same check."""
+
+
+class LiveSettings(_Part):
+    """Whether the train stage learns from live calls, and from which (absent: from none).
+
+    The calls are those that started within `since` and that the eligibility query lets train
+    under `trust()` (consented, redacted, decided by one of `sources`, ended `settle` ago).
+    """
+
+    since: Span = 86400.0
+    """Live calls that started within this span before the train stage (e.g. `24h`)."""
+    sources: tuple[str, ...] = DEFAULT_TRUSTED_SOURCES
+    """The scorers whose verdict may make a live call train (`coval`, `human`, `judge`, ...)."""
+    settle: Span = DEFAULT_SETTLE_S
+    """How long after a call ends its late scores are waited for before it may train."""
+    opsd_steps: int = Field(default=4, ge=0)
+    """OPSD steps on the judged calls, each scorer's explanation in the teacher's hint
+    (0: none). They run first, from the incumbent that served the calls (on-policy)."""
+    sft: bool = True
+    """Filtered SFT (up to `train.sft_epochs`) on the calls whose verdict passed."""
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            LiveTrust(sources=value)
+        except ValidationError as e:  # its own words, under this field's name
+            raise ValueError(e.errors()[0]["ctx"]["error"]) from None
+        return value
+
+    def trust(self) -> LiveTrust:
+        """The eligibility query's trust for these settings."""
+        return LiveTrust(sources=self.sources, settle_s=self.settle)
+
+
+NO_LIVE = LiveTrust(sources=())
+"""The trust of a loop without `live:`: no live call trains."""
 
 
 class GateSettings(_Part):
@@ -99,6 +171,8 @@ class LoopConfig(_Part):
     filter: FilterSettings = Field(default_factory=FilterSettings)
     train: TrainSettings = Field(default_factory=TrainSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
+    live: LiveSettings | None = None
+    """Training on live calls (`live: {since: 24h, sources: [human, coval]}`); absent: none."""
     promote: Literal["auto", "approve", "never"] = "auto"
     """`auto` promotes a PROMOTE verdict; `approve` waits for `pipecat-rl promote`."""
     drafts: Path | None = None

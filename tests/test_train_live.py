@@ -1,0 +1,213 @@
+"""A day of live calls becomes training rows: recorded, scored through the service and the CLI,
+chosen by the loop's `live:` trust, trained with each scorer's explanation as the OPSD hint."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from pipecat_rl.cli import app
+from pipecat_rl.errors import ConfigError
+from pipecat_rl.ledger import Ledger, LiveTrust, ScoreIn, SessionRecord
+from pipecat_rl.service.app import create_app
+from pipecat_rl.service.cycle import live_calls, run_cycle
+from pipecat_rl.service.loop import LiveSettings, load_loop_config
+from pipecat_rl.service.settings import ServiceSettings
+from pipecat_rl.training import TrainConfig, train
+from pipecat_rl.training import trainer as trainer_module
+from tests.train_helpers import sample_turn, tiny_llama
+
+TOKEN = "day-token"
+CLINIC_LOOP = Path(__file__).parents[1] / "examples" / "clinic" / "loop.yaml"
+CALLER = ("Hi, I need a cleaning.", "Tuesday at nine, please.")
+WRONG_TIME = "Booked Tuesday at ten; the caller asked for nine."
+RIGHT = "Booked the cleaning the caller asked for and read it back."
+
+
+def _loop(tmp_path: Path, live_block: str) -> Path:
+    path = tmp_path / "loop.yaml"
+    path.write_text(f"bot: bot.py\npool: pool\nheldout: heldout\nout: out\n{live_block}")
+    return path
+
+
+def test_the_clinic_loops_commented_live_block_is_a_valid_one(tmp_path):
+    lines = CLINIC_LOOP.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# live:"))
+    block = [lines[start][2:]]
+    block += [line[2:] for line in lines[start + 1 :] if line.startswith("#   ")]
+    config = load_loop_config(_loop(tmp_path, "\n".join(block) + "\n"))
+    assert config.live == LiveSettings(since=86400, settle=3600, opsd_steps=4, sft=True)
+    assert config.live.trust().sources == ("human", "coval", "pipecat-evals", "judge")
+    assert load_loop_config(CLINIC_LOOP).live is None  # commented out: no live call trains
+
+
+@pytest.mark.parametrize(
+    ("block", "said"),
+    [
+        ("live: {since: yesterday}", "live.since: Value error, 'yesterday' is not a span"),
+        ("live: {settle: -5}", "live.settle: Input should be greater than or equal to 0"),
+        ("live: {sources: [Coval Inc]}", "live.sources: Value error, score source(s) 'Coval Inc'"),
+        ("live: {opsd_steps: -1}", "live.opsd_steps: Input should be greater than or equal to 0"),
+        ("live: {colour: red}", "live.colour: Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_live_block_is_refused_naming_its_field(tmp_path, block, said):
+    with pytest.raises(ConfigError, match="loop.yaml: ") as e:
+        load_loop_config(_loop(tmp_path, block + "\n"))
+    assert said in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """A tiny Llama with SmolLM2's tokenizer and chat template, as an HF folder."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _record_call(ledger: Ledger, model, tokenizer, sid: str, ended_ago: float, **turn) -> None:
+    """A live call as the recorder writes it: each turn's prompt the chat so far, token-exact."""
+    messages = [{"role": "system", "content": "You are the clinic's receptionist."}]
+    turns = []
+    for index, line in enumerate(CALLER):
+        messages = [*messages, {"role": "user", "content": line}]
+        prompt = list(tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True)["input_ids"])  # fmt: skip
+        sampled = sample_turn(
+            model, prompt, 4, session_id=sid, index=index, seed=index,
+            request={"model": "base", "temperature": 1.0, "messages": messages},
+        )  # fmt: skip
+        said = tokenizer.decode(sampled.completion_token_ids)
+        turns.append(sampled.model_copy(update={"generated_text": said, "redacted": True, **turn}))
+        messages = [*messages, {"role": "assistant", "content": said}]
+    ended = time.time() - ended_ago
+    session = SessionRecord(
+        id=sid, source="live", started_at=ended - 60, ended_at=ended, policy="base",
+        outcome="completed",
+    )  # fmt: skip
+    ledger.write_session(session, turns)
+
+
+def test_a_day_of_live_calls_trains_on_exactly_the_trusted_ones(tmp_path, tiny_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.delenv("PIPECAT_RL_LEDGER", raising=False)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    path = tmp_path / "ledger.db"
+    hour = 3600.0
+    with Ledger(path) as ledger:  # the day's calls, as the bot's recorder wrote them
+        for sid, ended_ago, turn in (
+            ("api-fail", 3 * hour, {}), ("cli-pass", 2 * hour, {}),
+            ("untrusted", 2 * hour, {}), ("unscored", 2 * hour, {}),
+            ("unredacted", 2 * hour, {"redacted": False}),
+            ("too-recent", 60.0, {}), ("last-week", 7 * 24 * hour, {}),
+        ):  # fmt: skip
+            _record_call(ledger, model, tokenizer, sid, ended_ago, **turn)
+
+    settings = ServiceSettings(data_dir=tmp_path, ledger=path, token=TOKEN, poll_s=0.05)
+    with TestClient(create_app(settings)) as client:  # the platform's webhook
+        for sid, source, verdict, why in (
+            ("api-fail", "coval", "fail", WRONG_TIME),
+            ("untrusted", "judge", "pass", "fine"),  # trusted by default, not by this loop
+            ("unredacted", "coval", "pass", "fine"),
+            ("too-recent", "coval", "pass", "fine"),
+            ("last-week", "coval", "fail", "old news"),
+        ):
+            body = {"metric": "success", "value": verdict, "source": source, "explanation": why}
+            r = client.post(f"/sessions/{sid}/scores", json=body,
+                            headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+            assert r.status_code == 201, r.text
+    scored = CliRunner().invoke(app, [  # a person's review, on the CLI
+        "ledger", "score", "cli-pass", "--value", "pass", "--source", "human",
+        "--explanation", RIGHT, "--ledger", str(path),
+    ])  # fmt: skip
+    assert scored.exit_code == 0, scored.output
+
+    live = LiveSettings(since="24h", sources=["human", "coval"], settle="1h")
+    hints: list[tuple[str, int, str]] = []
+    opsd_row = trainer_module.opsd_row
+
+    def spy(turn, tok, hint):
+        hints.append((turn.session_id, turn.index, hint))
+        return opsd_row(turn, tok, hint)
+
+    monkeypatch.setattr(trainer_module, "opsd_row", spy)
+    with Ledger(path) as ledger:
+        calls = live_calls(ledger, live, time.time())
+        assert sorted(calls["judged"]) == ["api-fail", "cli-pass"]
+        assert calls["passed"] == ["cli-pass"]
+        config = TrainConfig(algo="opsd", base_model=str(tiny_dir), out_dir=tmp_path / "a",
+                             lr=1e-3)  # fmt: skip
+        window = [s.id for s in ledger.sessions(source="live", since=time.time() - live.since)]
+        assert len(window) == 6  # the trainer's own query keeps the trusted ones of these
+        result = train(ledger, config, live=live.trust(), session_ids=window)
+        assert result.session_ids == ["api-fail", "cli-pass"]
+        assert result.metrics["hinted_turns"] == 4 and result.metrics["grad_norm"] > 0
+        next_line = f"The caller's next line will be: {CALLER[1]!r}."
+        assert sorted(hints) == [
+            ("api-fail", 0, f"{next_line} {WRONG_TIME}"), ("api-fail", 1, WRONG_TIME),
+            ("cli-pass", 0, f"{next_line} {RIGHT}"), ("cli-pass", 1, RIGHT),
+        ]  # fmt: skip
+        sft = TrainConfig(algo="sft", base_model=str(tiny_dir), out_dir=tmp_path / "a", epochs=1)
+        filtered = train(ledger, sft, live=live.trust(), session_ids=window)
+        assert filtered.session_ids == ["cli-pass"]
+        assert filtered.metrics["passed_sessions"] == 1
+
+
+@pytest.fixture
+def cycle_world(tmp_path, monkeypatch):
+    """test_cycle's clinic, stand-in vLLM and stand-in training; `train` calls recorded."""
+    from tests.service_helpers import FakeVLLM, clinic_copy
+    from tests.test_cycle import FakeTraining
+
+    clinic = clinic_copy(tmp_path, pool=["routine_booking"], heldout=["heldout_terse_booking"])
+    module = FakeTraining(tmp_path / "ledger.db").module()
+    inner, seen = module.train, []
+
+    def train(ledger, config, *, live=None, session_ids=None, **kw):
+        seen.append((config.algo, config.parent, live, session_ids))
+        return inner(ledger, config, **kw)
+
+    module.train = train
+    monkeypatch.setitem(sys.modules, "pipecat_rl.training", module)
+    with FakeVLLM() as vllm:
+        yield clinic, vllm, seen
+
+
+def test_the_cycles_train_stage_trains_on_the_live_calls_its_loop_trusts(tmp_path, cycle_world):
+    from tests.test_cycle import loop
+    from tests.test_ledger_scores import turn
+
+    clinic, vllm, seen = cycle_world
+    now = time.time()
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        for sid, source, value in (("fail", "coval", 0.0), ("pass", "human", 1.0),
+                                   ("judged", "judge", 1.0)):  # fmt: skip
+            ledger.write_session(
+                SessionRecord(id=sid, source="live", started_at=now - 7200, ended_at=now - 7000,
+                              outcome="completed"), [turn(sid, 0), turn(sid, 1)])  # fmt: skip
+            ledger.post_score(sid, ScoreIn(metric="success", value=value, source=source,
+                                           explanation=f"why {sid}"))  # fmt: skip
+    live = {"since": "24h", "sources": ["human", "coval"], "settle": "1h", "opsd_steps": 2}
+    config = loop(tmp_path, clinic, vllm, stop_after="train", train={"grpo_steps": 0}, live=live)
+    summary = run_cycle(config)
+    runs = summary.stages["train"]["runs"]
+    assert [r["algo"] for r in runs] == ["opsd-live", "sft-live"]
+    trust = LiveTrust(sources=("human", "coval"), settle_s=3600)
+    (opsd, opsd_parent, opsd_trust, opsd_ids), (sft, sft_parent, sft_trust, sft_ids) = seen
+    assert (opsd, opsd_parent, opsd_trust, sorted(opsd_ids)) == ("opsd", None, trust,
+                                                                 ["fail", "pass"])  # fmt: skip
+    assert (sft, sft_parent, sft_trust, sft_ids) == ("sft", runs[0]["adapter"], trust, ["pass"])
+    assert summary.stages["train"]["candidate"] == runs[1]["adapter"]
+    events = [json.loads(x) for x in (config.out / "events.jsonl").read_text().splitlines()]
+    (counted,) = [e for e in events if e["event"] == "live_calls"]
+    assert (counted["judged"], counted["passed"]) == (2, 1)
