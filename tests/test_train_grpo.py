@@ -1,18 +1,25 @@
 """GRPO on a tiny model: each row scored at its own sampling temperature in the server's logprob
 space, the gradient of the temperature-scaled policy, and several optimiser steps per batch so
-the PPO clip engages (it cannot on the first step)."""
+the PPO clip engages (it cannot on the first step); online, groups whose rewards all agree are
+redrawn (DAPO's dynamic sampling) within a budget."""
+
+from pathlib import Path
 
 import pytest
 import torch
 
-from pipecat_rl.ledger import SessionRecord
+from pipecat_rl.ledger import SessionRecord, TurnRecord
+from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.grpo import (
     build_groups,
+    dynamic_sampling,
+    equal_reward_groups,
     grpo_step,
     grpo_update,
     mini_batches,
     sequence_scores,
+    trained_reward,
 )
 from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, build_sequences
 from pipecat_rl.training.sft import optimizer_for
@@ -203,3 +210,169 @@ def test_mini_batches_split_the_batch_in_order():
     parts = mini_batches(seqs, 2)
     assert [[s.session_id for s in p] for p in parts] == [["0", "1", "2"], ["3", "4"]]
     assert len(mini_batches(seqs, 9)) == 5 and len(mini_batches(seqs, 1)) == 1
+
+
+# -- dynamic sampling (DAPO): redraw the groups whose rewards all agree ----------------------------
+
+
+def _drawing(plan: dict[int, dict[str, list[float]]]):
+    """A `Draw` that returns, for round r, sessions of the groups asked with `plan[r]`'s rewards,
+    and the calls it was asked for."""
+    calls: list[tuple[int, frozenset[str] | None]] = []
+
+    def draw(resample: int, groups: frozenset[str] | None):
+        calls.append((resample, groups))
+        rewards = {k: v for k, v in plan[resample].items() if groups is None or k in groups}
+        sessions = [_session(f"{k}-{resample}-{i}", r, k) for k, rs in rewards.items()
+                    for i, r in enumerate(rs)]  # fmt: skip
+        return [], sessions, 1
+
+    return draw, calls
+
+
+def test_dynamic_sampling_redraws_only_the_equal_groups_until_each_carries_variance():
+    draw, calls = _drawing({
+        0: {"a": [1.0, 0.0], "b": [0.0, 0.0], "c": [1.0, 1.0]},
+        1: {"b": [1.0, 1.0], "c": [1.0, 1.0]},
+        2: {"c": [0.0, 1.0]},
+    })  # fmt: skip
+    config = TrainConfig(algo="grpo", max_resample_rounds=5)
+    sampled = dynamic_sampling(draw, config)
+    assert calls == [(0, None), (1, frozenset({"b", "c"})), (2, frozenset({"c"}))]
+    assert sampled.metrics() == {
+        "frac_reward_zero_std/before_resampling": pytest.approx(2 / 3),
+        "resample_rounds": 2, "resampled_groups": 3,
+    }  # fmt: skip
+    assert len(sampled.sessions) == 12 and sampled.dropped_off_policy == 3
+    assert equal_reward_groups(sampled.sessions, trained_reward(config)) == []
+    # the redrawn episodes joined their group: b's first zeros now have negative advantages
+    turns = [TrainableTurn(session_id=s.id, index=0, prompt_ids=[1], sampled_ids=[2],
+                           sampler_logprobs=[0.0], adapter="base", sampling={})
+             for s in sampled.sessions]  # fmt: skip
+    sequences, _ = build_sequences(turns)
+    groups = build_groups(sampled.sessions, sequences, config)
+    assert groups.frac_reward_zero_std == 0.0 and len(groups.sequences) == 12
+    b = {s.session_id: s.advantage for s in groups.sequences if s.session_id.startswith("b-")}
+    assert b == {"b-0-0": -0.5, "b-0-1": -0.5, "b-1-0": 0.5, "b-1-1": 0.5}
+
+
+def test_dynamic_sampling_stops_at_its_budget_or_once_enough_groups_carry_variance():
+    plan = {r: {"a": [1.0, 0.0], "b": [0.0, 0.0]} for r in range(4)}
+    draw, calls = _drawing(plan)
+    spent = dynamic_sampling(draw, TrainConfig(algo="grpo", max_resample_rounds=2))
+    assert [c[0] for c in calls] == [0, 1, 2] and spent.rounds == 2
+    assert equal_reward_groups(spent.sessions, trained_reward(TrainConfig())) == ["b"]
+    draw, calls = _drawing(plan)
+    enough = dynamic_sampling(draw, TrainConfig(algo="grpo", min_informative_groups=1))
+    assert calls == [(0, None)] and enough.rounds == 0
+    draw, calls = _drawing(plan)
+    dynamic_sampling(draw, TrainConfig(algo="grpo", max_resample_rounds=0))
+    assert calls == [(0, None)]
+
+
+def test_offline_groups_with_equal_rewards_are_dropped_and_counted_aloud():
+    from loguru import logger
+
+    policy = _perturbed_policy()
+    sequences, sessions = _group_batch(policy, 4)
+    sessions += [_session("z0", 1.0, "z"), _session("z1", 1.0, "z")]  # a group that agrees
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    try:
+        groups = build_groups(sessions, sequences, TrainConfig(algo="grpo"))
+    finally:
+        logger.remove(sink)
+    assert groups.frac_reward_zero_std == 0.5 and len(groups.sequences) == 4
+    assert any("1 of 2 groups have equal rewards" in line for line in lines), lines
+
+
+def _online_ledger(tmp_path, plan: dict[int, dict[str, list[float]]], monkeypatch):
+    """A ledger, clinic scenarios, and `pipecat_rl.simulator.run` replaced by a fake that
+    records each run's episodes with `plan`'s rewards (per run, per scenario id)."""
+    from types import SimpleNamespace
+
+    import pipecat_rl.simulator as simulator
+    from pipecat_rl.ledger import Ledger
+    from pipecat_rl.scenarios import load_scenarios
+    from pipecat_rl.simulator.options import SimulationOptions
+
+    pool = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios" / "pool"
+    scenarios = load_scenarios([pool / f"{n}.yaml" for n in (
+        "routine_booking", "book_second_slot", "cancel_long_confirmation")])  # fmt: skip
+    runs: list[tuple[list[str], int]] = []
+    ledger = Ledger(tmp_path / "l.db")
+
+    def run(chosen, bot, options, store, *, policies, server):
+        rewards = plan[len(runs)]
+        runs.append(([s.id for s in chosen], options.seed))
+        episodes = []
+        for s in chosen:
+            for i, r in enumerate(rewards[s.id][: options.repeats]):
+                sid = f"{s.id}-{len(runs)}-{i}"
+                store.write_session(
+                    SessionRecord(
+                        id=sid, source="simulate", started_at=1.0, ended_at=2.0, split="pool",
+                        scenario_id=s.id, scenario_hash=s.content_hash(), policy=policies[0],
+                        outcome="pass" if r else "fail", reward_parts={"verifier": r},
+                    ),
+                    [TurnRecord(
+                        session_id=sid, index=0, adapter=policies[0], created_at=1.0,
+                        request={"model": policies[0], "temperature": 1.0},
+                        prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5],
+                        logprobs=[-0.1, -0.2], token_exact=True, usage={"completion_tokens": 2},
+                    )],
+                )  # fmt: skip
+                episodes.append(SimpleNamespace(session_id=sid))
+        return SimpleNamespace(episodes=episodes)
+
+    monkeypatch.setattr(simulator, "run", run)
+    rollouts = Rollouts(scenarios=scenarios, bot=None, options=SimulationOptions())
+    return ledger, rollouts, runs
+
+
+def test_online_grpo_resamples_the_scenarios_of_equal_groups_each_round_on_new_seeds(
+    tmp_path, monkeypatch
+):
+    from pipecat_rl.training.trainer import _step_rows
+
+    plan = {
+        0: {"routine_booking": [1.0, 0.0], "book_second_slot": [0.0, 0.0],
+            "cancel_long_confirmation": [1.0, 1.0]},
+        1: {"book_second_slot": [1.0, 0.0], "cancel_long_confirmation": [1.0, 1.0]},
+        2: {"cancel_long_confirmation": [0.0, 1.0]},
+    }  # fmt: skip
+    ledger, rollouts, runs = _online_ledger(tmp_path, plan, monkeypatch)
+    config = TrainConfig(algo="grpo", group_size=2, max_resample_rounds=3)
+    with ledger:
+        turns, sessions, dropped, sampling = _step_rows(
+            ledger, rollouts, "http://unused", "base", config, 1, {"base"}
+        )
+    assert [sorted(ids) for ids, _ in runs] == [
+        sorted(plan[0]),
+        sorted(plan[1]),
+        ["cancel_long_confirmation"],
+    ]
+    seeds = [seed for _, seed in runs]
+    assert len(set(seeds)) == 3 and seeds[0] == config.seed * 1000 + 1  # round 0 as before
+    assert len(turns) == len(sessions) == 6 + 4 + 2 and dropped == 0
+    assert sampling["resample_rounds"] == 2 and sampling["resampled_groups"] == 3
+    assert sampling["frac_reward_zero_std/before_resampling"] == pytest.approx(2 / 3)
+
+
+def test_online_grpo_stops_for_no_signal_only_once_the_resample_budget_is_spent(
+    tmp_path, monkeypatch
+):
+    from pipecat_rl.errors import NoTrainingSignalError
+    from pipecat_rl.training.trainer import _grpo_update, _step_rows
+
+    ids = ("routine_booking", "book_second_slot", "cancel_long_confirmation")
+    plan = {r: dict.fromkeys(ids, [0.0, 0.0]) for r in range(3)}
+    ledger, rollouts, runs = _online_ledger(tmp_path, plan, monkeypatch)
+    config = TrainConfig(algo="grpo", group_size=2, max_resample_rounds=2)
+    with ledger:
+        turns, sessions, dropped, sampling = _step_rows(
+            ledger, rollouts, "http://unused", "base", config, 1, {"base"}
+        )
+    assert len(runs) == 3 and sampling["resampled_groups"] == 6
+    with pytest.raises(NoTrainingSignalError, match="3 of 3 groups have equal rewards after 2 "):
+        _grpo_update(None, None, turns, sessions, config, 1, print, dropped, sampling)

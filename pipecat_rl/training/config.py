@@ -46,6 +46,13 @@ class TrainConfig(BaseModel):
     """SFT: bf16 autocast where the CPU has native bf16 (AVX512-BF16, AMX), else fp32 (auto)."""
     group_size: int = Field(default=4, ge=2)
     """GRPO: episodes per scenario per step (the group)."""
+    max_resample_rounds: int = Field(default=2, ge=0)
+    """GRPO online: at most this many more rounds of episodes per step for the groups whose
+    rewards all agree (DAPO's dynamic sampling; each round reruns those scenarios only, and the
+    new episodes join their group); 0: train on the first round as it came."""
+    min_informative_groups: int | None = Field(default=None, ge=1)
+    """GRPO online: resampling stops once this many groups carry reward variance (None: every
+    group the step's first round drew)."""
     rank: int = Field(default=16, ge=1)
     alpha: int = 32
     lr: float | None = None

@@ -1,7 +1,9 @@
 """GRPO: groups of episodes of one scenario, advantages within the group, clipped IS steps.
 
 `build_groups` turns scored sessions into advantage-carrying sequences (zero-variance groups
-dropped and counted, under the outcome-only and the shaped reward side by side); `grpo_update`
+dropped and counted, under the outcome-only and the shaped reward side by side). Online,
+`dynamic_sampling` first redraws the groups whose rewards all agree (DAPO's dynamic sampling,
+capped by `max_resample_rounds`), so a step trains on groups that carry gradient. `grpo_update`
 runs several optimiser steps (`grpo_step`) over one batch of them, PPO-style, against the policy
 that started the batch and importance-corrected towards the sampler. Every sequence is scored at
 the temperature its turns were sampled at, as vLLM sampled it. All plain functions: swap the
@@ -14,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from loguru import logger
 
-from pipecat_rl.ledger import SessionRecord
+from pipecat_rl.ledger import SessionRecord, TurnRecord
 from pipecat_rl.training.advantage import (
     RewardFn,
     frac_zero_std,
@@ -53,6 +56,32 @@ def group_key(session: SessionRecord) -> str:
     return session.scenario_hash or session.scenario_id or session.id
 
 
+def trained_reward(config: TrainConfig) -> RewardFn:
+    """The reward `config` trains on: the rubric's authoritative part, shaped or not."""
+    return rubric_reward(config.rubric, shaped=config.shaped_reward)
+
+
+def rewards_by_group(
+    sessions: Sequence[SessionRecord], reward_fn: RewardFn
+) -> dict[str, list[tuple[SessionRecord, float]]]:
+    """The sessions with a reward, by group (`group_key`), each beside its reward."""
+    by_group: dict[str, list[tuple[SessionRecord, float]]] = {}
+    for s in sessions:
+        reward = reward_fn(s)
+        if reward is not None:
+            by_group.setdefault(group_key(s), []).append((s, float(reward)))
+    return by_group
+
+
+def equal_reward_groups(sessions: Sequence[SessionRecord], reward_fn: RewardFn) -> list[str]:
+    """The groups whose rewards all agree: zero advantage everywhere, so no gradient."""
+    return [
+        key
+        for key, members in rewards_by_group(sessions, reward_fn).items()
+        if group_advantages(key, [r for _, r in members]).zero_std
+    ]
+
+
 def build_groups(
     sessions: Sequence[SessionRecord],
     sequences: Sequence[TrainingSequence],
@@ -60,20 +89,17 @@ def build_groups(
     *,
     reward_fn: RewardFn | None = None,
 ) -> Groups:
-    """Advantages per group of sessions; a zero-variance group's sequences are dropped."""
-    reward_fn = reward_fn or rubric_reward(config.rubric, shaped=config.shaped_reward)
-    by_group: dict[str, list[SessionRecord]] = {}
-    for s in sessions:
-        if reward_fn(s) is not None:
-            by_group.setdefault(group_key(s), []).append(s)
+    """Advantages per group of sessions; a zero-variance group's sequences are dropped (logged)."""
+    by_group = rewards_by_group(sessions, reward_fn or trained_reward(config))
     with_shaping = rubric_reward(config.rubric), rubric_reward(config.rubric, shaped=False)
-    shaped = {k: [with_shaping[0](s) or 0.0 for s in v] for k, v in by_group.items()}
-    outcome = {k: [with_shaping[1](s) or 0.0 for s in v] for k, v in by_group.items()}
+    shaped = {k: [with_shaping[0](s) or 0.0 for s, _ in v] for k, v in by_group.items()}
+    outcome = {k: [with_shaping[1](s) or 0.0 for s, _ in v] for k, v in by_group.items()}
     advantage: dict[str, float] = {}
     zero = 0
     rewards: list[float] = []
-    for key, members in by_group.items():
-        values = [float(reward_fn(s)) for s in members]  # type: ignore[arg-type]
+    for key, pairs in by_group.items():
+        members = [s for s, _ in pairs]
+        values = [r for _, r in pairs]
         rewards += values
         result = group_advantages(key, values, scale_std=config.scale_std)
         zero += result.zero_std
@@ -84,6 +110,11 @@ def build_groups(
         if seq.session_id in advantage:
             seq.advantage = advantage[seq.session_id]
             kept.append(seq)
+    if zero:
+        logger.info(
+            f"GRPO: {zero} of {len(by_group)} groups have equal rewards and carry no gradient: "
+            f"dropped; {len(kept)} sequences of {len(by_group) - zero} groups train"
+        )
     return Groups(
         sequences=kept,
         groups=len(by_group),
@@ -92,6 +123,70 @@ def build_groups(
         frac_zero_std_outcome=frac_zero_std(outcome),
         frac_zero_std_shaped=frac_zero_std(shaped),
     )
+
+
+Draw = Callable[[int, frozenset[str] | None], tuple[list[TurnRecord], list[SessionRecord], int]]
+"""One round of a step's episodes: round 0 of every group (None), each later round of the groups
+named (their `group_key`s). Returns the new episodes' trainable turns, their sessions and the
+count of turns dropped as sampled by a too-old adapter (`trainer.rl_rows`)."""
+
+
+@dataclass
+class Sampled:
+    """A step's episodes after dynamic sampling, and what the resampling took."""
+
+    turns: list[TurnRecord]
+    sessions: list[SessionRecord]
+    dropped_off_policy: int
+    frac_zero_std_first: float | None
+    """`frac_reward_zero_std` of the first round, before any group was redrawn."""
+    rounds: int = 0
+    """Resample rounds run after the first."""
+    resampled_groups: int = 0
+    """Groups redrawn, summed over the rounds."""
+
+    def metrics(self) -> dict[str, Any]:
+        """What the step logs beside `frac_reward_zero_std` (which is after resampling)."""
+        return {
+            "frac_reward_zero_std/before_resampling": self.frac_zero_std_first,
+            "resample_rounds": self.rounds,
+            "resampled_groups": self.resampled_groups,
+        }
+
+
+def dynamic_sampling(
+    draw: Draw, config: TrainConfig, *, reward_fn: RewardFn | None = None
+) -> Sampled:
+    """Draw a step's episodes, then redraw the groups whose rewards all agree (DAPO).
+
+    A group of equal rewards carries no advantage, so its episodes cost a rollout and train
+    nothing. Up to `max_resample_rounds` more rounds rerun those groups only, until
+    `min_informative_groups` (default: every group drawn) carry variance. The redrawn episodes
+    join their group, whose earlier rewards still count in its mean. When the budget is spent,
+    the step trains on the groups that carry variance, and stops for no signal if none does.
+    """
+    reward_fn = reward_fn or trained_reward(config)
+    turns, sessions, dropped = draw(0, None)
+    groups = len(rewards_by_group(sessions, reward_fn))
+    equal = equal_reward_groups(sessions, reward_fn)
+    sampled = Sampled(turns, sessions, dropped, len(equal) / groups if groups else None)
+    wanted = config.min_informative_groups or groups
+    while equal and groups - len(equal) < wanted and sampled.rounds < config.max_resample_rounds:
+        sampled.rounds += 1
+        sampled.resampled_groups += len(equal)
+        more_turns, more_sessions, more_dropped = draw(sampled.rounds, frozenset(equal))
+        sampled.turns += more_turns
+        sampled.sessions += more_sessions
+        sampled.dropped_off_policy += more_dropped
+        groups = len(rewards_by_group(sampled.sessions, reward_fn))
+        equal = equal_reward_groups(sampled.sessions, reward_fn)
+    if sampled.rounds:
+        logger.info(
+            f"GRPO dynamic sampling: redrew {sampled.resampled_groups} group(s) over "
+            f"{sampled.rounds} more round(s); frac_reward_zero_std "
+            f"{sampled.frac_zero_std_first:.2f} before, {len(equal) / groups:.2f} after"
+        )
+    return sampled
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,12 @@ from typing import Any
 from loguru import logger
 
 from pipecat_rl.errors import NoTrainingSignalError, TrainingError
-from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, SessionRecord, TurnRecord
-from pipecat_rl.ledger.eligibility import DEFAULT_LIVE_TRUST
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
 from pipecat_rl.training.config import TrainConfig, TrainResult
-from pipecat_rl.training.grpo import build_groups, grpo_update
+from pipecat_rl.training.grpo import build_groups, dynamic_sampling, grpo_update
 from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.opsd import opsd_row, opsd_step, session_hint
 from pipecat_rl.training.policy import Policy, load_policy, save_adapter
@@ -142,12 +141,9 @@ def _passed(session: SessionRecord) -> bool:
     return passed(session.reward_parts) is True  # the one definition (`ledger.outcome`)
 
 
-def sft_rows(
-    ledger: Ledger, policy: Policy, config: TrainConfig,
-    live: LiveTrust = DEFAULT_LIVE_TRUST, session_ids: Sequence[str] | None = None,
-) -> tuple[list, list[str], dict]:  # fmt: skip
+def sft_rows(ledger: Ledger, policy: Policy, config: TrainConfig) -> tuple[list, list[str], dict]:
     """Sequences of every eligible turn (demonstrations included) of a session that passed."""
-    turns = ledger.training_turns(purpose="sft", session_ids=session_ids, live=live)
+    turns = ledger.training_turns(purpose="sft")
     sessions = {sid: ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in turns)}
     passed = {sid for sid, s in sessions.items() if _passed(s)}
     rows = [TrainableTurn.from_turn(t, policy.tokenizer) for t in turns if t.session_id in passed]
@@ -166,11 +162,10 @@ def sft_rows(
 
 
 def rl_rows(
-    ledger: Ledger, names: set[str], session_ids: Sequence[str] | None, config: TrainConfig,
-    live: LiveTrust = DEFAULT_LIVE_TRUST,
-) -> tuple[list[TurnRecord], list[SessionRecord], int]:  # fmt: skip
+    ledger: Ledger, names: set[str], session_ids: Sequence[str] | None, config: TrainConfig
+) -> tuple[list[TurnRecord], list[SessionRecord], int]:
     """Sampled turns by one of `names` (older adapters' turns dropped), and their sessions."""
-    turns = ledger.training_turns(purpose="rl", session_ids=session_ids, live=live)
+    turns = ledger.training_turns(purpose="rl", session_ids=session_ids)
     fresh = [t for t in turns if t.adapter in names]
     sessions = [ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in fresh)]
     return fresh, sessions, len(turns) - len(fresh)
@@ -188,6 +183,7 @@ def _grpo_update(
     step: int,
     log: MetricsLog,
     dropped_old: int,
+    sampling: dict[str, Any],
 ) -> dict[str, Any]:
     rows = [TrainableTurn.from_turn(t) for t in turns]
     sequences, seq_stats = build_sequences(rows, max_len=config.max_seq_len)
@@ -203,13 +199,20 @@ def _grpo_update(
         "merged_turns": seq_stats.merged,
         "split_turns": seq_stats.split,
         "dropped_off_policy_turns": dropped_old,
+        **sampling,
     }
     if not groups.sequences:
+        resampled = (
+            f" after {sampling['resample_rounds']} resample round(s) of "
+            f"max_resample_rounds={config.max_resample_rounds}"
+            if sampling
+            else ""
+        )
         raise NoTrainingSignalError(
             f"no training signal: {groups.zero_std_groups} of {groups.groups} groups have equal "
-            f"rewards (frac_reward_zero_std={groups.frac_reward_zero_std}; outcome-only "
-            f"{groups.frac_zero_std_outcome}, shaped {groups.frac_zero_std_shaped}); warm-start "
-            "with --algo sft, raise --group-size or the temperature"
+            f"rewards{resampled} (frac_reward_zero_std={groups.frac_reward_zero_std}; "
+            f"outcome-only {groups.frac_zero_std_outcome}, shaped {groups.frac_zero_std_shaped});"
+            " warm-start with --algo sft, raise --group-size or the temperature"
         )
 
     def on_step(metrics: dict[str, Any]) -> None:
@@ -239,8 +242,8 @@ def _opsd_update(
             rows.append(opsd_row(TrainableTurn.from_turn(t), student.tokenizer, hint))
     if not rows:
         raise NoTrainingSignalError(
-            "OPSD has no judged turns with a hint (caller's next line, failed checks, labels or "
-            "a scorer's explanation) sampled by the starting policy; simulate under it first"
+            "OPSD has no judged turns with a hint (caller's next line, failed checks or labels) "
+            "sampled by the starting policy; simulate under it first"
         )
     metrics = {"hinted_turns": len(rows), **opsd_step(student, teacher, optimizer, rows, config)}
     log({"step": step, "total_steps": config.steps, **metrics})
@@ -252,23 +255,54 @@ def ledger_turns(turns: list[TurnRecord], session_id: str) -> list[TurnRecord]:
     return [t for t in turns if t.session_id == session_id]
 
 
+RESAMPLE_SEED_STRIDE = 10**12
+"""Seeds of a step's resample rounds lie this far apart, away from every step's first round."""
+
+
 def _simulate(
     ledger: Ledger, rollouts: Rollouts, server_url: str, adapter: str, config: TrainConfig,
-    step: int,
+    step: int, resample: int = 0, groups: frozenset[str] | None = None,
 ) -> list[str]:  # fmt: skip
+    """Run step `step`'s episodes; resample round `resample` > 0 runs the scenarios of `groups`."""
     from pipecat_rl.simulator import Server, run
 
+    scenarios = rollouts.scenarios
+    if groups is not None:  # a group is its scenario's content (`grpo.group_key`)
+        kept = [s for s in scenarios if s.content_hash() in groups]
+        scenarios = scenarios.model_copy(update={"scenarios": kept})
     options = rollouts.options.model_copy(
         update={
-            "seed": config.seed * 1000 + step, "repeats": config.group_size,
-            "temperature": config.temperature,
+            "seed": config.seed * 1000 + step + RESAMPLE_SEED_STRIDE * resample,
+            "repeats": config.group_size, "temperature": config.temperature,
         }
     )  # fmt: skip
     report = run(
-        rollouts.scenarios, rollouts.bot, options, ledger, policies=[adapter],
+        scenarios, rollouts.bot, options, ledger, policies=[adapter],
         server=Server(url=server_url),
     )  # fmt: skip
     return [e.session_id for e in report.episodes if e.session_id]
+
+
+def _step_rows(
+    ledger: Ledger, rollouts: Rollouts | None, server_url: str | None, current: str,
+    config: TrainConfig, step: int, names: set[str],
+) -> tuple[list[TurnRecord], list[SessionRecord], int, dict[str, Any]]:  # fmt: skip
+    """A step's trainable turns, their sessions, the off-policy turns dropped, how they were drawn.
+
+    Offline (no `rollouts`): from the ledger. Online: simulated under `current`; GRPO's with
+    dynamic sampling (`grpo.dynamic_sampling`), whose metrics come back for the step's log.
+    """
+    if rollouts is None:
+        return (*rl_rows(ledger, names, None, config), {})
+
+    def draw(resample: int, groups: frozenset[str] | None):
+        ids = _simulate(ledger, rollouts, server_url, current, config, step, resample, groups)
+        return rl_rows(ledger, names, ids, config)
+
+    if config.algo != "grpo":
+        return (*draw(0, None), {})
+    sampled = dynamic_sampling(draw, config)
+    return sampled.turns, sampled.sessions, sampled.dropped_off_policy, sampled.metrics()
 
 
 def _new_version(
@@ -293,14 +327,8 @@ def train(
     server_url: str | None = None,
     rollouts: Rollouts | None = None,
     progress: Progress | None = None,
-    live: LiveTrust = DEFAULT_LIVE_TRUST,
-    session_ids: Sequence[str] | None = None,
 ) -> TrainResult:
-    """Train one adapter from the ledger (GRPO / OPSD online with `rollouts` and a server).
-
-    `live` says which live calls may train (the eligibility query's `LiveTrust`); offline,
-    `session_ids` keeps the run to those sessions (None: every eligible one).
-    """
+    """Train one adapter from the ledger (GRPO / OPSD online with `rollouts` and a server)."""
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
@@ -313,7 +341,7 @@ def train(
     parent = config.parent if config.parent != BASE_ADAPTER else None
     summary: dict[str, Any]
     if config.algo == "sft":
-        sequences, used, info = sft_rows(ledger, policy, config, live, session_ids)
+        sequences, used, info = sft_rows(ledger, policy, config)
         summary = {**info, **train_sft(policy, sequences, config, on_step=log)}
     else:
         optimizer = optimizer_for(policy, config.learning_rate())
@@ -325,14 +353,13 @@ def train(
         names = recent_policies(ledger, policy, config)
         used_set: set[str] = set()
         for step in range(1, config.steps + 1):
-            ids = session_ids
-            if online:
-                ids = _simulate(ledger, rollouts, server_url, current, config, step)
-            turns, sessions, dropped = rl_rows(ledger, names, ids, config, live)
+            turns, sessions, dropped, sampling = _step_rows(
+                ledger, rollouts, server_url, current, config, step, names
+            )
             used_set.update(s.id for s in sessions)
             if config.algo == "grpo":
                 summary = _grpo_update(
-                    policy, optimizer, turns, sessions, config, step, log, dropped
+                    policy, optimizer, turns, sessions, config, step, log, dropped, sampling
                 )
             else:
                 summary = _opsd_update(
