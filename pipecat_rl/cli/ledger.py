@@ -1,5 +1,7 @@
 """`pipecat-rl ledger`: look inside the ledger (stats, sessions, one transcript), export it, score.
 
+`migrate` copies one ledger into another (a SQLite file into Postgres: `ledger.transfer`).
+
 `score` is the CLI face of the service's `POST /sessions/{call_id}/scores` (`Ledger.post_score`).
 """
 
@@ -42,10 +44,10 @@ ledger_app = typer.Typer(
 )
 
 LedgerOpt = Annotated[
-    Path | None,
+    str | None,  # not a Path, which would fold postgresql:// into postgresql:/
     typer.Option(
         "--ledger",
-        help=f"Ledger file (default: ${LEDGER_ENV}, else ./pipecat-rl.db).",
+        help=f"Ledger file or postgresql:// URL (default: ${LEDGER_ENV}, else ./pipecat-rl.db).",
         show_default=False,
     ),
 ]
@@ -56,10 +58,10 @@ _SPLITS = ("pool", "heldout")
 
 
 @contextmanager
-def open_ledger(path: Path | None) -> Iterator[Ledger]:
+def open_ledger(path: str | Path | None) -> Iterator[Ledger]:
     """Open an existing ledger; a missing file is a usage error, never silently created here."""
     resolved = resolve_ledger_path(path)
-    if not resolved.exists():
+    if isinstance(resolved, Path) and not resolved.exists():
         raise ConfigError(
             f"no ledger at {resolved}; pass --ledger PATH or set {LEDGER_ENV} "
             "(a ledger is created when a bot or the simulator first records a session)"
@@ -273,6 +275,40 @@ def score(
             f"[yellow]explanation cut to its first {MAX_EXPLANATION_CHARS} of "
             f"{posted.explanation_chars} characters[/yellow]"
         )
+
+
+@ledger_app.command("migrate")
+def migrate(
+    source: Annotated[
+        Path, typer.Option("--from", help="The ledger file to copy (SQLite).", show_default=False)
+    ],
+    dest: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="The ledger to copy it into: postgresql://user@host/db (or a file).",
+            show_default=False,
+        ),
+    ],
+    json_out: JsonOpt = False,
+) -> None:
+    """Copy a ledger into another, skipping what is there already, then verify every table.
+
+    Run it again after an interruption: a session is copied whole or not at all. Exits non-zero
+    when a source row is missing from the destination afterwards.
+    """
+    from pipecat_rl.ledger.transfer import copy_ledger
+
+    with cli_errors(json_out), open_ledger(source) as store, Ledger(dest) as into:
+        tables = copy_ledger(store, into)
+        names = {"from": str(store.path), "to": str(into.path)}
+    if json_out:
+        print_json({**names, "tables": tables})
+        return
+    out = results()
+    out.print(f"copied {escape(names['from'])} into {escape(names['to'])} (verified):")
+    for table, n in tables.items():
+        out.print(f"  {table:<14} {n['copied']} copied, {n['present']} already there")
 
 
 def _export_to(store: Ledger, out: Path, session_ids: list[str] | None) -> int:

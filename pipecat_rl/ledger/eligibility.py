@@ -75,7 +75,7 @@ def open_session(alias: str = "s") -> str:
 
 HELDOUT_OR_GATE = (
     "(COALESCE(s.split, '') = 'heldout' OR s.heldout_set_id IS NOT NULL OR s.source = 'gate'"
-    " OR COALESCE(s.scenario_hash IN (SELECT scenario_hash FROM heldout_hashes), 0))"
+    " OR COALESCE(s.scenario_hash IN (SELECT scenario_hash FROM heldout_hashes), FALSE))"
 )
 """A held-out session or a gate run (alias `s`): it never trains, and takes no score that could."""
 

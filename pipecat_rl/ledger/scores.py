@@ -271,6 +271,11 @@ class Scores(Room):
             return [SESSIONS.record(r) for r in conn.execute(sql, params)]
 
 
+def _count_where(condition: str) -> str:
+    """SQL counting the rows where `condition` holds (a boolean is no number in Postgres)."""
+    return f"COALESCE(SUM(CASE WHEN {condition} THEN 1 ELSE 0 END), 0)"
+
+
 def live_score_states(conn: sqlite3.Connection, trust: LiveTrust) -> dict[str, int]:
     """Live calls by score state: `unscored`, `scored` (by anyone), `trainable` (of the scored).
 
@@ -279,7 +284,7 @@ def live_score_states(conn: sqlite3.Connection, trust: LiveTrust) -> dict[str, i
     """
     scored = f"EXISTS (SELECT 1 FROM scores x WHERE x.session_id = s.id AND x.{_EXTERNAL})"
     total, n_scored, trainable = conn.execute(
-        f"SELECT count(*), COALESCE(SUM({scored}), 0), COALESCE(SUM({eligible_session(trust)}), 0)"
+        f"SELECT count(*), {_count_where(scored)}, {_count_where(eligible_session(trust))}"
         " FROM sessions s WHERE s.source = 'live'"
     ).fetchone()
     return {"unscored": total - n_scored, "scored": n_scored, "trainable": trainable}

@@ -1,5 +1,8 @@
 """The ledger store: one SQLite file in WAL mode that every part of the loop reads and writes.
 
+Or one PostgreSQL database, for many bot processes on many machines: `Ledger("postgresql://...")`
+runs the same rooms, schema and queries; how Postgres differs is all in `dialect`.
+
 A bot process writes from the recorder's background thread while the CLI, the trainer or the gate
 read from other processes; WAL lets readers and the one writer proceed together. Every write is one
 transaction, so a crash loses at most the write in flight.
@@ -22,6 +25,7 @@ from loguru import logger
 from pipecat_rl.errors import LedgerError, LedgerLockedError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.adapters import Adapters
+from pipecat_rl.ledger.dialect import PostgresStore, ledger_target, redact
 from pipecat_rl.ledger.queue import JobQueue
 from pipecat_rl.ledger.receipts import Receipts
 from pipecat_rl.ledger.scores import Scores
@@ -51,21 +55,23 @@ RETRY_BACKOFF_S = 0.5
 """The first pause before a retry; each later pause doubles it."""
 
 
-def resolve_ledger_path(explicit: str | Path | None = None) -> Path:
+def resolve_ledger_path(explicit: str | Path | None = None) -> Path | str:
     """--ledger PATH, else $PIPECAT_RL_LEDGER, else ./pipecat-rl.db in the current directory.
 
-    One rule for every verb and library entry point, so they all find the same file.
+    One rule for every verb and library entry point, so they all find the same ledger. A
+    postgresql:// URL stays a URL (str); a URL of any other scheme, or a Postgres URL without
+    its driver installed, is a LedgerError naming what to pass or install.
     """
     if explicit is not None and str(explicit) != "":
-        return Path(explicit).expanduser()
+        return ledger_target(explicit)
     from_env = os.environ.get(LEDGER_ENV)
     if from_env:
-        return Path(from_env).expanduser()
+        return ledger_target(from_env)
     return Path.cwd() / DEFAULT_LEDGER_NAME
 
 
 class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
-    """The SQLite ledger: one facade over its rooms, on one connection.
+    """The ledger: one facade over its rooms, on one SQLite connection or a Postgres pool.
 
     Rooms: `Sessions` (sessions, turns, tool calls, latencies, scores, the closer, export and
     stats), `Scores` (scores posted for a call, a live call's verdict from them), `Adapters`
@@ -77,12 +83,21 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
     a busy timeout). Opening a file from an older pipecat-rl migrates it; opening one from a newer
     pipecat-rl is refused rather than guessed at. Opening also closes, `interrupted`, the sessions
     left open by writers that are gone (`close_dead_sessions`).
+
+    `path` may be a postgresql:// URL: the same rooms run on a pool of connections to it, every
+    write transaction holding the ledger's one write lock (`dialect`), so many processes on
+    many machines write one ledger; `path` is then the URL with its password hidden.
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path).expanduser()
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._postgres: PostgresStore | None = None
+        target = ledger_target(path)
+        if isinstance(target, str):
+            self._open_postgres(target)
+            return
+        self.path: Path | str = target
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -111,10 +126,18 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             conn.close()
             raise
         self._conn = conn
+        self._close_dead_on_open()
+
+    def _close_dead_on_open(self) -> None:
         try:
             self.close_dead_sessions(reason="interrupted: the process writing it is gone")
         except LedgerError as e:  # best effort: a later open closes them
             logger.warning(f"pipecat-rl: could not close dead sessions in {self.path}: {e}")
+
+    def _open_postgres(self, url: str) -> None:
+        self.path = redact(url)
+        self._postgres = PostgresStore(url, list(_schema.MIGRATIONS), self._newer)
+        self._close_dead_on_open()
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> "Ledger":
@@ -130,6 +153,9 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            if self._postgres is not None:
+                self._postgres.close()
+                self._postgres = None
 
     def __enter__(self) -> "Ledger":
         return self
@@ -212,6 +238,11 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[sqlite3.Connection]:
         """Hold the lock for one transaction; commit on success, roll back on any error."""
+        postgres = self._postgres
+        if postgres is not None:
+            with postgres.transaction(write=write) as pg:
+                yield pg  # type: ignore[misc]  # the part of sqlite3's connection rooms use
+            return
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -236,7 +267,7 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
     @property
     def closed(self) -> bool:
         """Whether `close()` was called (a writer must not keep using a closed ledger)."""
-        return self._conn is None
+        return self._conn is None and self._postgres is None
 
     def _begin(self, conn: sqlite3.Connection, write: bool) -> None:
         """Start a transaction; a write retries a busy file with backoff before giving up."""

@@ -19,6 +19,7 @@ from typing import Any
 from loguru import logger
 
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.ledger.dialect import is_url, redact
 
 LedgerOp = Callable[[Ledger], Any]
 
@@ -107,15 +108,15 @@ class LedgerWriter:
         self._queue.put(_STOP)
 
 
-_writers: dict[Path, LedgerWriter] = {}
+_writers: dict[Path | str, LedgerWriter] = {}
 """The writer in use for each ledger file."""
 _running: set[LedgerWriter] = set()
 """Every writer whose thread still runs, including one released and draining its last writes."""
 _lock = threading.RLock()  # re-entered: a writer is built (and registers) under it
 
 
-def _key(path: Path) -> Path:
-    return Path(path).expanduser().resolve()
+def _key(path: Path | str) -> Path | str:
+    return redact(str(path)) if is_url(path) else Path(path).expanduser().resolve()
 
 
 def acquire_writer(ledger: Ledger | str | Path) -> LedgerWriter:
@@ -124,7 +125,7 @@ def acquire_writer(ledger: Ledger | str | Path) -> LedgerWriter:
     Given a path, the writer opens (and later closes) one connection of its own; given a
     `Ledger`, the first one given is used for the file. Call `release()` when the session ends.
     """
-    path = ledger.path if isinstance(ledger, Ledger) else Path(ledger)
+    path = ledger.path if isinstance(ledger, Ledger) else ledger
     key = _key(path)
     with _lock:
         writer = _writers.get(key)

@@ -1,0 +1,157 @@
+"""Copying one ledger into another (`pipecat-rl ledger migrate`): a SQLite file into Postgres.
+
+Idempotent, so an interrupted copy is run again: a session is copied with all its records in one
+transaction and skipped whole when the destination has it; adapters, held-out hashes, receipts,
+jobs and job events are keyed and skipped when present; a live-pointer move by its adapter and
+time. Rows take the destination's own ids, so a destination other processes already write to
+keeps its rows. Then every table is counted by its rows' keys: each source row must be in the
+destination, or the copy is an error that names the table.
+"""
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipecat_rl.errors import LedgerError
+from pipecat_rl.ledger.jobs import JOB_COLUMNS
+from pipecat_rl.ledger.store import Ledger
+from pipecat_rl.ledger.tables import (
+    ADAPTERS,
+    GATE_RECEIPT_COLUMNS,
+    INSERT_HELDOUT_HASH,
+    INSERT_LIVE,
+    INSERT_TOOL_CALL,
+    LIVE,
+    TOOL_CALLS,
+)
+
+KEYS: dict[str, str] = {
+    "sessions": "id",
+    "turns": "session_id, turn_index",
+    "tool_calls": "session_id, name, started_at",
+    "latencies": "session_id, user_turn",
+    "scores": "session_id, name, source",
+    "adapters": "name",
+    "live_pointer": "adapter, moved_at",
+    "heldout_hashes": "scenario_hash",
+    "gate_receipts": "receipt_sha256",
+    "jobs": "id",
+    "job_events": "job_id, seq",
+}
+"""What identifies a row of each table when two ledgers are compared (ids differ between them)."""
+
+_EVENT_COLUMNS = "job_id, seq, at, event, data"
+
+
+@dataclass
+class TableCopy:
+    """One table's rows: in the source, copied now, and already in the destination."""
+
+    source: int = 0
+    copied: int = 0
+    present: int = 0
+
+
+def _rows(store: Ledger, sql: str) -> list[Any]:
+    with store._read() as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _insert_new(dest: Ledger, table: str, columns: str, rows: list[Any], key: str) -> TableCopy:
+    """Insert `rows`, skipping those whose `key` the destination holds (one transaction)."""
+    marks = ", ".join("?" for _ in columns.split(","))
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT ({key}) DO NOTHING"
+    out = TableCopy(source=len(rows))
+    with dest._write() as conn:
+        for row in rows:
+            out.copied += conn.execute(sql, tuple(row)).rowcount
+    out.present = out.source - out.copied
+    return out
+
+
+def _copy_sessions(source: Ledger, dest: Ledger, report: dict[str, TableCopy]) -> None:
+    ids = [r[0] for r in _rows(source, "SELECT id FROM sessions ORDER BY started_at, rowid")]
+    for sid in ids:
+        records = {
+            "turns": source.turns(sid),
+            "tool_calls": source.tool_calls(sid),
+            "latencies": source.latencies(sid),
+            "scores": source.scores(sid),
+        }
+        session = source.session(sid)
+        with dest._write() as conn:
+            there = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone()
+            if there is None:
+                dest._insert_session(conn, session)
+                for call in records["tool_calls"]:  # as stored: no merging by call id
+                    conn.execute(INSERT_TOOL_CALL, TOOL_CALLS.params(call))
+                dest._put_children(
+                    conn, sid, records["turns"], (), records["latencies"], records["scores"]
+                )
+        field = "present" if there is not None else "copied"
+        for table, n in (("sessions", 1), *((t, len(r)) for t, r in records.items())):
+            report[table].source += n
+            setattr(report[table], field, getattr(report[table], field) + n)
+
+
+def _copy_live_pointer(source: Ledger, dest: Ledger) -> TableCopy:
+    moves = source.live_history()
+    out = TableCopy(source=len(moves))
+    with dest._write() as conn:
+        for move in moves:
+            there = conn.execute(
+                "SELECT 1 FROM live_pointer WHERE adapter = ? AND moved_at = ?",
+                (move.adapter, move.moved_at),
+            ).fetchone()
+            if there is None:
+                conn.execute(INSERT_LIVE, LIVE.params(move))
+                out.copied += 1
+    out.present = out.source - out.copied
+    return out
+
+
+def _verify(source: Ledger, dest: Ledger) -> None:
+    for table, key in KEYS.items():
+        wanted = Counter(tuple(r) for r in _rows(source, f"SELECT {key} FROM {table}"))
+        held = Counter(tuple(r) for r in _rows(dest, f"SELECT {key} FROM {table}"))
+        missing = wanted - held
+        if missing:
+            raise LedgerError(
+                f"copying {source.path} into {dest.path}: {sum(missing.values())} of "
+                f"{sum(wanted.values())} rows of {table} are not in the destination (e.g. "
+                f"{next(iter(missing))}); nothing was removed, so run the copy again, and "
+                "report it if they stay missing"
+            )
+
+
+def copy_ledger(source: Ledger, dest: Ledger) -> dict[str, dict[str, int]]:
+    """Copy every row of `source` that `dest` lacks; per table: source, copied, present.
+
+    Raises LedgerError if, after the copy, a source row is not in the destination.
+    """
+    if str(source.path) == str(dest.path):
+        raise LedgerError(f"the source and the destination are the same ledger {source.path}")
+    report = {table: TableCopy() for table in KEYS}
+    _copy_sessions(source, dest, report)
+    adapters = _rows(source, f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at, name")
+    report["adapters"] = _insert_new(dest, "adapters", ADAPTERS.select(), adapters, "name")
+    report["live_pointer"] = _copy_live_pointer(source, dest)
+    hashes = [
+        (h, v["scenario_id"], v["heldout_set_id"], v["first_seen_at"])
+        for h, v in source.heldout_hashes().items()
+    ]
+    with dest._write() as conn:
+        copied = sum(conn.execute(INSERT_HELDOUT_HASH, row).rowcount for row in hashes)
+    report["heldout_hashes"] = TableCopy(len(hashes), copied, len(hashes) - copied)
+    receipts = ", ".join(GATE_RECEIPT_COLUMNS)
+    report["gate_receipts"] = _insert_new(
+        dest, "gate_receipts", receipts,
+        _rows(source, f"SELECT {receipts} FROM gate_receipts ORDER BY created_at"),
+        "receipt_sha256",
+    )  # fmt: skip
+    jobs = _rows(source, f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY submitted_at, rowid")
+    report["jobs"] = _insert_new(dest, "jobs", JOB_COLUMNS, jobs, "id")
+    events = _rows(source, f"SELECT {_EVENT_COLUMNS} FROM job_events ORDER BY job_id, seq")
+    report["job_events"] = _insert_new(dest, "job_events", _EVENT_COLUMNS, events, "job_id, seq")
+    _verify(source, dest)
+    return {table: asdict(counts) for table, counts in report.items()}

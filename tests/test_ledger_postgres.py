@@ -1,0 +1,289 @@
+"""The ledger on PostgreSQL: the SQLite suite's key cases on a throwaway PostgreSQL 15 cluster,
+many writer processes at once, and `ledger migrate` from a SQLite file.
+
+The cluster runs on a loopback port as an unprivileged user (initdb refuses root); each test gets
+a schema of its own. Skipped, saying why, where the server binaries or psycopg are missing.
+"""
+
+import itertools
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipecat_rl.cli import app
+from pipecat_rl.errors import LedgerError
+from pipecat_rl.ledger import Ledger, ScoreRecord, resolve_ledger_path, schema
+from pipecat_rl.ledger.dialect import postgres_sql
+
+# The SQLite suite's backend-agnostic cases, collected here again so that they run on the
+# `ledger` fixture below (a Postgres ledger) as well as on their own module's SQLite one.
+from tests.test_ledger import (  # noqa: F401
+    make_session,
+    make_turn,
+    test_adapter_names_are_never_reused,
+    test_children_need_their_session,
+    test_duplicate_session_refused,
+    test_end_and_update_session,
+    test_export_jsonl,
+    test_finish_episode_completes_what_the_recorder_wrote,
+    test_finish_episode_writes_the_session_no_recorder_wrote,
+    test_heldout_excluded_and_unconsented_sessions_never_train,
+    test_latency_upsert_merges_fields,
+    test_live_pointer_move_rollback_history,
+    test_round_trip_every_table,
+    test_score_with_same_name_is_replaced,
+    test_sessions_filters_newest_first,
+    test_stats,
+    test_the_closer_closes_only_open_sessions_whose_writer_is_gone,
+    test_tool_calls_with_the_same_call_id_merge_into_one_row,
+    test_turn_upsert_completes_a_turn,
+    test_write_session_round_trip_and_atomicity,
+    test_writes_from_many_threads,
+)
+from tests.test_ledger_scores import (  # noqa: F401
+    test_a_long_explanation_is_cut_and_the_result_says_so,
+    test_a_score_posted_twice_is_one_row_and_the_retry_replaces_it,
+    test_gate_heldout_and_open_sessions_refuse_scores,
+    test_only_consented_redacted_trusted_settled_live_calls_train,
+    test_stats_count_live_calls_by_score_state_as_the_eligibility_query_does,
+    test_the_deciding_source_sets_a_live_calls_verdict,
+    test_the_judge_takes_only_unscored_ended_live_calls_that_could_train,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+_BIN_DIRS = ("/usr/local/bin", *sorted(map(str, Path("/usr/lib/postgresql").glob("*/bin"))))
+
+
+def _binary(name: str) -> str | None:
+    for folder in _BIN_DIRS:
+        if os.access(Path(folder) / name, os.X_OK):
+            return str(Path(folder) / name)
+    return shutil.which(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on a loopback port; yields its URL."""
+    pytest.importorskip("psycopg", reason="psycopg is the extra pipecat-rl[postgres]")
+    pytest.importorskip("psycopg_pool", reason="psycopg-pool is the extra pipecat-rl[postgres]")
+    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    folder = Path(tempfile.mkdtemp(prefix="pipecat-rl-pg-"))
+    user = None
+    if os.geteuid() == 0:  # initdb refuses root: the cluster belongs to `nobody`
+        user = pwd.getpwnam("nobody")
+        os.chown(folder, user.pw_uid, user.pw_gid)
+
+    def as_owner() -> None:
+        if user is not None:
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+
+    def run(*args: str) -> None:
+        done = subprocess.run(args, preexec_fn=as_owner, capture_output=True, text=True)
+        assert done.returncode == 0, f"{args[0]} failed: {done.stdout}{done.stderr}"
+
+    port = _free_port()
+    data = folder / "data"
+    run(initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--locale=C", "-E", "UTF8",
+        "--no-sync")  # fmt: skip
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    run(pg_ctl, "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        run(pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_schemas = itertools.count()
+
+
+@pytest.fixture
+def pg_url(postgres_server: str) -> str:
+    """A URL whose search path is a new, empty schema: one empty ledger per test."""
+    import psycopg
+
+    schema = f"t{os.getpid()}_{next(_schemas)}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{postgres_server}?options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture
+def ledger(pg_url: str) -> Iterator[Ledger]:
+    with Ledger(pg_url) as store:
+        yield store
+
+
+# -- opening, and the one place a --ledger value becomes a ledger ---------------------------------
+
+
+def test_a_postgres_ledger_hides_its_password_and_reopens_at_its_schema_version(pg_url):
+    url = pg_url.replace("postgres@", "postgres:secret@")
+    with Ledger(url) as store:
+        assert "secret" not in repr(store) and "***" in str(store.path)
+        store.add_session(make_session("kept"))
+    with Ledger(url) as again:  # migrated once; the second open finds the current version
+        assert [s.id for s in again.sessions()] == ["kept"]
+        assert again.stats()["schema_version"] == schema.current_version()
+
+
+def test_a_url_never_becomes_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LedgerError, match="postgresql://"):
+        resolve_ledger_path("mysql://u@h/db")
+    with pytest.raises(LedgerError, match="postgresql://"):
+        Ledger(Path("postgresql://u@h/db"))  # a Path collapses '//': refused, not a file
+    assert resolve_ledger_path("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert resolve_ledger_path("C:/ledgers/calls.db") == Path("C:/ledgers/calls.db")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_postgres_url_without_the_driver_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "psycopg" else real(name, *a)
+    )
+    with pytest.raises(LedgerError, match=r"pipecat-rl\[postgres\]"):
+        Ledger("postgresql://u@h/db")
+
+
+def test_a_database_holding_other_tables_is_refused(pg_url):
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE invoices (id int)")
+    with pytest.raises(LedgerError, match="not a pipecat-rl ledger"):
+        Ledger(pg_url)
+
+
+def test_an_undeclared_json_path_says_where_to_declare_it():
+    with pytest.raises(LedgerError, match="JSON_PATHS"):
+        postgres_sql("SELECT json_extract(s.metadata, '$.nowhere') FROM sessions s")
+
+
+def test_the_eligibility_query_runs_in_postgres(ledger):
+    """The held-out exclusion and the turn rules are the statement Postgres runs, not Python
+    after the fact: the query text carries them, and a held-out hash keeps its session out."""
+    ledger.add_session(make_session("pool", scenario_hash="h1", ended_at=1001.0, outcome="pass"))
+    ledger.add_turn(make_turn("pool"))
+    assert [t.session_id for t in ledger.training_turns()] == ["pool"]
+    ledger.record_heldout_hashes([("h1", "clinic-1", "set-a")])  # now seen held out
+    assert ledger.training_turns() == []
+    assert ledger.stats()["eligible_turns"] == {"sft": 0, "rl": 0}
+
+
+# -- many writers ---------------------------------------------------------------------------------
+
+_WRITER = textwrap.dedent(
+    """
+    import asyncio, sys
+    sys.path.insert(0, {repo!r})
+    from pipecat_rl.processors import RLRecorder
+    from tests.fake_openai import serve_fake_openai
+    from tests.recording_helpers import Call, vllm_llm
+
+    async def main():
+        async with serve_fake_openai(["Hello", " there"], vllm=True) as url:
+            async def one(k):
+                recorder = RLRecorder({url!r}, call_id=f"w{{sys.argv[1]}}-{{k}}")
+                async with Call([recorder], llm=vllm_llm(url)) as call:
+                    await call.say("Hi")
+            for batch in range({calls} // 5):  # five calls at once
+                await asyncio.gather(*(one(batch * 5 + k) for k in range(5)))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.slow  # about a minute on two cores: 200 calls through real pipelines
+def test_four_bot_processes_recording_at_once_lose_nothing(pg_url, tmp_path):
+    writers, calls = 4, 50
+    script = tmp_path / "bot.py"
+    script.write_text(_WRITER.format(repo=str(REPO), url=pg_url, calls=calls))
+    bots = [
+        subprocess.Popen([sys.executable, str(script), str(w)], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for w in range(writers)
+    ]  # fmt: skip
+    for bot in bots:
+        out, _ = bot.communicate(timeout=600)
+        assert bot.returncode == 0, out.decode()[-3000:]
+    with Ledger(pg_url) as ledger:
+        sessions = ledger.sessions()
+        ids = [s.id for s in sessions]
+        expected = {f"w{w}-{k}" for w in range(writers) for k in range(calls)}
+        assert len(ids) == len(set(ids)) == writers * calls and set(ids) == expected
+        assert {s.outcome for s in sessions} == {"completed"}
+        assert all(s.metadata["recorder"] == {"errors": 0, "dropped_writes": 0} for s in sessions)
+        assert len({s.metadata["writer"]["pid"] for s in sessions}) == writers
+        turns = [t for s in sessions for t in ledger.turns(s.id)]
+        assert len(turns) == writers * calls and all(t.trainable for t in turns)
+        assert ledger.stats()["counts"]["turns"] == writers * calls
+
+
+# -- ledger migrate -------------------------------------------------------------------------------
+
+
+def _fill(store: Ledger) -> None:
+    from tests.test_ledger import make_adapter
+
+    for k in range(3):
+        sid = f"s{k}"
+        store.add_session(make_session(sid, started_at=1000.0 + k, ended_at=1001.0 + k))
+        store.add_turn(make_turn(sid, 0))
+        store.add_turn(make_turn(sid, 1))
+        store.add_score(ScoreRecord(session_id=sid, name="task", value=0.5))
+    store.register_adapter(make_adapter("clinic-v1"))
+    store.move_live("clinic-v1")
+    store.record_heldout_hashes([("h9", "clinic-9", "set-a")])
+    store.add_job("simulate", {"n": 1}, job_id="job-1")
+    store.add_job_event("job-1", "started", {})
+
+
+def test_ledger_migrate_copies_sqlite_over_idempotently_verifying_counts(tmp_path, pg_url):
+    source = tmp_path / "calls.db"
+    with Ledger(source) as store:
+        _fill(store)
+        before = store.stats()["counts"]
+    runner = CliRunner()
+    first = runner.invoke(app, ["ledger", "migrate", "--from", str(source), "--to", pg_url,
+                                "--json"])  # fmt: skip
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    assert report["tables"]["sessions"] == {"source": 3, "copied": 3, "present": 0}
+    assert report["tables"]["turns"]["copied"] == 6
+    again = runner.invoke(app, ["ledger", "migrate", "--from", str(source), "--to", pg_url,
+                                "--json"])  # fmt: skip
+    assert again.exit_code == 0, again.output
+    rerun = json.loads(again.stdout)
+    assert all(t["copied"] == 0 and t["present"] == t["source"] for t in rerun["tables"].values())
+    with Ledger(pg_url) as copy:
+        assert copy.stats()["counts"] == before
+        assert copy.session_bundle("s1") == Ledger(source).session_bundle("s1")
+        assert copy.live().adapter == "clinic-v1"
+        assert [e.event for e in copy.job_events("job-1")] == ["started"]
+        copy.add_session(make_session("new"))  # its own writes continue after the copy
+        copy.add_score(ScoreRecord(session_id="new", name="task", value=1.0))
