@@ -21,7 +21,8 @@ from typing import Any
 from loguru import logger
 
 from pipecat_rl.errors import NoTrainingSignalError, TrainingError
-from pipecat_rl.ledger import BASE_ADAPTER, Ledger, SessionRecord, TurnRecord
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, SessionRecord, TurnRecord
+from pipecat_rl.ledger.eligibility import DEFAULT_LIVE_TRUST
 from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
@@ -141,9 +142,12 @@ def _passed(session: SessionRecord) -> bool:
     return passed(session.reward_parts) is True  # the one definition (`ledger.outcome`)
 
 
-def sft_rows(ledger: Ledger, policy: Policy, config: TrainConfig) -> tuple[list, list[str], dict]:
+def sft_rows(
+    ledger: Ledger, policy: Policy, config: TrainConfig,
+    live: LiveTrust = DEFAULT_LIVE_TRUST, session_ids: Sequence[str] | None = None,
+) -> tuple[list, list[str], dict]:  # fmt: skip
     """Sequences of every eligible turn (demonstrations included) of a session that passed."""
-    turns = ledger.training_turns(purpose="sft")
+    turns = ledger.training_turns(purpose="sft", session_ids=session_ids, live=live)
     sessions = {sid: ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in turns)}
     passed = {sid for sid, s in sessions.items() if _passed(s)}
     rows = [TrainableTurn.from_turn(t, policy.tokenizer) for t in turns if t.session_id in passed]
@@ -162,10 +166,11 @@ def sft_rows(ledger: Ledger, policy: Policy, config: TrainConfig) -> tuple[list,
 
 
 def rl_rows(
-    ledger: Ledger, names: set[str], session_ids: Sequence[str] | None, config: TrainConfig
-) -> tuple[list[TurnRecord], list[SessionRecord], int]:
+    ledger: Ledger, names: set[str], session_ids: Sequence[str] | None, config: TrainConfig,
+    live: LiveTrust = DEFAULT_LIVE_TRUST,
+) -> tuple[list[TurnRecord], list[SessionRecord], int]:  # fmt: skip
     """Sampled turns by one of `names` (older adapters' turns dropped), and their sessions."""
-    turns = ledger.training_turns(purpose="rl", session_ids=session_ids)
+    turns = ledger.training_turns(purpose="rl", session_ids=session_ids, live=live)
     fresh = [t for t in turns if t.adapter in names]
     sessions = [ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in fresh)]
     return fresh, sessions, len(turns) - len(fresh)
@@ -242,8 +247,8 @@ def _opsd_update(
             rows.append(opsd_row(TrainableTurn.from_turn(t), student.tokenizer, hint))
     if not rows:
         raise NoTrainingSignalError(
-            "OPSD has no judged turns with a hint (caller's next line, failed checks or labels) "
-            "sampled by the starting policy; simulate under it first"
+            "OPSD has no judged turns with a hint (caller's next line, failed checks, labels or "
+            "a scorer's explanation) sampled by the starting policy; simulate under it first"
         )
     metrics = {"hinted_turns": len(rows), **opsd_step(student, teacher, optimizer, rows, config)}
     log({"step": step, "total_steps": config.steps, **metrics})
@@ -285,7 +290,8 @@ def _simulate(
 
 def _step_rows(
     ledger: Ledger, rollouts: Rollouts | None, server_url: str | None, current: str,
-    config: TrainConfig, step: int, names: set[str],
+    config: TrainConfig, step: int, names: set[str], live: LiveTrust = DEFAULT_LIVE_TRUST,
+    session_ids: Sequence[str] | None = None,
 ) -> tuple[list[TurnRecord], list[SessionRecord], int, dict[str, Any]]:  # fmt: skip
     """A step's trainable turns, their sessions, the off-policy turns dropped, how they were drawn.
 
@@ -293,11 +299,11 @@ def _step_rows(
     dynamic sampling (`grpo.dynamic_sampling`), whose metrics come back for the step's log.
     """
     if rollouts is None:
-        return (*rl_rows(ledger, names, None, config), {})
+        return (*rl_rows(ledger, names, session_ids, config, live), {})
 
     def draw(resample: int, groups: frozenset[str] | None):
         ids = _simulate(ledger, rollouts, server_url, current, config, step, resample, groups)
-        return rl_rows(ledger, names, ids, config)
+        return rl_rows(ledger, names, ids, config, live)
 
     if config.algo != "grpo":
         return (*draw(0, None), {})
@@ -327,8 +333,14 @@ def train(
     server_url: str | None = None,
     rollouts: Rollouts | None = None,
     progress: Progress | None = None,
+    live: LiveTrust = DEFAULT_LIVE_TRUST,
+    session_ids: Sequence[str] | None = None,
 ) -> TrainResult:
-    """Train one adapter from the ledger (GRPO / OPSD online with `rollouts` and a server)."""
+    """Train one adapter from the ledger (GRPO / OPSD online with `rollouts` and a server).
+
+    `live` says which live calls may train (the eligibility query's `LiveTrust`); offline,
+    `session_ids` keeps the run to those sessions (None: every eligible one).
+    """
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
@@ -341,7 +353,7 @@ def train(
     parent = config.parent if config.parent != BASE_ADAPTER else None
     summary: dict[str, Any]
     if config.algo == "sft":
-        sequences, used, info = sft_rows(ledger, policy, config)
+        sequences, used, info = sft_rows(ledger, policy, config, live, session_ids)
         summary = {**info, **train_sft(policy, sequences, config, on_step=log)}
     else:
         optimizer = optimizer_for(policy, config.learning_rate())
@@ -354,8 +366,9 @@ def train(
         used_set: set[str] = set()
         for step in range(1, config.steps + 1):
             turns, sessions, dropped, sampling = _step_rows(
-                ledger, rollouts, server_url, current, config, step, names
-            )
+                ledger, rollouts if online else None, server_url, current, config, step, names,
+                live, session_ids,
+            )  # fmt: skip
             used_set.update(s.id for s in sessions)
             if config.algo == "grpo":
                 summary = _grpo_update(
