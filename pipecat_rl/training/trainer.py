@@ -6,10 +6,16 @@
 3. Rows (`rows`), then the algorithm: SFT on passed sessions and demonstrations; GRPO on groups of
    episodes (online: simulated per step under the current adapter; offline: from the ledger);
    OPSD on judged turns with a hinted teacher.
-4. Save under a never-reused name, register it with its lineage, data, metrics and guard, and
-   (with a server) hot-load it and verify it is served.
+4. Save under a never-reused name; with a server, hot-load it and verify it is served; register it
+   with its lineage, data, metrics and guard.
+
+Online (GRPO / OPSD with `rollouts`), every step samples under the current version, re-runs the
+guard on those very turns, updates, and publishes the next version, which must move the canary
+off its parent's. Only the newest two versions of the run stay loaded (the parent, which the
+next step's canary compares with, and the new one), so `--max-loras 2` suffices.
 """
 
+import contextlib
 import json
 import statistics
 import time
@@ -20,10 +26,11 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_rl.errors import NoTrainingSignalError, TrainingError
+from pipecat_rl.errors import GuardError, NoTrainingSignalError, ServingError, TrainingError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, SessionRecord, TurnRecord
 from pipecat_rl.ledger.eligibility import DEFAULT_LIVE_TRUST
 from pipecat_rl.ledger.outcome import passed
+from pipecat_rl.serving import VLLMAdmin
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
 from pipecat_rl.training.config import TrainConfig, TrainResult
@@ -68,11 +75,14 @@ def _base_names(policy: Policy) -> set[str]:
     return {BASE_ADAPTER, policy.base_dir.name}
 
 
+def _names_of(policy: Policy, adapter: str | None) -> set[str]:
+    """Names the turns of `adapter` (None: the base) are recorded under."""
+    return _base_names(policy) if adapter in (None, BASE_ADAPTER) else {str(adapter)}
+
+
 def _start_names(policy: Policy, config: TrainConfig) -> set[str]:
     """Names the starting policy's turns were recorded under."""
-    if config.parent in (None, BASE_ADAPTER):
-        return _base_names(policy)
-    return {str(config.parent)}
+    return _names_of(policy, config.parent)
 
 
 def recent_policies(ledger: Ledger, policy: Policy, config: TrainConfig) -> set[str]:
@@ -135,6 +145,35 @@ def guard(
     return {**result, "source": "ledger"}
 
 
+def step_guard(
+    policy: Policy, turns: list[TurnRecord], current: str, config: TrainConfig, step: int,
+    last_version: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The guard on the turns this online step sampled under `current`, before they train.
+
+    The policy holds `current`'s weights here, so a version the server samples differently from
+    the trainer fails the step that would learn from it. The run then stops: `last_version`
+    (None: the run registered none yet) stays its newest registered version.
+    """
+    own = [t for t in turns if t.adapter in _names_of(policy, current)]
+    try:
+        result = run_guard(policy, own, config, base_names=list(_base_names(policy)))
+    except GuardError as e:
+        kept = last_version or "none (the run registered no version)"
+        raise GuardError(
+            f"step {step} of {config.steps}, on turns sampled by {current}: {e}; the run stops, "
+            f"its last registered version is {kept}",
+            {**e.result, "step": step, "adapter": current, "last_version": last_version},
+        ) from e
+    return {**result, "source": "rollouts", "step": step, "adapter": current}
+
+
+def guard_fields(result: dict[str, Any]) -> dict[str, Any]:
+    """The guard's numbers as step-log fields (`guard/...`), beside each step's metrics."""
+    keys = ("passed", "mean_abs_diff", "max_abs_diff", "compared_tokens", "source")
+    return {f"guard/{k}": result.get(k) for k in keys}
+
+
 # -- rows per algorithm ----------------------------------------------------------------------
 
 
@@ -186,7 +225,7 @@ def _grpo_update(
     sessions: list[SessionRecord],
     config: TrainConfig,
     step: int,
-    log: MetricsLog,
+    log: Progress,
     dropped_old: int,
     sampling: dict[str, Any],
 ) -> dict[str, Any]:
@@ -234,7 +273,7 @@ def _opsd_update(
     sessions: list[SessionRecord],
     config: TrainConfig,
     step: int,
-    log: MetricsLog,
+    log: Progress,
 ) -> dict[str, Any]:
     by_session = {s.id: s for s in sessions}
     rows = []
@@ -311,19 +350,86 @@ def _step_rows(
     return sampled.turns, sampled.sessions, sampled.dropped_off_policy, sampled.metrics()
 
 
-def _new_version(
+def canary_moved(server_url: str, name: str, parent: str, policy: Policy) -> dict[str, Any]:
+    """How far `name`'s served canary is from its `parent`'s (both served now).
+
+    The canary tells a version from its parent only if they differ by more than its own
+    tolerance: otherwise a server still sampling the parent under the new name would pass, and
+    the next step's turns would not be the new version's. Greedy ids that part count as moved.
+
+    Raises:
+        TrainingError: the version did not move.
+    """
+    prompt = registry._canary_ids(policy.tokenizer)
+    new = registry.served_canary(server_url, name, prompt)
+    old = registry.served_canary(server_url, parent, prompt)
+    shared = 0
+    for a, b in zip(new["token_ids"], old["token_ids"], strict=False):
+        if a != b:
+            break
+        shared += 1
+    ids_differ = new["token_ids"] != old["token_ids"]
+    pairs = zip(new["logprobs"][:shared], old["logprobs"][:shared], strict=True)
+    diffs = [abs(a - b) for a, b in pairs]
+    delta = round(max(diffs), 6) if diffs else None
+    result = {"parent": parent, "max_abs_diff": delta, "ids_differ": ids_differ}
+    if not ids_differ and (delta is None or delta <= registry.CANARY_THRESHOLD):
+        raise TrainingError(
+            f"{name} did not move: its canary is its parent {parent}'s (greedy ids equal, "
+            f"logprobs within {delta} <= {registry.CANARY_THRESHOLD}), so the canary cannot show "
+            "which of them the server samples; raise the learning rate or the optimiser steps "
+            "per batch (mini_batches, ppo_epochs)"
+        )
+    return result
+
+
+def unload_versions(server_url: str, names: Sequence[str]) -> list[str]:
+    """Unload `names` from the server; those it no longer lists are skipped. Returns unloaded.
+
+    vLLM keeps what it cannot hold in its LoRA slots in a least-recently-used cache: an evicted
+    adapter stays listed and is reloaded from its folder on its next request, so a superseded
+    version served nothing only once unloaded, and unloading it never needs it resident.
+    """
+    admin = VLLMAdmin(server_url)
+    served = set(admin.models())
+    gone = [n for n in names if n in served]
+    for name in gone:
+        admin.unload_adapter(name)
+    if gone:
+        logger.info(f"unloaded superseded version(s) {', '.join(gone)}")
+    return gone
+
+
+def _publish(
     ledger: Ledger, policy: Policy, config: TrainConfig, out_dir: Path, parent: str | None,
     run_id: str, session_ids: list[str], metrics: dict, guard_result: dict,
-) -> tuple[str, Path]:  # fmt: skip
+    server_url: str | None, compare_to: str | None,
+) -> tuple[str, Path, dict | None]:  # fmt: skip
+    """Save the weights under a new name; with a server, load and verify them; then register.
+
+    A version the server does not serve as trained (the canary), or that did not move off
+    `compare_to` (its served parent, online), is unloaded and never registered: the ledger's
+    newest version is then the last one that was.
+    """
     name = registry.next_name(ledger, out_dir, config.name_prefix, config.algo)
     folder = out_dir / name
     save_adapter(policy, folder)
+    canary = None
+    if server_url is not None:
+        try:
+            canary = registry.load_and_verify(server_url, name, folder, policy)
+            if compare_to is not None:
+                canary["moved"] = canary_moved(server_url, name, compare_to, policy)
+        except (TrainingError, ServingError):
+            with contextlib.suppress(ServingError):
+                unload_versions(server_url, [name])
+            raise
     registry.register(
         ledger, name=name, folder=folder, base_model=str(policy.base_dir), parent=parent,
         run_id=run_id, algo=config.algo, config=config.model_dump(mode="json"),
         session_ids=session_ids, metrics=metrics, guard=guard_result,
     )  # fmt: skip
-    return name, folder
+    return name, folder, canary
 
 
 def train(
@@ -344,14 +450,16 @@ def train(
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
-    online = rollouts is not None
-    if online and config.algo != "sft" and server_url is None:
+    online = rollouts is not None and config.algo != "sft"  # SFT trains on what the ledger has
+    if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
     policy = load_policy(config, _parent_path(ledger, config.parent))
     guard_result = guard(ledger, policy, config, server_url)
     logger.info(f"guard passed: {guard_result}")
     parent = config.parent if config.parent != BASE_ADAPTER else None
     summary: dict[str, Any]
+    loaded: list[str] = []  # versions this run loaded, oldest first (never the run's start)
+    current = config.parent or BASE_ADAPTER
     if config.algo == "sft":
         sequences, used, info = sft_rows(ledger, policy, config, live, session_ids)
         summary = {**info, **train_sft(policy, sequences, config, on_step=log)}
@@ -361,7 +469,6 @@ def train(
         if config.algo == "opsd":
             teacher = load_policy(config, _parent_path(ledger, config.parent), trainable=False)
             teacher.model.requires_grad_(False)
-        current = config.parent or BASE_ADAPTER
         names = recent_policies(ledger, policy, config)
         used_set: set[str] = set()
         for step in range(1, config.steps + 1):
@@ -369,33 +476,64 @@ def train(
                 ledger, rollouts if online else None, server_url, current, config, step, names,
                 live, session_ids,
             )  # fmt: skip
+            if online:
+                guard_result = step_guard(
+                    policy, turns, current, config, step, loaded[-1] if loaded else None
+                )
+            step_log = _adding(log, guard_fields(guard_result))
             used_set.update(s.id for s in sessions)
             if config.algo == "grpo":
                 summary = _grpo_update(
-                    policy, optimizer, turns, sessions, config, step, log, dropped, sampling
+                    policy, optimizer, turns, sessions, config, step, step_log, dropped, sampling
                 )
             else:
                 summary = _opsd_update(
-                    policy, teacher.model, optimizer, turns, sessions, config, step, log
+                    policy, teacher.model, optimizer, turns, sessions, config, step, step_log
                 )
             if online and step < config.steps:
-                name, folder = _new_version(
+                name, _, canary = _publish(
                     ledger, policy, config, out_dir, parent, run_id, sorted(used_set), summary,
-                    guard_result,
+                    guard_result, server_url, compare_to=current,
                 )  # fmt: skip
-                registry.load_and_verify(server_url, name, folder, policy)
-                parent, current = name, name
+                _served(log, step, config, name, canary, server_url, loaded)
+                policy.parent = parent = current = name  # the guard scores its turns as ours
                 names = {name}  # each online step trains on its own fresh episodes only
         used = sorted(used_set)
-    name, folder = _new_version(
-        ledger, policy, config, out_dir, parent, run_id, used, summary, guard_result
-    )
-    loaded, canary = False, None
-    if server_url is not None:
-        canary = registry.load_and_verify(server_url, name, folder, policy)
-        loaded = True
+    name, folder, canary = _publish(
+        ledger, policy, config, out_dir, parent, run_id, used, summary, guard_result, server_url,
+        compare_to=current if online else None,
+    )  # fmt: skip
+    if online:
+        _served(log, config.steps, config, name, canary, server_url, loaded)
     metrics = {**summary, **({"canary": canary} if canary else {})}
     return TrainResult(
         adapter=name, path=folder, metrics_path=log.path, session_ids=used, guard=guard_result,
-        metrics=metrics, parent=config.parent, algo=config.algo, loaded=loaded,
+        metrics=metrics, parent=config.parent, algo=config.algo, loaded=server_url is not None,
     )  # fmt: skip
+
+
+def _adding(log: Progress, fields: dict[str, Any]) -> Progress:
+    """`log`, with `fields` added to every row (the step's guard beside its metrics)."""
+    return lambda metrics: log({**metrics, **fields})
+
+
+def _served(
+    log: Progress, step: int, config: TrainConfig, name: str, canary: dict | None,
+    server_url: str, loaded: list[str],
+) -> None:  # fmt: skip
+    """Online step `step` now serves `name`: unload the run's versions older than its parent.
+
+    `loaded` (the run's versions on the server, oldest first) keeps the last two; the version's
+    row (its canary, what was unloaded) goes into the step log.
+    """
+    loaded.append(name)
+    unloaded = unload_versions(server_url, loaded[:-2])
+    del loaded[:-2]
+    moved = (canary or {}).get("moved") or {}
+    log({
+        "step": step, "total_steps": config.steps, "version": name,
+        "canary/max_abs_diff": (canary or {}).get("max_abs_diff"),
+        "canary/moved_max_abs_diff": moved.get("max_abs_diff"),
+        "canary/ids_differ": moved.get("ids_differ"),
+        "unloaded": unloaded,
+    })  # fmt: skip

