@@ -158,6 +158,18 @@ def test_a_url_never_becomes_a_file(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+def test_the_cli_takes_a_postgres_url_and_refuses_another_scheme(pg_url, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with Ledger(pg_url) as store:
+        store.add_session(make_session("s1"))
+    ok = CliRunner().invoke(app, ["ledger", "stats", "--ledger", pg_url, "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["counts"]["sessions"] == 1
+    bad = CliRunner().invoke(app, ["ledger", "stats", "--ledger", "mysql://u@h/db"])
+    assert bad.exit_code != 0 and "postgresql://" in bad.output
+    assert not list(tmp_path.iterdir())  # no ./mysql:/ folder, no ledger file
+
+
 def test_a_postgres_url_without_the_driver_names_the_extra(monkeypatch):
     import importlib.util
 

@@ -233,7 +233,7 @@ def writable_folder(path: Path, flag: str) -> Path:
 
 
 @contextmanager
-def new_ledger_kept_if_used(path: Path) -> Iterator["Ledger"]:
+def new_ledger_kept_if_used(path: Path | str) -> Iterator["Ledger"]:
     """Open the ledger at `path`, created if need be; a failed command leaves no new file.
 
     When the block fails and the file is one this opened new and no session was recorded in
@@ -241,7 +241,7 @@ def new_ledger_kept_if_used(path: Path) -> Iterator["Ledger"]:
     """
     from pipecat_rl.ledger import Ledger
 
-    new = not path.exists()
+    new = isinstance(path, Path) and not path.exists()  # a server's database is never removed
     store = Ledger(path)
     try:
         with store:

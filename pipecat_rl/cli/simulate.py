@@ -223,7 +223,8 @@ def simulate_command(
         ),
     ] = None,
     ledger: Annotated[
-        Path | None, typer.Option("--ledger", help="Ledger file (default: $PIPECAT_RL_LEDGER).")
+        str | None,  # a Path would fold postgresql:// into postgresql:/
+        typer.Option("--ledger", help="Ledger file or URL (default: $PIPECAT_RL_LEDGER)."),
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:

@@ -37,7 +37,8 @@ def _describe(row: dict[str, Any]) -> str:
 def train_command(
     algo: Annotated[Algo, typer.Option("--algo", help="sft, grpo or opsd.")] = "sft",
     ledger: Annotated[
-        Path | None, typer.Option("--ledger", help="Ledger file (default: $PIPECAT_RL_LEDGER).")
+        str | None,  # a Path would fold postgresql:// into postgresql:/
+        typer.Option("--ledger", help="Ledger file or URL (default: $PIPECAT_RL_LEDGER)."),
     ] = None,
     scenarios: Annotated[
         list[Path] | None,
