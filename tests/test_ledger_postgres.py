@@ -3,17 +3,15 @@ many writer processes at once, and `ledger migrate` from a SQLite file.
 
 The cluster runs on a loopback port as an unprivileged user (initdb refuses root); each test gets
 a schema of its own. Skipped, saying why, where the server binaries or psycopg are missing.
+The SQLite suite's backend-agnostic cases are imported here, so they run on this module's
+`ledger` fixture (a Postgres ledger) as well as on their own module's SQLite one.
 """
 
 import itertools
 import json
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +23,7 @@ from pipecat_rl.cli import app
 from pipecat_rl.errors import LedgerError
 from pipecat_rl.ledger import Ledger, ScoreRecord, resolve_ledger_path, schema
 from pipecat_rl.ledger.dialect import postgres_sql
-
-# The SQLite suite's backend-agnostic cases, collected here again so that they run on the
-# `ledger` fixture below (a Postgres ledger) as well as on their own module's SQLite one.
+from tests.postgres_helpers import server_binaries, throwaway_cluster
 from tests.test_ledger import (  # noqa: F401
     make_session,
     make_turn,
@@ -62,20 +58,6 @@ from tests.test_ledger_scores import (  # noqa: F401
 )
 
 REPO = Path(__file__).resolve().parents[1]
-_BIN_DIRS = ("/usr/local/bin", *sorted(map(str, Path("/usr/lib/postgresql").glob("*/bin"))))
-
-
-def _binary(name: str) -> str | None:
-    for folder in _BIN_DIRS:
-        if os.access(Path(folder) / name, os.X_OK):
-            return str(Path(folder) / name)
-    return shutil.which(name)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -83,35 +65,11 @@ def postgres_server() -> Iterator[str]:
     """A throwaway PostgreSQL cluster on a loopback port; yields its URL."""
     pytest.importorskip("psycopg", reason="psycopg is the extra pipecat-rl[postgres]")
     pytest.importorskip("psycopg_pool", reason="psycopg-pool is the extra pipecat-rl[postgres]")
-    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
-    if initdb is None or pg_ctl is None:
+    binaries = server_binaries()
+    if binaries is None:
         pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
-    folder = Path(tempfile.mkdtemp(prefix="pipecat-rl-pg-"))
-    user = None
-    if os.geteuid() == 0:  # initdb refuses root: the cluster belongs to `nobody`
-        user = pwd.getpwnam("nobody")
-        os.chown(folder, user.pw_uid, user.pw_gid)
-
-    def as_owner() -> None:
-        if user is not None:
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-
-    def run(*args: str) -> None:
-        done = subprocess.run(args, preexec_fn=as_owner, capture_output=True, text=True)
-        assert done.returncode == 0, f"{args[0]} failed: {done.stdout}{done.stderr}"
-
-    port = _free_port()
-    data = folder / "data"
-    run(initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--locale=C", "-E", "UTF8",
-        "--no-sync")  # fmt: skip
-    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
-    run(pg_ctl, "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start")
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        run(pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(folder, ignore_errors=True)
+    with throwaway_cluster(*binaries) as url:
+        yield url
 
 
 _schemas = itertools.count()

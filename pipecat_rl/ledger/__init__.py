@@ -1,5 +1,8 @@
 """The ledger: one SQLite file holding every session, turn, tool call, latency, score and adapter.
 
+Or one PostgreSQL database (`Ledger("postgresql://...")`, the extra `pipecat-rl[postgres]`) that
+many bot processes write at once: the same rooms and SQL, the differences all in `dialect`.
+
 Records (`records`) are frozen pydantic models; a session's outcome is one type (`outcome`). The
 store (`store`) is one `Ledger` over rooms of tables (`sessions`, `scores`, `adapters`,
 `receipts`, `queue`) whose schema (`schema`) is versioned and migrated forward on open; what may

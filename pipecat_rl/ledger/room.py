@@ -1,8 +1,9 @@
 """What every room of the ledger relies on from the store's core.
 
-The `Ledger` (in `store`) is one SQLite connection behind a lock with its transactions; each room
-(`sessions`, `scores`, `adapters`, `receipts`, `queue`) is a mixin of the methods for its own
-tables, and reaches the file only through the two transactions declared here.
+The `Ledger` (in `store`) is one SQLite connection behind a lock, or a Postgres pool (`dialect`),
+with its transactions; each room (`sessions`, `scores`, `adapters`, `receipts`, `queue`) is a
+mixin of the methods for its own tables, and reaches the ledger only through the two
+transactions declared here.
 """
 
 import sqlite3
@@ -14,7 +15,8 @@ from pathlib import Path
 class Room(ABC):
     """A part of the `Ledger`: its methods run inside the core's transactions."""
 
-    path: Path
+    path: Path | str
+    """The SQLite file, or the Postgres URL with its password hidden (for messages)."""
 
     @abstractmethod
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
