@@ -164,6 +164,32 @@ def test_the_eligibility_query_runs_in_postgres(ledger):
     assert ledger.stats()["eligible_turns"] == {"sft": 0, "rl": 0}
 
 
+def test_a_write_held_off_by_a_stuck_writer_fails_locked_and_the_recorder_counts_it_dropped(
+    ledger, pg_url, monkeypatch
+):
+    import psycopg
+
+    from pipecat_rl.errors import LedgerLockedError
+    from pipecat_rl.ledger import dialect
+    from pipecat_rl.processors.writer import acquire_writer
+
+    monkeypatch.setattr(dialect, "LOCK_TIMEOUT_S", 1)
+    with psycopg.connect(pg_url) as stuck:  # a writer stopped inside its transaction
+        stuck.execute("SELECT pg_advisory_xact_lock(%s)", (dialect.WRITE_LOCK,))
+        with pytest.raises(LedgerLockedError, match="stayed locked"):
+            ledger.add_session(make_session("held"))
+        assert ledger.sessions() == []  # reads go on beside the writer
+        writer = acquire_writer(ledger)
+        writer.submit(
+            lambda store: store.add_session(make_session("s1")), "session", session_id="s1"
+        )
+        assert writer.flush_sync()
+        assert writer.dropped("s1") == 1
+        writer.release()
+    ledger.add_session(make_session("after"))  # the lock is free again
+    assert [s.id for s in ledger.sessions()] == ["after"]
+
+
 # -- many writers ---------------------------------------------------------------------------------
 
 _WRITER = textwrap.dedent(

@@ -22,7 +22,8 @@ differs:
 - locking: a SQLite file has one writer at a time (BEGIN IMMEDIATE), and the rooms' read-modify-
   write transactions rely on it; on Postgres every write transaction takes one advisory lock
   first, so writes serialise in the same way across every process and machine, while reads run
-  beside them on a snapshot (REPEATABLE READ);
+  beside them on a snapshot (REPEATABLE READ); a write waits for the lock `LOCK_TIMEOUT_S` at
+  most, then fails as a SQLite write does after its retries (`LedgerLockedError`);
 - errors: a constraint violation is raised as `sqlite3.IntegrityError` (what the rooms catch,
   with SQLite's wording), any other driver error as `LedgerError`.
 
@@ -40,7 +41,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pipecat_rl.errors import LedgerError
+from pipecat_rl.errors import LedgerError, LedgerLockedError
+from pipecat_rl.ledger.schema import Migration
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 """URL schemes that name a PostgreSQL ledger."""
@@ -50,6 +52,9 @@ POSTGRES_EXTRA = "pip install 'pipecat-rl[postgres]'"
 
 WRITE_LOCK = 0x7069_7065_6361_74  # "pipecat"
 """The advisory lock every write transaction holds: one writer at a time, as in a SQLite file."""
+
+LOCK_TIMEOUT_S = 20
+"""How long a write waits for the write lock before failing, as long as a SQLite write retries."""
 
 CONNECT_TIMEOUT_S = 10
 """How long opening a Postgres ledger waits for the server."""
@@ -106,7 +111,7 @@ COMPAT_FUNCTIONS = (
     $$
     """,
 )
-"""SQLite built-ins the ledger's SQL calls, defined in a Postgres ledger (on every open)."""
+"""SQLite built-ins the ledger's SQL calls, defined in a Postgres ledger when it is migrated."""
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")  # two letters at least: not C:/
 _JSON_EXTRACT = re.compile(r"json_extract\(\s*([\w.]+)\s*,\s*'(\$[\w.]*)'\s*\)")
@@ -253,9 +258,6 @@ class PostgresConnection:
         return PostgresCursor(cursor, lastrowid)
 
 
-Migration = Any  # schema.Migration: imported by the caller to keep this module free of cycles
-
-
 class PostgresStore:
     """A Postgres ledger's connections: a pool, its transactions and the schema's migrations."""
 
@@ -302,10 +304,10 @@ class PostgresStore:
             version = 0 if row is None else int(row[0])
             if version > target:
                 raise newer(version, target)
-            for statement in COMPAT_FUNCTIONS:
-                conn.execute(statement)
             if version == target:
                 return
+            for statement in COMPAT_FUNCTIONS:  # by the role that owns the schema
+                conn.execute(statement)
             if version == 0:
                 (tables,) = conn.execute(
                     "SELECT count(*) FROM information_schema.tables WHERE "
@@ -338,9 +340,15 @@ class PostgresStore:
         try:
             with self._pool.connection(timeout=CONNECT_TIMEOUT_S) as raw, raw.transaction():
                 if write:
+                    raw.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_S}s'")
                     raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
                 else:
                     raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 yield PostgresConnection(raw, self._identity)
+        except psycopg.errors.LockNotAvailable as e:
+            raise LedgerLockedError(
+                f"the ledger {self.name} stayed locked by another writer for {LOCK_TIMEOUT_S} s; "
+                "find the process holding it (pg_stat_activity: a stuck writer) and retry"
+            ) from e
         except psycopg.Error as e:
             raise LedgerError(f"ledger {self.name}: {e}") from e
