@@ -7,7 +7,12 @@ fixed 48 tokens. A `merged` phase serves the same adapter merged into the weight
 (`pipecat_rl.merged`) under the adapter's name; a `base` phase serves the base model alone. A
 merged server cannot also serve the base, so its ratio is against the base arms of the
 neighbouring phases (`--phases lora,base,merged,base`): on a shared, noisy machine, read it
-beside the load averages each phase records. Other phase names try vLLM's LoRA settings.
+beside the load averages each phase records. `lora` runs our grouped LoRA ops
+(`pipecat_rl.vllm_cpu_lora`, on by default on CPU); `lora-vllm-ops` is the same server with
+vLLM's own (`PIPECAT_RL_CPU_LORA=0`). Other phase names try vLLM's LoRA settings.
+
+Before any server, the ops alone (vLLM's vs grouped) are timed in this process at SmolLM2's
+shapes: a 600-token prefill, an 8-stream decode step, and a prefill mixing adapters and base.
 
 Every prompt is ~600 tokens (a receptionist's rules, like the clinic's system prompt + tools)
 and starts with its own request number, so no request reuses another's prefix cache: each one
@@ -25,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,10 +56,24 @@ RULES = [
 ]
 PHASES = {
     "lora": {},
+    "lora-vllm-ops": {},
     "lora-max-loras-1": {"max_loras": 1},
     "lora-max-cpu-loras-4": {"extra_args": ("--max-cpu-loras", "4")},
 }
 """Settings of the LoRA server per phase name; `merged` serves the merged folder instead."""
+GROUPED_OPS = {"PIPECAT_RL_CPU_LORA": "1"}
+PHASE_ENV = {"lora-vllm-ops": {"PIPECAT_RL_CPU_LORA": "0"}}
+"""The server's environment per phase name, beside its settings (else `GROUPED_OPS`)."""
+HIDDEN, LAYERS, RANK = 576, 30, 16
+PROJECTIONS = [  # SmolLM2-135M's (in, out) per LoRA slice in one block: q k v, o, gate up, down
+    (HIDDEN, 576), (HIDDEN, 192), (HIDDEN, 192), (576, HIDDEN),
+    (HIDDEN, 1536), (HIDDEN, 1536), (1536, HIDDEN),
+]  # fmt: skip
+OP_CASES = {
+    "prefill 600 tokens, one adapter": [0] * 600,
+    "decode 8 streams, one adapter": [0] * 8,
+    "prefill 600 tokens, 4 requests: 2 adapters and 2 base": [0] * 150 + [-1] * 300 + [1] * 150,
+}
 
 
 def system_prompt(tokens: int, tokenizer) -> str:
@@ -112,6 +132,50 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, messages: 
     }
 
 
+def op_benchmark(rounds: int = 5) -> dict:
+    """vLLM's bgmv ops vs the grouped ones for one forward's LoRA work (all 30 blocks), per case:
+    shrink into a float32 buffer and expand into the output, slice by slice, as vLLM's CPU punica
+    wrapper does (its prefill ops call these once per token-index vector). Median of `rounds`."""
+    import torch
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    from pipecat_rl import vllm_cpu_lora
+
+    impls = {
+        "vllm": (lora_ops.bgmv_shrink, lora_ops.bgmv_expand_slice),
+        "grouped": (vllm_cpu_lora.bgmv_shrink, vllm_cpu_lora.bgmv_expand_slice),
+    }
+    torch.manual_seed(0)
+    stacks = [  # 2 slots, as `--max-loras 2` allocates
+        (torch.randn(2, 1, RANK, i) / i**0.5, torch.randn(2, 1, o, RANK) / RANK**0.5)
+        for i, o in PROJECTIONS
+    ]
+    out: dict = {"torch_threads": torch.get_num_threads(), "layers": LAYERS, "rank": RANK}
+    for case, indices in OP_CASES.items():
+        idx = torch.tensor(indices)
+        x = {i: torch.randn(len(indices), i) for i in {i for i, _ in PROJECTIONS}}
+        y = {o: torch.zeros(len(indices), o) for o in {o for _, o in PROJECTIONS}}
+        buffer = torch.zeros(len(indices), RANK)
+        times: dict[str, float] = {}
+        for name, (shrink, expand_slice) in impls.items():
+            samples = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                for _ in range(LAYERS):
+                    for (i, o), (a, b) in zip(PROJECTIONS, stacks, strict=True):
+                        shrink(x[i], a, buffer, idx, 2.0)
+                        expand_slice(buffer, b, y[o], idx, 0, o, True)
+                samples.append(time.perf_counter() - start)
+            times[name] = statistics.median(samples)
+        out[case] = {
+            "vllm_ms": round(1000 * times["vllm"], 2),
+            "grouped_ms": round(1000 * times["grouped"], 2),
+            "speedup": round(times["vllm"] / times["grouped"], 1),
+        }
+        print(json.dumps({case: out[case]}), file=sys.stderr)
+    return out
+
+
 async def run_phase(phase: str, base: Path, adapter: Path, rounds: int, prompt: str) -> dict:
     """Start the phase's server, warm it, and measure its arms in interleaved rounds."""
     if phase == "merged":
@@ -122,33 +186,36 @@ async def run_phase(phase: str, base: Path, adapter: Path, rounds: int, prompt: 
         arms = [BASE_ALIAS] if phase == "base" else [BASE_ALIAS, ADAPTER]
     samples: dict[str, dict[int, list[dict]]] = {a: {1: [], 8: []} for a in arms}
     started = time.perf_counter()
-    async with server, httpx.AsyncClient(timeout=600) as client:
-        if ADAPTER in arms and phase != "merged":
-            server.admin.load_adapter(ADAPTER, adapter)
-        startup_s = time.perf_counter() - started
-        request = 0
+    env = PHASE_ENV.get(phase, GROUPED_OPS)
+    with mock.patch.dict(os.environ, env):  # the server's environment
+        async with server, httpx.AsyncClient(timeout=600) as client:
+            if ADAPTER in arms and phase != "merged":
+                server.admin.load_adapter(ADAPTER, adapter)
+            startup_s = time.perf_counter() - started
+            request = 0
 
-        def messages() -> list:
-            nonlocal request
-            request += 1
-            return [
-                {"role": "system", "content": f"Request {request}.\n{prompt}"},
-                {"role": "user", "content": "Hi, I'd like to book a cleaning next week."},
-            ]
+            def messages() -> list:
+                nonlocal request
+                request += 1
+                return [
+                    {"role": "system", "content": f"Request {request}.\n{prompt}"},
+                    {"role": "user", "content": "Hi, I'd like to book a cleaning next week."},
+                ]
 
-        for arm in arms:  # warm-up: first requests pay one-off costs
-            await stream_one(client, server.url, arm, messages())
-        for concurrency in (1, 8):
-            for r in range(rounds_at(rounds)[f"c{concurrency}"]):
-                for arm in arms if r % 2 == 0 else arms[::-1]:
-                    batch = [messages() for _ in range(concurrency)]
-                    results = await asyncio.gather(
-                        *(stream_one(client, server.url, arm, m) for m in batch)
-                    )
-                    samples[arm][concurrency].extend(results)
+            for arm in arms:  # warm-up: first requests pay one-off costs
+                await stream_one(client, server.url, arm, messages())
+            for concurrency in (1, 8):
+                for r in range(rounds_at(rounds)[f"c{concurrency}"]):
+                    for arm in arms if r % 2 == 0 else arms[::-1]:
+                        batch = [messages() for _ in range(concurrency)]
+                        results = await asyncio.gather(
+                            *(stream_one(client, server.url, arm, m) for m in batch)
+                        )
+                        samples[arm][concurrency].extend(results)
     return {
         "phase": phase,
         "server_args": PHASES.get(phase, {"model": f"{phase} folder"}),
+        "server_env": env,
         "startup_s": round(startup_s, 1),
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "arms": {
@@ -218,7 +285,9 @@ async def main() -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--adapter", type=Path, help="a peft folder (default: a random r16 LoRA)")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
+    parser.add_argument("--no-ops", action="store_true", help="skip timing the ops alone")
     args = parser.parse_args()
+    ops = None if args.no_ops else op_benchmark()
     from transformers import AutoTokenizer
 
     base = prepare_model("smollm2")
@@ -237,6 +306,7 @@ async def main() -> dict:
         "prompt": f"~{args.prompt_tokens} tokens, unique per request (no prefix-cache hits)",
         "rounds": rounds_at(args.rounds),
         "cpus": os.cpu_count(),
+        "ops": ops,
         "phases": phases,
         "ratios": report(phases),
     }

@@ -234,6 +234,7 @@ def test_a_base_request_batched_beside_adapters_gets_the_base_model(vllm_server,
     finally:
         for name in names:
             admin.unload_adapter(name)
+    assert "LoRA ops grouped per adapter" in vllm_server.log_path.read_text()
 
 
 def test_the_cpu_server_asks_for_the_grouped_ops_unless_told_not_to(monkeypatch, tmp_path):
