@@ -4,15 +4,17 @@ Files load through `yaml_safe` (Pipecat's `!include`, with limits a hostile file
 file-level keys of a `scenarios:` list are defaults, the split comes from the folder
 (`heldout.resolve_split`), and a scripted scenario's turns are read by Pipecat's own parser
 (`turns.pipecat_turns`). What the simulator cannot run is skipped with a warning naming the
-file (a manifest listing other files, turns that need the audio harness); a Pipecat field it
-reads but does not honour (`user.speech`, `judge.modality: audio`, a key Pipecat does not know
-in a turn) is a warning naming the field, never silence. Errors name the file, the line, the
+file (a manifest listing other files, a turn that presses keys); a Pipecat field it reads but
+does not honour (`user.speech`, `judge.modality: audio`, a key Pipecat does not know in a turn)
+is a warning naming the field, never silence. A turn's `audio:` recording must be a readable
+audio file when the scenario loads; only audio mode plays it, so `runnable` drops such a
+scenario from a text-mode run with a warning saying so. Errors name the file, the line, the
 field and the reason (`ScenarioError`). Nothing here imports the episode machinery.
 """
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from loguru import logger
@@ -21,7 +23,13 @@ from pydantic import ValidationError
 from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
 from pipecat_rl.scenarios import heldout
 from pipecat_rl.scenarios.scenario import HELDOUT, Scenario, ScenarioSet
-from pipecat_rl.scenarios.turns import pipecat_turns, unknown_keys, unsupported
+from pipecat_rl.scenarios.turns import (
+    needs_audio,
+    pipecat_turns,
+    recordings,
+    unknown_keys,
+    unsupported,
+)
 from pipecat_rl.scenarios.yaml_safe import load_yaml, read_text
 
 _PIPECAT_ONLY = {"scenarios"}
@@ -141,6 +149,8 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
             raise ScenarioError(_explain(path, node, e, prefix)) from e
     if any(s.scripted for s in scenarios):
         scenarios = _with_parsed_turns(path, scenarios)
+        for s, (_, prefix) in zip(scenarios, entries, strict=True):
+            _check_recordings(path, node, s, prefix)
     for message in dict.fromkeys(m for s in scenarios for m in _not_honoured(s)):
         logger.warning(f"{path}: {message}")
     return scenarios
@@ -151,7 +161,7 @@ def _with_parsed_turns(path: Path, scenarios: list[Scenario]) -> list[Scenario]:
 
     Raises:
         ScenarioError: Pipecat rejects the file (its message, with the file).
-        UnsupportedScenarioError: a scripted scenario needs the audio harness.
+        UnsupportedScenarioError: a scripted scenario has a turn neither mode can run.
     """
     try:
         parsed = pipecat_turns(path)
@@ -169,15 +179,75 @@ def _with_parsed_turns(path: Path, scenarios: list[Scenario]) -> list[Scenario]:
     return out
 
 
+def _check_recordings(path: Path, node: yaml.Node | None, s: Scenario, prefix: tuple) -> None:
+    """A `ScenarioError` for an `audio:` of `s` that is no readable, non-empty audio file.
+
+    A missing recording fails the load, not a call halfway through a run.
+    """
+    import soundfile
+
+    for t, audio in recordings(s.parsed_turns or []).items():
+        loc = (*prefix, "turns", t - 1, "audio")
+        line = _line(node, loc)
+        where = f"{path}:{f' line {line}:' if line else ''} {'.'.join(map(str, loc))}"
+        if not Path(audio).is_file():
+            raise ScenarioError(f"{where}: no such audio file: {audio} (`audio:` is relative "
+                                "to the scenario file)")  # fmt: skip
+        try:
+            frames = soundfile.info(audio).frames
+        except RuntimeError as e:  # libsndfile's error for a file it cannot read
+            raise ScenarioError(
+                f"{where}: not an audio file libsndfile can read: {audio} ({e})"
+            ) from e
+        if frames == 0:
+            raise ScenarioError(f"{where}: the recording is empty: {audio}")
+
+
+def runnable(scenarios: ScenarioSet, mode: Literal["text", "audio"]) -> ScenarioSet:
+    """The scenarios a `mode` run can play; each other is skipped with a warning naming why.
+
+    Raises:
+        ScenarioError: none of them can run in `mode`.
+    """
+    if mode == "audio":
+        return scenarios
+    kept = []
+    for s in scenarios:
+        reason = needs_audio(s.parsed_turns or [])
+        if reason:
+            logger.warning(f"skipped {s.source_path}: {s.name}: {reason}")
+        else:
+            kept.append(s)
+    if not kept:
+        raise ScenarioError(
+            f"no scenario runs in {mode} mode: every one plays recorded turns; run with "
+            "--mode audio"
+        )
+    return scenarios.model_copy(update={"scenarios": kept})
+
+
 def _not_honoured(s: Scenario) -> list[str]:
     """The Pipecat fields of `s` the simulator reads but does not act on, each explained."""
     found = []
     user, judge = s.user or {}, s.judge or {}
-    if user.get("modality") == "audio" or user.get("speech") is not None:
+    turns = s.parsed_turns or []
+    if recordings(turns):  # `user.modality: audio` is what plays them, with --mode audio
+        if user.get("speech") is not None:
+            found.append(
+                "user.speech: not used: turns without `audio:` are spoken by the channel's TTS "
+                "(`channel.tts`, `channel.tts_voice`) with --mode audio"
+            )
+    elif user.get("modality") == "audio" or user.get("speech") is not None:
         found.append(
             "user.modality / user.speech: not used: the simulated caller is sent as text, or "
             "spoken by the channel's TTS (`channel.tts`, `channel.tts_voice`) with --mode audio"
         )
+    found += [
+        f"{s.name}: turns.{t}.user: its pauses (`pause_ms:`) are not kept: the caller says the "
+        "text without them"
+        for t, turn in enumerate(turns)
+        if turn.parts is not None and any(isinstance(p, int) for p in turn.parts)
+    ]
     if judge.get("modality") == "audio" or judge.get("transcription") is not None:
         found.append(
             "judge.modality / judge.transcription: not used: the judge reads the text the "

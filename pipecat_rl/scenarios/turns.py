@@ -3,10 +3,11 @@
 The file is parsed by Pipecat's own parser (`pipecat.evals.scenario.EvalScenarioFile`), so a
 file Pipecat accepts we accept and one it rejects is refused with its message; each parsed turn
 becomes a frozen `Turn` here (Pipecat's normalisations kept: `response` read for the judge's
-modality, the `name:`/`args:` shorthand as `calls:`, a pausing `user:` joined to its text). The
-simulator says the turns and scores them (`simulator.script_turns`); this module only says what
-they are, and which of them text mode can observe (`unsupported`). Pipecat's parser is imported
-only when a file has scripted scenarios.
+modality, the `name:`/`args:` shorthand as `calls:`, a pausing `user:` joined to its text, an
+`audio:` recording's path resolved against the scenario file). The simulator says the turns and
+scores them (`simulator.script_turns`); this module only says what they are, which of them no
+mode can run (`unsupported`) and which only audio mode can (`needs_audio`: a turn played from
+a recording). Pipecat's parser is imported only when a file has scripted scenarios.
 
 Fields Pipecat ignores without a word (a key it does not know in a turn or an expectation) are
 named by `unknown_keys`, so the loader can warn instead of running a check nobody wrote.
@@ -27,7 +28,7 @@ SPOKE_EVENTS = frozenset({"llm_started", "bot_started_speaking", "bot_stopped_sp
 USER_EVENTS = frozenset({"user_transcription", "user_started_speaking", "user_stopped_speaking"})
 """The caller's own line."""
 TEXT_EVENTS = REPLY_EVENTS | CALL_EVENTS | SPOKE_EVENTS | USER_EVENTS
-"""What a text-mode call can observe."""
+"""What the scripted checks can observe (in text mode and in audio mode alike)."""
 
 
 class _Frozen(BaseModel):
@@ -107,20 +108,45 @@ def _turn(name: str, index: int, parsed: Any) -> Turn:
         raise ValueError(f"{name}: {field}: {error['msg']}") from e
 
 
+_NOT_SENT = {"dtmf": "keypresses", "image": "an image for the bot", "send_after": "a timed send"}
+
+
 def unsupported(turns: Sequence[Turn]) -> str | None:
-    """Why text mode cannot run these turns (audio, DTMF, images, markers), or None."""
+    """Why neither text mode nor the audio harness can run these turns, or None.
+
+    A turn's `audio:` is not among them: audio mode plays it (`needs_audio`).
+    """
     for t, turn in enumerate(turns, 1):
-        if not isinstance(turn.user, str) or not turn.user.strip():
-            return f"turn {t} has no `user:` text (audio, DTMF or images need the audio harness)"
-        for key in ("audio", "dtmf", "send_after", "image"):
+        for key, what in _NOT_SENT.items():
             if getattr(turn, key) is not None:
-                return f"turn {t} uses `{key}:`, which needs the audio harness"
+                return (
+                    f"turn {t} uses `{key}:` ({what}), which neither text mode nor the audio "
+                    "harness can send"
+                )
+        if not isinstance(turn.user, str) or not turn.user.strip():
+            return (
+                f"turn {t} has no `user:` text: a turn that only waits for the agent (a "
+                "greeting) is not run by the scripted caller"
+            )
         for e in turn.expect:
             if e.event not in TEXT_EVENTS:
-                return f"turn {t} expects `{e.event}`, which text mode cannot observe"
+                return f"turn {t} expects `{e.event}`, which the simulator cannot observe"
             if e.marker or e.marker_first is not None or e.markers is not None:
-                return f"turn {t} checks LLM markers, which text mode cannot observe"
+                return f"turn {t} checks LLM markers, which the simulator cannot observe"
     return None
+
+
+def recordings(turns: Sequence[Turn]) -> dict[int, str]:
+    """The recorded turns: turn number (1-based) -> the file played as that turn."""
+    return {t: turn.audio for t, turn in enumerate(turns, 1) if turn.audio is not None}
+
+
+def needs_audio(turns: Sequence[Turn]) -> str | None:
+    """Why text mode cannot run these turns (one plays a recording), or None."""
+    recorded = recordings(turns)
+    if not recorded:
+        return None
+    return f"turn {min(recorded)} plays a recording (`audio:`): run with --mode audio"
 
 
 def unknown_keys(raw_turns: Sequence[Any]) -> list[str]:

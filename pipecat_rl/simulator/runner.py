@@ -34,7 +34,7 @@ from pipecat_rl.ledger.outcome import SessionOutcome as Outcome
 from pipecat_rl.ledger.outcome import authoritative_score
 from pipecat_rl.ledger.outcome import outcome as passed_outcome
 from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
-from pipecat_rl.scenarios import Scenario, ScenarioSet, heldout
+from pipecat_rl.scenarios import Scenario, ScenarioSet, heldout, loading
 from pipecat_rl.simulator import setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.audio import check_transport
@@ -679,6 +679,7 @@ async def simulate(
     episodes in flight finish, so none is cut half-written) and the rest are `not_run`.
     """
     started = time.monotonic()
+    scenarios = loading.runnable(scenarios, config.mode)  # recorded turns play in audio only
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
         World(scenario).close()
     heldout.check_against_ledger(ledger, scenarios)  # one id, one content, before any episode

@@ -10,10 +10,11 @@ on VAD events.
 
 Persona side (`persona_audio_stages`): Silero VAD -> STT -> `PersonaHearing` before the
 persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes and long
-numbers character by character, as a caller does (`spoken`).
+numbers character by character, as a caller does (`spoken`). A scripted scenario's recorded
+turns (`audio:`) are played instead of being spoken (`recordings`).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from pipecat.services.tts_service import TTSService
 from pipecat_rl.compat import user_aggregator_vad
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.scenarios import Scenario
+from pipecat_rl.scenarios.turns import recordings
 from pipecat_rl.simulator.audio.channel import ChannelPerturbation
 from pipecat_rl.simulator.audio.services import (
     OFFLINE_STT,
@@ -118,16 +120,19 @@ class AgentSpeech:
 
 
 def persona_audio_stages(
-    pair: AudioTransportPair, choice: SpeechChoice
+    pair: AudioTransportPair, choice: SpeechChoice, recorded: Mapping[int, str] | None = None
 ) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
-    """The persona's ear (before its turn logic) and mouth (after its LLM)."""
+    """The persona's ear (before its turn logic) and mouth (after its LLM).
+
+    `recorded` (turn number -> file) are the turns played from recordings, not spoken.
+    """
     hearing: list[FrameProcessor] = [
         VADProcessor(vad_analyzer=SileroVADAnalyzer()),
         stt_service(choice.stt),
         PersonaHearing(pair),
     ]
     mouth = tts_service(choice.tts, text_transforms=[("*", read_codes_aloud)])
-    speaking: list[FrameProcessor] = [CallerLineTap(pair), mouth]
+    speaking: list[FrameProcessor] = [CallerLineTap(pair, recorded), mouth]
     return hearing, speaking
 
 
@@ -138,6 +143,8 @@ class AudioEpisode:
     pair: AudioTransportPair
     choice: SpeechChoice
     agent_speech: AgentSpeech
+    recorded: dict[int, str] = field(default_factory=dict)
+    """A scripted scenario's recorded turns (turn number -> file), played instead of spoken."""
 
     @classmethod
     def build(
@@ -172,7 +179,12 @@ class AudioEpisode:
             )
         else:
             pair = AudioTransportPair(max_turns=scenario.max_turns, perturb=perturb)
-        return cls(pair=pair, choice=choice, agent_speech=AgentSpeech(choice))
+        return cls(
+            pair=pair,
+            choice=choice,
+            agent_speech=AgentSpeech(choice),
+            recorded=recordings(scenario.parsed_turns or []),
+        )
 
     def adapt(self, episode: Episode) -> None:
         """Keep the bot's speech services (or stand in for them) and listen to its STT."""
@@ -182,7 +194,7 @@ class AudioEpisode:
 
     def persona_stages(self) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
         """The persona's ear and mouth."""
-        return persona_audio_stages(self.pair, self.choice)
+        return persona_audio_stages(self.pair, self.choice, self.recorded)
 
     async def close(self) -> None:
         """Let go of the call's connections, if it holds any (WebRTC's peers)."""

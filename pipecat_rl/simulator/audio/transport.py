@@ -5,8 +5,8 @@ input, speech when it has some queued and silence otherwise, so both directions 
 continuous stream as on a call (VAD, endpointing, smart-turn and interruptions see real
 silences). The agent's output transport plays its TTS audio through its mouth, one slot per
 frame, so `BotStartedSpeaking`/`BotStoppedSpeaking` and Pipecat's latency observers fire at
-play time; the caller's output queues each synthesised line (perturbed by the channel, see
-`channel`) on its mouth.
+play time; the caller's output queues each synthesised line, or a scripted turn's recording
+(`recordings`), perturbed by the channel (see `channel`), on its mouth.
 
 Where time runs faster than real time (only where nothing in the pipeline can tell): TTS
 synthesis and STT transcription run as fast as the CPU allows (as with a streaming service
@@ -22,11 +22,11 @@ agent frame it receives afterwards: the heard gap, at 20 ms resolution.
 import asyncio
 import collections
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from pipecat.audio.utils import create_stream_resampler
+from pipecat.audio.utils import create_file_resampler, create_stream_resampler
 from pipecat.frames.frames import (
     BotStartedSpeakingFrame,
     BotStoppedSpeakingFrame,
@@ -38,6 +38,7 @@ from pipecat.frames.frames import (
     InputTransportMessageFrame,
     InterruptionFrame,
     LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
     LLMMessagesUpdateFrame,
     LLMTextFrame,
     OutputAudioRawFrame,
@@ -61,6 +62,7 @@ from pipecat.utils.time import time_now_iso8601
 
 from pipecat_rl import compat
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE, VOICED_RMS
+from pipecat_rl.simulator.audio.recordings import RecordingFrame, read_recording
 from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, client_ready
 
 FRAME_BYTES = FRAME_SAMPLES * 2
@@ -193,7 +195,9 @@ class AudioTransportPair(LocalTransportPair):
     """A simulated call carried as paced 16 kHz audio; the transcript as said and as heard.
 
     Caller lines are `Line("caller", said, heard-by-the-agent's-STT)`; agent lines are
-    `Line("agent", spoken-by-its-TTS, heard-by-the-caller's-STT, heard gap)`.
+    `Line("agent", spoken-by-its-TTS, heard-by-the-caller's-STT, heard gap, answers)`, where a
+    turn answers the caller lines the agent's voice followed (none, for a greeting that began
+    before the caller's first line was heard).
     """
 
     def __init__(
@@ -283,7 +287,8 @@ class AudioTransportPair(LocalTransportPair):
         spoken = " ".join(t.strip() for t in self.agent_spoken if t.strip())
         self.agent_spoken = []
         gap = self.meter.gaps_ms.get(self.caller_turns - 1) if self.caller_turns else None
-        self.transcript.append(Line("agent", spoken, heard, time.time(), gap))
+        answers = max(self.meter.gaps_ms, default=-1) + 1  # the lines its voice has followed
+        self.transcript.append(Line("agent", spoken, heard, time.time(), gap, answers))
         self.last_activity = time.monotonic()
         if self.caller_turns >= self.max_turns:
             self.end("max_turns")
@@ -474,7 +479,7 @@ class AudioCallerInput(_AudioInput):
 
 
 class AudioCallerOutput(_MouthOutput):
-    """The persona's mouth: each synthesised utterance, perturbed by the channel, then played."""
+    """The persona's mouth: each synthesised utterance or recording, perturbed, then played."""
 
     def __init__(self, pair: AudioTransportPair, **kwargs):
         super().__init__(TransportParams(audio_out_enabled=False), **kwargs)
@@ -488,6 +493,14 @@ class AudioCallerOutput(_MouthOutput):
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Take the persona's TTS audio off the pipeline and play it, a whole utterance at once."""
+        if isinstance(frame, RecordingFrame):  # a recorded turn: already whole
+            await FrameProcessor.process_frame(self, frame, direction)
+            pcm = frame.audio
+            if frame.sample_rate != SAMPLE_RATE:
+                resampler = create_file_resampler()
+                pcm = await resampler.resample(pcm, frame.sample_rate, SAMPLE_RATE)
+            self._play(pcm)
+            return
         if isinstance(frame, TTSAudioRawFrame):
             # Only the frame processor's bookkeeping: this audio is played by the mouth, whole,
             # not streamed through the output transport's media sender.
@@ -504,6 +517,9 @@ class AudioCallerOutput(_MouthOutput):
 
     def _flush(self) -> None:
         pcm, self._utterance = bytes(self._utterance), bytearray()
+        self._play(pcm)
+
+    def _play(self, pcm: bytes) -> None:
         if pcm:
             if self._pair.perturb is not None:
                 pcm, mask = self._pair.perturb(pcm)
@@ -547,24 +563,64 @@ class AudioCallerTransport(BaseTransport):
 
 
 class CallerLineTap(FrameProcessor):
-    """Between the persona LLM and its TTS: each complete reply is a caller line."""
+    """Between the persona LLM and its TTS: each complete reply is a caller line.
 
-    def __init__(self, pair: AudioTransportPair, **kwargs):
+    A scripted turn played from a recording (`recorded`: turn number, 1-based -> file) is not
+    spoken: its reply passes on marked `skip_tts` and its `RecordingFrame` follows (see
+    `recordings`). The tap decides it, as the one processor that adds caller lines after the
+    opening, so the turn a reply says is the pair's next line when the reply starts.
+    """
+
+    def __init__(
+        self, pair: AudioTransportPair, recorded: Mapping[int, str] | None = None, **kwargs
+    ):
         super().__init__(**kwargs)
         self._pair = pair
         self._parts: list[str] = []
+        self._recorded = dict(recorded or {})
+        self._recording: int | None = None
+        """The recorded turn the passing reply would say, if it is one."""
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Collect the reply's text; at its end, tell the pair what the caller says."""
         await super().process_frame(frame, direction)
-        if direction == FrameDirection.DOWNSTREAM:
-            if isinstance(frame, LLMTextFrame):
-                self._parts.append(frame.text)
-                self._pair.caller_speaking = bool(frame.text.strip()) or self._pair.caller_speaking
-            elif isinstance(frame, LLMFullResponseEndFrame):
-                text, self._parts = "".join(self._parts).strip(), []
-                self._pair.caller_line(text)
+        if direction != FrameDirection.DOWNSTREAM:
+            await self.push_frame(frame, direction)
+            return
+        opening = isinstance(frame, TTSSpeakFrame) and self._pair.caller_turns == 1
+        if opening and 1 in self._recorded:  # the line said on connecting: played, not spoken
+            await self._play(1)
+            return
+        if isinstance(frame, LLMFullResponseStartFrame):
+            upcoming = self._pair.caller_turns + 1
+            self._recording = upcoming if upcoming in self._recorded else None
+        if self._recording is not None and isinstance(
+            frame, (LLMFullResponseStartFrame, LLMTextFrame, LLMFullResponseEndFrame)
+        ):
+            frame.skip_tts = True
+        said = None
+        if isinstance(frame, LLMTextFrame):
+            self._parts.append(frame.text)
+            self._pair.caller_speaking = bool(frame.text.strip()) or self._pair.caller_speaking
+        elif isinstance(frame, LLMFullResponseEndFrame):
+            text, self._parts = "".join(self._parts).strip(), []
+            before = self._pair.caller_turns
+            self._pair.caller_line(text)
+            if self._pair.caller_turns > before:  # a line was said (not empty, call not over)
+                said = self._recording
+            self._recording = None
         await self.push_frame(frame, direction)
+        if said is not None:
+            await self._play(said)
+
+    async def _play(self, turn: int) -> None:
+        path = self._recorded.pop(turn)  # each turn is said once
+        try:
+            recording = await read_recording(path)
+        except ValueError as e:  # the loader read it: it changed since
+            await self.push_error(f"turn {turn}: cannot play {path}: {e}", exception=e, fatal=True)
+            return
+        await self.push_frame(recording)
 
 
 class PersonaHearing(FrameProcessor):
