@@ -43,6 +43,8 @@ def add_run(
     latency_turns: int = LATENCY_TURNS,
     metadata: dict | None = None,
     tool_calls: tuple[ToolCallRecord, ...] = (),
+    call_ttft_s: float = 0.1,
+    turn_ttft_ms: float = 300.0,
 ) -> str:
     sid = f"{policy}-{scenario}-{repeat}-{started}-{set_id}-{source}"
     t0 = started + scenario * 100 + repeat
@@ -72,7 +74,11 @@ def add_run(
             created_at=t0 + i,
             request={"messages": []},
             usage={"prompt_tokens": 500, "completion_tokens": 40},
-            timestamps={"llm_request": t0 + i, "llm_done": t0 + i + 0.4},
+            timestamps={
+                "llm_request": t0 + i,
+                "llm_first_token": t0 + i + call_ttft_s + 0.01 * repeat,
+                "llm_done": t0 + i + 0.4,
+            },
         )
         for i in range(2)
     ]
@@ -84,7 +90,7 @@ def add_run(
             bot_started_at=t0 + 5 * i + (v2v_ms + 10 * i + repeat) / 1000,
             bot_stopped_at=t0 + 5 * i + 3.0,
             stt_ms=120.0,
-            llm_ttft_ms=300.0,
+            llm_ttft_ms=turn_ttft_ms + i,
         )
         for i in range(latency_turns)
     ]
@@ -385,3 +391,28 @@ def test_unauthorised_writes_of_both_arms_over_their_guarded_runs(ledger, tmp_pa
     assert "book_appointment (appointments+slots) in scn-06 run 0" in detail
     assert "incumbent: 1 unauthorised write(s)" in detail and "handoffs 1" in detail
     assert receipt["scenarios"][6]["candidate_unauthorized_writes"] == 1
+
+
+@pytest.mark.parametrize(("slower", "status"), [(1.0, "pass"), (10.0, "fail")])
+def test_llm_ttft_is_gated_per_call_not_on_the_first_word_after_tool_rounds(
+    ledger, tmp_path, slower, status
+):
+    """A candidate whose caller turns wait 5 s for tool rounds, at the same per-call speed,
+    passes the TTFT ratio; one whose every call is 10x slower to start fails it."""
+    from pipecat_rl.gate.config import GateConfig
+    from pipecat_rl.gate.evaluate import evaluate
+    from pipecat_rl.gate.lineage import base_lineage
+
+    for s in range(6):
+        for r in range(2):
+            add_run(ledger, "cand", s, r, 1.0, call_ttft_s=0.1 * slower, turn_ttft_ms=5000.0)
+            add_run(ledger, "inc", s, r, 1.0, call_ttft_s=0.1, turn_ttft_ms=300.0)
+    data = load_ledger_runs(ledger, "cand", "inc", source="gate")
+    receipt = evaluate(data, GateConfig(), base_lineage("cand"), base_lineage("inc"))
+    (check,) = [c for c in receipt.checks if c.name == "llm_ttft_ratio"]
+    assert check.status == status, check.detail
+    ratio = receipt.latency.llm["llm_ttft_ms"]
+    assert ratio.ratio.estimate == pytest.approx(slower, rel=0.1)
+    # The caller-turn stage still shows the wait, where the voice-to-voice figure holds it.
+    stages = receipt.latency.stages
+    assert stages["candidate"]["llm_ttft_ms"].p50 > 10 * stages["incumbent"]["llm_ttft_ms"].p50

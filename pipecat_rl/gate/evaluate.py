@@ -24,7 +24,7 @@ import numpy as np
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate.config import GateConfig
 from pipecat_rl.gate.cost import CostSummary, cost_summary
-from pipecat_rl.gate.inputs import GateData, RunResult, Unusable
+from pipecat_rl.gate.inputs import GateData, RunResult, Unusable, llm_ttft_samples
 from pipecat_rl.gate.latency import (
     LLM_MEASURES,
     STAGES,
@@ -206,13 +206,19 @@ def _regression_stats(
     )
 
 
+def _samples(run: RunResult, field: str) -> tuple[float, ...]:
+    if field == "llm_ttft_ms":
+        return llm_ttft_samples(run)
+    return run.stages_ms.get(field, ()) if field in STAGES else getattr(run, field)
+
+
 def _clusters(pairs: list[PairedScenario], role: Role, field: str) -> list[list[tuple]]:
-    """Per scenario, per paired run of `role`, the samples of one latency field."""
+    """Per scenario, per paired run of `role`, the samples of one latency field.
+
+    The LLM TTFT is per LLM call (`llm_ttft_samples`), not the caller-turn stage of that name.
+    """
     return [
-        [
-            r.stages_ms.get(field, ()) if field in STAGES else getattr(r, field)
-            for r in (p.candidate if role == "candidate" else p.incumbent)
-        ]
+        [_samples(r, field) for r in (p.candidate if role == "candidate" else p.incumbent)]
         for p in pairs
     ]
 

@@ -16,8 +16,9 @@ is the run's authoritative score in [0, 1]; a line may instead (or also) carry `
 (`{"verifier": 0.0, "tool_credit": 0.5}`), and then the gate scores it from its parts exactly as
 it scores ledger sessions (`gate_score`): the shaped tool credit never counts. Optional keys:
 `seed`, `scenario_hash`, `channel` (`text` or `audio`), `stages_ms` (per-stage samples keyed
-`endpointing_ms`, `stt_ms`, `llm_ttft_ms`, `tts_ttfb_ms`), `llm_turn_ms` (each LLM call's time from
-request to last token), `guarded` (whether the run carried a check that something must not change),
+`endpointing_ms`, `stt_ms`, `llm_ttft_ms`, `tts_ttfb_ms`), `llm_call_ttft_ms` and `llm_turn_ms`
+(each LLM call's time from request to its first token, and to its last), `guarded` (whether the
+run carried a check that something must not change),
 `writes` (its unauthorised writes: `kind`, `check`, `tool`, `call_id`) and `usage`
 (`prompt_tokens`, `completion_tokens`, `stt_seconds`, `tts_seconds`). Other keys are ignored;
 lines of other policies are skipped and counted.
@@ -51,7 +52,7 @@ from pydantic import (
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate.cost import Usage
 from pipecat_rl.gate.latency import STAGES
-from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord
+from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger.outcome import authoritative_part, authoritative_score, score_passed
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
@@ -142,6 +143,8 @@ class RunResult(BaseModel):
     """Whether the run carried a guarded check; None when not recorded."""
     llm_turn_ms: tuple[Latency, ...] = ()
     """Each LLM call's time from request to its last token."""
+    llm_call_ttft_ms: tuple[Latency, ...] = ()
+    """Each LLM call's time from request to its first token, text or tool call."""
     occurrence: int = Field(0, ge=0)
     """0 for the first session of this (scenario, policy, run, seed), 1 for the next: a run
     repeated is paired as one more run, never in place of the first."""
@@ -250,6 +253,17 @@ def _distinct(candidate: str, incumbent: str) -> None:
             f"candidate and incumbent are both {candidate!r}; gate a new adapter against the live "
             "one (--incumbent live) or the base model (--incumbent base)."
         )
+
+
+def llm_ttft_samples(run: RunResult) -> tuple[float, ...]:
+    """The run's LLM time to first token, per LLM call (`llm_call_ttft_ms`).
+
+    Per call, not per caller turn: a turn's first spoken token waits for every tool round before
+    it (the `llm_ttft_ms` stage, which the voice-to-voice figure holds), and a candidate that
+    looks things up where the incumbent guesses would read as a slower model. A run with no
+    per-call timing (a scores file with `stages_ms` only) is measured by that stage.
+    """
+    return run.llm_call_ttft_ms or run.stages_ms.get("llm_ttft_ms", ())
 
 
 def _require_both(runs: Sequence[RunResult], candidate: str, incumbent: str, where: str) -> None:
@@ -521,6 +535,16 @@ def _guarded_writes(
     return bool(guarded), writes
 
 
+def _call_times(turns: Sequence[TurnRecord], until: str) -> tuple[float, ...]:
+    """Each LLM call's ms from its request to `until` (a recorded timestamp), where both exist."""
+    return tuple(
+        (t.timestamps[until] - t.timestamps["llm_request"]) * 1000
+        for t in turns
+        if {"llm_request", until} <= t.timestamps.keys()
+        and t.timestamps[until] >= t.timestamps["llm_request"]
+    )
+
+
 def _session_run(
     ledger: Ledger,
     s: SessionRecord,
@@ -567,12 +591,8 @@ def _session_run(
         unauthorized_writes=int(count),
         writes=tuple(writes),
         guarded=guarded,
-        llm_turn_ms=tuple(
-            (t.timestamps["llm_done"] - t.timestamps["llm_request"]) * 1000
-            for t in turns
-            if {"llm_request", "llm_done"} <= t.timestamps.keys()
-            and t.timestamps["llm_done"] >= t.timestamps["llm_request"]
-        ),
+        llm_turn_ms=_call_times(turns, "llm_done"),
+        llm_call_ttft_ms=_call_times(turns, "llm_first_token"),
         occurrence=occurrence,
         usage=usage,
         seed=s.seed,

@@ -39,8 +39,8 @@ STAGES: tuple[str, ...] = ("endpointing_ms", "stt_ms", "llm_ttft_ms", "tts_ttfb_
 
 LLM_MEASURES: dict[str, str] = {"llm_ttft_ms": "LLM TTFT", "llm_turn_ms": "LLM time per turn"}
 """What the text gate compares as candidate / incumbent ratios, and how a receipt names them:
-the time to the first token of a user turn's reply (the `llm_ttft_ms` stage) and the time of
-each LLM call from request to its last token."""
+each LLM call's time from request to its first token (`gate.inputs.llm_ttft_samples`; the
+`llm_ttft_ms` stage of a caller turn also waits for its tool rounds) and to its last token."""
 
 Clusters = Sequence[Sequence[Sequence[float]]]
 """Per scenario, per session, the turns' latencies (ms)."""
