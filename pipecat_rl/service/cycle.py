@@ -481,7 +481,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
         t0 = time.monotonic()
         result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
-                                                 **common),
+                                                 holdout=t.sft_holdout, **common),
                        server_url=url if t.verify_on_server else None,
                        progress=progress, live=NO_LIVE)  # fmt: skip
         runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
