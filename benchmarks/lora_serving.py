@@ -135,7 +135,9 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, messages: 
 def op_benchmark(rounds: int = 5) -> dict:
     """vLLM's bgmv ops vs the grouped ones for one forward's LoRA work (all 30 blocks), per case:
     shrink into a float32 buffer and expand into the output, slice by slice, as vLLM's CPU punica
-    wrapper does (its prefill ops call these once per token-index vector). Median of `rounds`."""
+    wrapper does (its prefill ops call these once per token-index vector). Median of `rounds`,
+    on one torch thread, timed in that thread's CPU seconds (comparable on a shared machine)
+    and in wall seconds."""
     import torch
     from vllm.lora.ops.torch_ops import lora_ops
 
@@ -150,29 +152,34 @@ def op_benchmark(rounds: int = 5) -> dict:
         (torch.randn(2, 1, RANK, i) / i**0.5, torch.randn(2, 1, o, RANK) / RANK**0.5)
         for i, o in PROJECTIONS
     ]
-    out: dict = {"torch_threads": torch.get_num_threads(), "layers": LAYERS, "rank": RANK}
-    for case, indices in OP_CASES.items():
-        idx = torch.tensor(indices)
-        x = {i: torch.randn(len(indices), i) for i in {i for i, _ in PROJECTIONS}}
-        y = {o: torch.zeros(len(indices), o) for o in {o for _, o in PROJECTIONS}}
-        buffer = torch.zeros(len(indices), RANK)
-        times: dict[str, float] = {}
-        for name, (shrink, expand_slice) in impls.items():
-            samples = []
-            for _ in range(rounds):
-                start = time.perf_counter()
-                for _ in range(LAYERS):
-                    for (i, o), (a, b) in zip(PROJECTIONS, stacks, strict=True):
-                        shrink(x[i], a, buffer, idx, 2.0)
-                        expand_slice(buffer, b, y[o], idx, 0, o, True)
-                samples.append(time.perf_counter() - start)
-            times[name] = statistics.median(samples)
-        out[case] = {
-            "vllm_ms": round(1000 * times["vllm"], 2),
-            "grouped_ms": round(1000 * times["grouped"], 2),
-            "speedup": round(times["vllm"] / times["grouped"], 1),
-        }
-        print(json.dumps({case: out[case]}), file=sys.stderr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out: dict = {"torch_threads": 1, "layers": LAYERS, "rank": RANK, "rounds": rounds}
+    try:
+        for case, indices in OP_CASES.items():
+            idx = torch.tensor(indices)
+            x = {i: torch.randn(len(indices), i) for i in {i for i, _ in PROJECTIONS}}
+            y = {o: torch.zeros(len(indices), o) for o in {o for _, o in PROJECTIONS}}
+            buffer = torch.zeros(len(indices), RANK)
+            out[case] = {}
+            for name, (shrink, expand_slice) in impls.items():
+                cpu, wall = [], []
+                for _ in range(rounds):
+                    started, started_cpu = time.perf_counter(), time.thread_time()
+                    for _ in range(LAYERS):
+                        for (i, o), (a, b) in zip(PROJECTIONS, stacks, strict=True):
+                            shrink(x[i], a, buffer, idx, 2.0)
+                            expand_slice(buffer, b, y[o], idx, 0, o, True)
+                    cpu.append(time.thread_time() - started_cpu)
+                    wall.append(time.perf_counter() - started)
+                out[case][f"{name}_cpu_ms"] = round(1000 * statistics.median(cpu), 2)
+                out[case][f"{name}_wall_ms"] = round(1000 * statistics.median(wall), 2)
+            out[case]["speedup_cpu"] = round(
+                out[case]["vllm_cpu_ms"] / out[case]["grouped_cpu_ms"], 1
+            )
+            print(json.dumps({case: out[case]}), file=sys.stderr)
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 
@@ -285,9 +292,9 @@ async def main() -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=600)
     parser.add_argument("--adapter", type=Path, help="a peft folder (default: a random r16 LoRA)")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
-    parser.add_argument("--no-ops", action="store_true", help="skip timing the ops alone")
+    parser.add_argument("--op-rounds", type=int, default=5, help="rounds of the ops alone; 0: none")
     args = parser.parse_args()
-    ops = None if args.no_ops else op_benchmark()
+    ops = op_benchmark(args.op_rounds) if args.op_rounds else None
     from transformers import AutoTokenizer
 
     base = prepare_model("smollm2")
@@ -295,7 +302,7 @@ async def main() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         adapter = args.adapter or build_adapter(base, Path(tmp) / ADAPTER)
         phases = []
-        for phase in args.phases.split(","):
+        for phase in filter(None, args.phases.split(",")):  # "": the ops alone
             phases.append(await run_phase(phase, base, adapter, args.rounds, prompt))
             print(json.dumps(phases[-1]), file=sys.stderr)
     result = {
