@@ -7,7 +7,10 @@ the pipeline's side: it never waits for the ledger), how long each write takes o
 thread (`write_ms`), the writes per second of all writers together, and the writes dropped
 (`failed`: the recorder's dropped-write count). The processes start together on one signal.
 Postgres runs on a throwaway local cluster (tests.postgres_helpers), so both ledgers share this
-machine's disk and cores. Prints JSON, and writes it with --out.
+machine's disk and cores. Each level runs `--repeats` times, SQLite and Postgres taking turns,
+and reports every run and the median run (by writes per second), with the load average: on a
+shared machine the other processes' load moves these numbers more than the ledger does. Prints
+JSON, and writes it with --out.
 """
 
 import argparse
@@ -120,6 +123,7 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("TARGET", "NAME"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="Also write the JSON here.")
     parser.add_argument("--writers", type=int, nargs="+", default=list(WRITERS))
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
@@ -133,24 +137,35 @@ def main() -> None:
     if binaries is None:
         sys.exit("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
     results: dict[str, list[dict[str, Any]]] = {"sqlite": [], "postgres": []}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder, throwaway_cluster(*binaries) as server:
         for n in args.writers:
-            path = Path(folder) / f"writers-{n}.db"
-            Ledger(path).close()  # created and migrated before the clock starts
-            results["sqlite"].append(level(str(path), n))
-            with psycopg.connect(server, autocommit=True) as conn:
-                conn.execute(f"CREATE DATABASE writers_{n}")
-            url = server.rsplit("/", 1)[0] + f"/writers_{n}"
-            Ledger(url).close()
-            results["postgres"].append(level(url, n))
-            print(json.dumps({"writers": n, "sqlite": results["sqlite"][-1],
-                              "postgres": results["postgres"][-1]}), file=sys.stderr)  # fmt: skip
+            runs: dict[str, list[dict[str, Any]]] = {"sqlite": [], "postgres": []}
+            for r in range(args.repeats):
+                path = Path(folder) / f"writers-{n}-{r}.db"
+                Ledger(path).close()  # created and migrated before the clock starts
+                runs["sqlite"].append(level(str(path), n))
+                with psycopg.connect(server, autocommit=True) as conn:
+                    conn.execute(f"CREATE DATABASE writers_{n}_{r}")
+                url = server.rsplit("/", 1)[0] + f"/writers_{n}_{r}"
+                Ledger(url).close()
+                runs["postgres"].append(level(url, n))
+            for backend, done in runs.items():
+                median = sorted(done, key=lambda x: x["writes_per_s"])[len(done) // 2]
+                results[backend].append({**median, "runs_writes_per_s": [
+                    x["writes_per_s"] for x in done]})  # fmt: skip
+            print(json.dumps({"writers": n, **{b: v[-1] for b, v in results.items()}}),
+                  file=sys.stderr)  # fmt: skip
     out = {
         "benchmark": "ledger_writers",
         "calls_per_writer": CALLS,
         "turns_per_call": TURNS,
         "writes_per_call": 2 + 2 * TURNS,
         "cpus": os.cpu_count(),
+        "load_average_1m": {
+            "before": round(load_before[0], 1),
+            "after": round(os.getloadavg()[0], 1),
+        },
         "results": results,
     }
     text = json.dumps(out, indent=2)

@@ -340,8 +340,10 @@ class PostgresStore:
         try:
             with self._pool.connection(timeout=CONNECT_TIMEOUT_S) as raw, raw.transaction():
                 if write:
-                    raw.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT_S}s'")
-                    raw.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+                    raw.execute(  # one round trip: this transaction's lock wait, then the lock
+                        "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(%s)",
+                        (f"{LOCK_TIMEOUT_S}s", WRITE_LOCK),
+                    )
                 else:
                     raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 yield PostgresConnection(raw, self._identity)
