@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_rl.errors import ConfigError, PipecatRLError, TrainingError
+from pipecat_rl.errors import ConfigError, NoTrainingSignalError, PipecatRLError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
 from pipecat_rl.scenarios import load_scenarios
 from pipecat_rl.service.cycle import run_cycle
@@ -30,6 +30,8 @@ class FakeTraining:
 
     ledger_path: Path
     calls: list = field(default_factory=list)
+    no_signal: set = field(default_factory=set)
+    """Algorithms whose runs find no training signal."""
 
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("pipecat_rl.training")
@@ -41,6 +43,7 @@ class FakeTraining:
             parent: str | None = None
             steps: int | None = None
             epochs: int | None = None
+            holdout: float = 0.15
             group_size: int | None = None
             rank: int = 16
             alpha: int = 32
@@ -59,8 +62,10 @@ class FakeTraining:
             guard: dict
             metrics: dict
 
-        def train(ledger, config, *, server_url=None, rollouts=None, progress=None):
+        def train(ledger, config, *, server_url=None, rollouts=None, progress=None, **_):
             self.calls.append((config, rollouts))
+            if config.algo in self.no_signal:
+                raise NoTrainingSignalError(f"{config.algo}: frac_reward_zero_std=1.0")
             name = f"cand-{config.algo}-{len(self.calls)}"
             folder = Path(config.out_dir) / name
             folder.mkdir(parents=True)
@@ -271,3 +276,29 @@ def test_explained_failures_become_drafts_for_review(tmp_path):
         with pytest.raises(ConfigError, match="never grows"):
             draft_from_failures(ledger, ["s1"], pool, clinic / "scenarios" / "heldout" / "d",
                                 heldout=clinic / "scenarios" / "heldout")  # fmt: skip
+
+
+def test_rl_after_a_warm_start_runs_on_the_warm_starts_own_contested_set(tmp_path, world):
+    clinic, training, vllm = world
+    train = {"warm_start": "always", "grpo_steps": 1, "refilter_repeats": 4}
+    config = loop(tmp_path, clinic, vllm, stop_after="train", train=train)
+    run_cycle(config)
+    sft, (grpo, rollouts) = training.calls[0][0], training.calls[1]
+    assert (sft.algo, sft.holdout, grpo.algo, grpo.parent) == ("sft", 0.0, "grpo", "cand-sft-1")
+    (refiltered,) = [e for e in read_events(config) if e["event"] == "refiltered"]
+    assert refiltered["policy"] == "cand-sft-1" and refiltered["repeats"] == 4
+    assert [s.id for s in rollouts.scenarios] == refiltered["contested"] == ["routine_booking"]
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        runs = ledger.sessions(policy="cand-sft-1")
+    assert len(runs) == 2 * 4  # both pool scenarios, 4 runs each, under the warm start
+
+
+def test_rl_without_signal_keeps_the_warm_start_and_records_the_sub_run(tmp_path, world):
+    clinic, training, vllm = world
+    training.no_signal.add("grpo")
+    train = {"warm_start": "always", "grpo_steps": 1, "refilter_repeats": 4}
+    summary = run_cycle(loop(tmp_path, clinic, vllm, stop_after="train", train=train))
+    trained = summary.stages["train"]
+    assert trained["candidate"] == "cand-sft-1"
+    assert [r["algo"] for r in trained["runs"]] == ["sft", "grpo"]
+    assert "frac_reward_zero_std=1.0" in trained["runs"][1]["skipped"]

@@ -26,7 +26,13 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel
 
-from pipecat_rl.errors import BudgetExhausted, ConfigError, ServingError, TrainingError
+from pipecat_rl.errors import (
+    BudgetExhausted,
+    ConfigError,
+    NoTrainingSignalError,
+    ServingError,
+    TrainingError,
+)
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.outcome import passed
@@ -186,13 +192,15 @@ class Cycle:
         """The served model, started on first use."""
         return Server(url=self.url(), model=self.config.model)
 
-    def simulate(self, scenarios, adapter: str, *, repeats: int, bot: str, served: bool = True):
-        """Simulate `scenarios` with `bot` under `adapter`; returns the report."""
+    def simulate(
+        self, scenarios, adapter: str, *, repeats: int, bot: str, served: bool = True, **options
+    ):
+        """Simulate `scenarios` with `bot` under `adapter` (`options` over the loop's)."""
         from pipecat_rl.simulator import load_bot, run
 
         server = self.server() if served else Server(needed=False)
         return run(
-            scenarios, load_bot(bot), self.options(repeats=repeats), self.ledger,
+            scenarios, load_bot(bot), self.options(repeats=repeats, **options), self.ledger,
             policies=[adapter], server=server,
         )  # fmt: skip
 
@@ -370,19 +378,24 @@ def preflight(cycle: Cycle) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def filter_pool(cycle: Cycle) -> dict[str, Any]:
-    """Simulate the pool under the incumbent; set aside what it always solves or always fails."""
-    c = cycle.config
-    pool = cycle.scenarios("pool")
-    cycle.require(len(pool) * c.filter.repeats * 2.0, "the filter stage")
-    report = cycle.simulate(pool, cycle.incumbent(), repeats=c.filter.repeats, bot=c.bot)
+def _split(report: Any) -> tuple[list[str], list[str], list[str]]:
+    """Scenario ids always solved, always failed, and contested (both) over a report's runs."""
     by: dict[str, list[bool]] = {}
     for e in report.episodes:
         if e.passed is not None:
             by.setdefault(e.scenario_id, []).append(e.passed)
     solved = sorted(s for s, runs in by.items() if all(runs))
     failed = sorted(s for s, runs in by.items() if not any(runs))
-    contested = sorted(s for s, runs in by.items() if any(runs) and not all(runs))
+    return solved, failed, sorted(s for s, runs in by.items() if any(runs) and not all(runs))
+
+
+def filter_pool(cycle: Cycle) -> dict[str, Any]:
+    """Simulate the pool under the incumbent; set aside what it always solves or always fails."""
+    c = cycle.config
+    pool = cycle.scenarios("pool")
+    cycle.require(len(pool) * c.filter.repeats * 2.0, "the filter stage")
+    report = cycle.simulate(pool, cycle.incumbent(), repeats=c.filter.repeats, bot=c.bot)
+    solved, failed, contested = _split(report)
     tool_calls = sum(len(e.executions) for e in report.episodes)
     using_tools = sum(1 for e in report.episodes if any(x.error is None for x in e.executions))
     drafts = draft_from_failures(cycle.ledger, [e.session_id for e in report.episodes], pool,
@@ -497,9 +510,19 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         runs.append(_run_record(cycle, "sft-live", result, time.monotonic() - t0))
         parent = result.adapter
     pool = cycle.scenarios("pool")
-    contested = pool.model_copy(
-        update={"scenarios": [x for x in pool if x.id in set(filtered["contested"])]}
-    )
+    chosen = set(filtered["contested"])
+    if (t.grpo_steps or t.opsd_steps) and parent is not None and parent != incumbent:
+        # RL starts from what this stage trained, not the incumbent the filter ran: its contested
+        # set is its own, at the temperature RL samples at, with repeats enough to see one.
+        report = cycle.simulate(pool, parent, repeats=t.refilter_repeats, bot=c.bot,
+                                temperature=t.temperature)  # fmt: skip
+        solved, failed, contested_ids = _split(report)
+        cycle.log.write(
+            "refiltered", policy=parent, repeats=t.refilter_repeats, contested=contested_ids,
+            solved=len(solved), failed=len(failed),
+        )  # fmt: skip
+        chosen = set(contested_ids)
+    contested = pool.model_copy(update={"scenarios": [x for x in pool if x.id in chosen]})
     for algo, steps in (("grpo", t.grpo_steps), ("opsd", t.opsd_steps)):
         if steps == 0:
             continue
@@ -513,12 +536,22 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
 
         rollouts = Rollouts(scenarios=contested, bot=load_bot(c.bot), options=cycle.options())
         t0 = time.monotonic()
-        result = train(cycle.ledger, TrainConfig(algo=algo, parent=parent, steps=steps,
-                                                 group_size=t.group_size,
-                                                 temperature=t.temperature, **common),
-                       server_url=url, rollouts=rollouts, progress=progress)  # fmt: skip
+        try:
+            result = train(cycle.ledger, TrainConfig(algo=algo, parent=parent, steps=steps,
+                                                     group_size=t.group_size,
+                                                     temperature=t.temperature, **common),
+                           server_url=url, rollouts=rollouts, progress=progress)  # fmt: skip
+        except NoTrainingSignalError as e:  # the candidate so far stands; the sub-run is kept
+            cycle.log.write("rl_skipped", algo=algo, reason=str(e))
+            runs.append({"algo": algo, "adapter": None, "skipped": str(e),
+                         "wall_s": round(time.monotonic() - t0, 3)})  # fmt: skip
+            continue
         runs.append(_run_record(cycle, algo, result, time.monotonic() - t0))
         parent = result.adapter
+    if runs and parent in (None, incumbent):  # every run asked for found no signal
+        raise NoTrainingSignalError(
+            "the train stage trained nothing: " + "; ".join(r["skipped"] for r in runs)
+        )
     if not runs:
         raise TrainingError(
             "the train stage had nothing to run: the incumbent already calls tools (tool use "

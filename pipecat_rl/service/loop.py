@@ -83,6 +83,10 @@ class TrainSettings(_Part):
     """Let the trainer hot-load the SFT adapter and check a canary's served logprobs against its
     own (`training.registry.load_and_verify`). Off: the SFT runs offline from the ledger and the
     adapter is loaded by name for evaluation, verified only by `/v1/models`."""
+    refilter_repeats: int = Field(default=8, ge=2)
+    """Before RL from an adapter this stage trained: runs per pool scenario under it, at the RL
+    temperature, to find its own contested set (with 2 runs a p = 0.5 scenario looks settled
+    half the time)."""
     grpo_steps: int = Field(default=0, ge=0)
     opsd_steps: int = Field(default=0, ge=0)
     group_size: int = Field(default=4, ge=2)
