@@ -156,7 +156,7 @@ def redact(url: str) -> str:
         return url
     host = parts.hostname or ""
     netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def _json_extract(match: re.Match[str]) -> str:

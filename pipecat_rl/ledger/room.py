@@ -10,6 +10,7 @@ import sqlite3
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 
 class Room(ABC):
@@ -25,3 +26,11 @@ class Room(ABC):
     @abstractmethod
     def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         """One read transaction."""
+
+    def rows(self, sql: str, params: tuple = ()) -> list[Any]:
+        """The rows of one read-only statement, in one read transaction.
+
+        For `ledger migrate`'s whole-table reads; the rooms' methods serve everything else.
+        """
+        with self._read() as conn:
+            return conn.execute(sql, params).fetchall()

@@ -52,9 +52,6 @@ class TableCopy:
     present: int = 0
 
 
-def _rows(store: Ledger, sql: str) -> list[Any]:
-    with store._read() as conn:
-        return conn.execute(sql).fetchall()
 
 
 def _insert_new(dest: Ledger, table: str, columns: str, rows: list[Any], key: str) -> TableCopy:
@@ -70,7 +67,7 @@ def _insert_new(dest: Ledger, table: str, columns: str, rows: list[Any], key: st
 
 
 def _copy_sessions(source: Ledger, dest: Ledger, report: dict[str, TableCopy]) -> None:
-    ids = [r[0] for r in _rows(source, "SELECT id FROM sessions ORDER BY started_at, rowid")]
+    ids = [r[0] for r in source.rows("SELECT id FROM sessions ORDER BY started_at, rowid")]
     for sid in ids:
         records = {
             "turns": source.turns(sid),
@@ -112,8 +109,8 @@ def _copy_live_pointer(source: Ledger, dest: Ledger) -> TableCopy:
 
 def _verify(source: Ledger, dest: Ledger) -> None:
     for table, key in KEYS.items():
-        wanted = Counter(tuple(r) for r in _rows(source, f"SELECT {key} FROM {table}"))
-        held = Counter(tuple(r) for r in _rows(dest, f"SELECT {key} FROM {table}"))
+        wanted = Counter(tuple(r) for r in source.rows(f"SELECT {key} FROM {table}"))
+        held = Counter(tuple(r) for r in dest.rows(f"SELECT {key} FROM {table}"))
         missing = wanted - held
         if missing:
             raise LedgerError(
@@ -133,7 +130,7 @@ def copy_ledger(source: Ledger, dest: Ledger) -> dict[str, dict[str, int]]:
         raise LedgerError(f"the source and the destination are the same ledger {source.path}")
     report = {table: TableCopy() for table in KEYS}
     _copy_sessions(source, dest, report)
-    adapters = _rows(source, f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at, name")
+    adapters = source.rows(f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at, name")
     report["adapters"] = _insert_new(dest, "adapters", ADAPTERS.select(), adapters, "name")
     report["live_pointer"] = _copy_live_pointer(source, dest)
     hashes = [
@@ -146,12 +143,12 @@ def copy_ledger(source: Ledger, dest: Ledger) -> dict[str, dict[str, int]]:
     receipts = ", ".join(GATE_RECEIPT_COLUMNS)
     report["gate_receipts"] = _insert_new(
         dest, "gate_receipts", receipts,
-        _rows(source, f"SELECT {receipts} FROM gate_receipts ORDER BY created_at"),
+        source.rows(f"SELECT {receipts} FROM gate_receipts ORDER BY created_at"),
         "receipt_sha256",
     )  # fmt: skip
-    jobs = _rows(source, f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY submitted_at, rowid")
+    jobs = source.rows(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY submitted_at, rowid")
     report["jobs"] = _insert_new(dest, "jobs", JOB_COLUMNS, jobs, "id")
-    events = _rows(source, f"SELECT {_EVENT_COLUMNS} FROM job_events ORDER BY job_id, seq")
+    events = source.rows(f"SELECT {_EVENT_COLUMNS} FROM job_events ORDER BY job_id, seq")
     report["job_events"] = _insert_new(dest, "job_events", _EVENT_COLUMNS, events, "job_id, seq")
     _verify(source, dest)
     return {table: asdict(counts) for table, counts in report.items()}
