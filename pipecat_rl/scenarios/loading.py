@@ -29,6 +29,7 @@ from pipecat_rl.scenarios.turns import (
     recordings,
     unknown_keys,
     unsupported,
+    untimed,
 )
 from pipecat_rl.scenarios.yaml_safe import load_yaml, read_text
 
@@ -255,6 +256,11 @@ def _not_honoured(s: Scenario) -> list[str]:
         )
     found += [f"user.{k}: not a Pipecat field; ignored" for k in user if k not in _USER_KEYS]
     found += [f"judge.{k}: not a Pipecat field; ignored" for k in judge if k not in _JUDGE_KEYS]
+    found += [
+        f"{s.name}: {key}: not checked: the turn only waits, and the start of the call it "
+        "would be timed from is not recorded"
+        for key in untimed(turns)
+    ]
     found += [
         f"{s.name}: {key}: not a field of Pipecat's turns; ignored (check its spelling)"
         for key in unknown_keys(s.turns or [])

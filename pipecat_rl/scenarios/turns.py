@@ -9,6 +9,11 @@ scores them (`simulator.script_turns`); this module only says what they are, whi
 mode can run (`unsupported`) and which only audio mode can (`needs_audio`: a turn played from
 a recording). Pipecat's parser is imported only when a file has scripted scenarios.
 
+A turn that sends nothing (no `user:`) only waits for the agent, as in Pipecat's harness; the
+scripted caller runs one as the opening turn, whose checks apply to the agent's greeting
+(`opens_waiting`). The caller's lines are then the turns after it (`spoken`), so caller line
+`k` is turn `k + 1`.
+
 Fields Pipecat ignores without a word (a key it does not know in a turn or an expectation) are
 named by `unknown_keys`, so the loader can warn instead of running a check nobody wrote.
 """
@@ -123,11 +128,13 @@ def unsupported(turns: Sequence[Turn]) -> str | None:
                     f"turn {t} uses `{key}:` ({what}), which neither text mode nor the audio "
                     "harness can send"
                 )
-        if not isinstance(turn.user, str) or not turn.user.strip():
+        if turn.user is None and t > 1:
             return (
-                f"turn {t} has no `user:` text: a turn that only waits for the agent (a "
-                "greeting) is not run by the scripted caller"
+                f"turn {t} has no `user:` text: the scripted caller runs a turn that only waits "
+                "for the agent as the opening turn (the greeting), not after the caller spoke"
             )
+        if turn.user is not None and not turn.user.strip():
+            return f"turn {t} has an empty `user:`: give the text the caller says"
         for e in turn.expect:
             if e.event not in TEXT_EVENTS:
                 return f"turn {t} expects `{e.event}`, which the simulator cannot observe"
@@ -136,8 +143,26 @@ def unsupported(turns: Sequence[Turn]) -> str | None:
     return None
 
 
+def waits(turn: Turn) -> bool:
+    """Whether the turn sends nothing and only waits for what the agent says next."""
+    return turn.user is None and turn.dtmf is None
+
+
+def opens_waiting(turns: Sequence[Turn]) -> bool:
+    """Whether turn 1 only waits: the caller says nothing until the agent has greeted it."""
+    return bool(turns) and waits(turns[0])
+
+
+def spoken(turns: Sequence[Turn]) -> list[Turn]:
+    """The turns the caller says, in order: caller line `k` is `spoken(turns)[k - 1]`."""
+    return [turn for turn in turns if not waits(turn)]
+
+
 def recordings(turns: Sequence[Turn]) -> dict[int, str]:
-    """The recorded turns: turn number (1-based) -> the file played as that turn."""
+    """The recorded turns: turn number (1-based) -> the file played as that turn.
+
+    `recordings(spoken(turns))` numbers them as the caller's lines instead.
+    """
     return {t: turn.audio for t, turn in enumerate(turns, 1) if turn.audio is not None}
 
 
@@ -147,6 +172,21 @@ def needs_audio(turns: Sequence[Turn]) -> str | None:
     if not recorded:
         return None
     return f"turn {min(recorded)} plays a recording (`audio:`): run with --mode audio"
+
+
+def untimed(turns: Sequence[Turn]) -> list[str]:
+    """The `within_ms` budgets on an opening turn that only waits (`turns.0.expect.<i>.within_ms`).
+
+    Pipecat times them from the start of the call; the transcript holds when each line was
+    said, not when the call started, so these budgets are not checked.
+    """
+    if not opens_waiting(turns):
+        return []
+    return [
+        f"turns.0.expect.{i}.within_ms"
+        for i, e in enumerate(turns[0].expect)
+        if e.within_ms is not None
+    ]
 
 
 def unknown_keys(raw_turns: Sequence[Any]) -> list[str]:

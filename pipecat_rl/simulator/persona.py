@@ -8,7 +8,8 @@ scenario's persona endpoint (`--persona-llm-url`, the file's `simulator:` block,
 model, see `judge.resolve_endpoint`). A scripted persona (the scenario's `script:` rules, keyed
 on what the agent says, chosen with `--persona scripted`) replaces the LLM with a
 `ScriptedLLMService` for deterministic episodes, and a Pipecat scripted scenario (`turns:`)
-always has its turns said by one (`script_turns.TurnsCaller`).
+always has its turns said by one (`script_turns.TurnsCaller`), which opens with turn 1, or
+says nothing until the agent greets it when turn 1 only waits.
 """
 
 import re
@@ -168,9 +169,9 @@ def build_persona_worker(
     # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
     opening = scenario.script.opening if scenario.script else None
     if scenario.scripted:
-        from pipecat_rl.simulator.script_turns import caller_turns
+        from pipecat_rl.simulator.script_turns import opening_line
 
-        opening = caller_turns(scenario)[0]
+        opening = opening_line(scenario)  # none: turn 1 waits for the agent's greeting
         pair.agent_context = scenario.context or None  # none given: the bot keeps its own
     messages = [{"role": "assistant", "content": opening}] if opening else []
     context = LLMContext(messages, tools=ToolsSchema(standard_tools=[END_CALL_SCHEMA]))

@@ -3,8 +3,11 @@
 The turns are read when the file loads, by Pipecat's own parser (`scenarios.turns`). The caller
 says turn 1 as soon as it connects and each later turn once the agent has answered the one
 before (a greeting the agent gives before hearing turn 1 is nobody's answer); after the agent
-answers the last turn, it hangs up. A turn's checks are matched against what the agent said and
-the tools it called between that turn and the next, in text mode:
+answers the last turn, it hangs up. A turn 1 without `user:` only waits, as Pipecat's harness
+plays it: the caller says nothing until the agent has spoken, that greeting is the turn's
+reply, and the caller's first line is turn 2 (a bot that never greets leaves the call silent
+until `max_silence_s` ends it). A turn's checks are matched against what the agent said and
+the tools it called between that turn and the next, in text mode and in audio mode alike:
 
 - `response` / `llm_response` / `tts_response`: the agent's reply (`text_contains`,
   `text_excludes`, `eval:` judged by Pipecat's judge, `absent`);
@@ -12,7 +15,10 @@ the tools it called between that turn and the next, in text mode:
   shorthand, any order, a call without a name matching any; `eval:` judged per call;
   `args: {cancelled: ...}` for stopped calls);
 - `llm_started`, `bot_started_speaking`, `bot_stopped_speaking`: the agent replied;
-  `user_transcription`, `user_started_speaking`, `user_stopped_speaking`: the caller's line.
+  `user_transcription`: the caller's line as the agent heard it (its STT's words in audio
+  mode, the ASR-noise model's in text mode), as Pipecat matches the bot's transcription;
+  `user_started_speaking`, `user_stopped_speaking`: the caller's line (a turn that only waits
+  has none).
 
 As Pipecat's harness does:
 
@@ -42,7 +48,15 @@ from typing import Any
 from pipecat.evals.persona import END_CALL_FUNCTION
 
 from pipecat_rl.scenarios import Scenario
-from pipecat_rl.scenarios.turns import CALL_EVENTS, SPOKE_EVENTS, USER_EVENTS, Expectation, Turn
+from pipecat_rl.scenarios.turns import (
+    CALL_EVENTS,
+    SPOKE_EVENTS,
+    USER_EVENTS,
+    Expectation,
+    Turn,
+    opens_waiting,
+    spoken,
+)
 from pipecat_rl.simulator.judge import Endpoint, Judge, ToolCallSeen
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S
 from pipecat_rl.simulator.pipecat_metrics import SUCCESS_PART
@@ -52,9 +66,15 @@ from pipecat_rl.simulator.transport import Line, LocalTransportPair
 _FIRST_TEXT_EVENTS = frozenset({"llm_started", "bot_started_speaking"})
 
 
-def caller_turns(scenario: Scenario) -> list[str]:
-    """What the scripted caller says, turn by turn."""
-    return [str(turn.user) for turn in scenario.parsed_turns or []]
+def opening_line(scenario: Scenario) -> str | None:
+    """What the scripted caller says on connecting: turn 1, or nothing when turn 1 waits."""
+    turns = scenario.parsed_turns or []
+    return None if opens_waiting(turns) else spoken(turns)[0].user
+
+
+def _line_of(turns: Sequence[Turn], t: int) -> int:
+    """The caller line (1-based) turn `t` says; 0 for an opening turn that only waits."""
+    return t - 1 if opens_waiting(turns) else t
 
 
 @dataclass(frozen=True)
@@ -62,9 +82,13 @@ class TurnEvidence:
     """What happened in one turn: the caller's line, the agent's replies, the calls made."""
 
     said: bool
+    """Whether the turn was reached: its line said, or it is an opening that only waits."""
     user: str
+    """What the turn says ("" for one that only waits)."""
+    heard: str
+    """What the agent heard of it: its STT's words (audio), the noise model's (text)."""
     begin: float | None
-    """When the caller said the turn (wall clock, as `Line.at`); None if it never did."""
+    """When the caller said the turn (wall clock, as `Line.at`); None if it said nothing."""
     replies: list[Line]
     calls: list[ToolCallSeen]
 
@@ -72,16 +96,23 @@ class TurnEvidence:
 def turn_evidence(
     turns: Sequence[Turn], t: int, transcript: Sequence[Line], calls: Sequence[ToolCallSeen]
 ) -> TurnEvidence:
-    """The evidence of turn `t` (1-based): from its caller line to the next one."""
-    starts = [line.at for line in transcript if line.speaker == "caller"]
-    begin = starts[t - 1] if t <= len(starts) else None
-    end = starts[t] if t < len(starts) else float("inf")
+    """The evidence of turn `t` (1-based): from its caller line to the next one.
+
+    An opening turn that only waits has the agent's greeting and the calls before the caller's
+    first line.
+    """
+    lines = [line for line in transcript if line.speaker == "caller"]
+    k = _line_of(turns, t)
+    said = lines[k - 1] if 0 < k <= len(lines) else None
+    start = float("-inf") if k == 0 else said.at if said else None
+    end = lines[k].at if k < len(lines) else float("inf")
     return TurnEvidence(
-        said=begin is not None,
+        said=k == 0 or said is not None,
         user=turns[t - 1].user or "",
-        begin=begin,
-        replies=[line for line in transcript if line.speaker == "agent" and line.answers == t],
-        calls=[c for c in calls if begin is not None and begin <= c.at < end],
+        heard=said.heard if said else "",
+        begin=said.at if said else None,
+        replies=[line for line in transcript if line.speaker == "agent" and line.answers == k],
+        calls=[c for c in calls if start is not None and start <= c.at < end],
     )
 
 
@@ -93,6 +124,8 @@ class TurnsCaller:
 
     def __init__(self, scenario: Scenario, pair: LocalTransportPair):
         self._turns = list(scenario.parsed_turns or [])
+        self._lines = [str(turn.user) for turn in spoken(self._turns)]
+        self._waits = int(opens_waiting(self._turns))
         self._stop = scenario.stops_on_failure
         self._pair = pair
 
@@ -105,11 +138,12 @@ class TurnsCaller:
         )
         if not answered:
             return ScriptedReply()
-        if said >= len(self._turns):
+        if said >= len(self._lines):
             return ScriptedReply(tool_calls=[(END_CALL_FUNCTION, {"success": True})])
-        if self._stop and said and self._failed(said):
+        last = said + self._waits  # the turn just answered (0: none yet)
+        if self._stop and last and self._failed(last):
             return ScriptedReply(tool_calls=[(END_CALL_FUNCTION, {"success": False})])
-        return ScriptedReply(text=str(self._turns[said].user))
+        return ScriptedReply(text=self._lines[said])
 
     def _failed(self, t: int) -> bool:
         evidence = turn_evidence(self._turns, t, self._pair.transcript, [])
@@ -185,8 +219,16 @@ def decide(
     reply, calls = _within_budget(e, ev)
     budget = f" within {e.within_ms} ms" if e.within_ms is not None else ""
     if e.event in USER_EVENTS:
-        ok = e.text_contains is None or _norm(e.text_contains) in _norm(ev.user)
-        return ok != e.absent, f"the caller said {ev.user!r}", []
+        if not ev.user:
+            return e.absent, "the caller says nothing in this turn (it waits for the agent)", []
+        if e.event != "user_transcription":
+            ok = e.text_contains is None or _norm(e.text_contains) in _norm(ev.user)
+            return ok != e.absent, f"the caller said {ev.user!r}", []
+        heard = _norm(ev.heard)
+        ok = (e.text_contains is None or _norm(e.text_contains) in heard) and (
+            e.text_excludes is None or _norm(e.text_excludes) not in heard
+        )
+        return ok != e.absent, f"the agent heard {ev.heard!r} (the caller said {ev.user!r})", []
     if e.event in CALL_EVENTS:
         if not calls_known:
             return None, "decided after the call", []
@@ -251,15 +293,15 @@ class _TurnJudge:
             await self._judge.close()
 
 
-def _until_turn(transcript: Sequence[Line], t: int) -> list[dict]:
-    """The conversation up to turn `t` and the agent's answer to it, as the judge reads it."""
+def _until_line(transcript: Sequence[Line], k: int) -> list[dict]:
+    """The conversation up to caller line `k` and the agent's answer, as the judge reads it."""
     out, said = [], 0
     for line in transcript:
         if line.speaker == "caller":
             said += 1
-            if said <= t:
+            if said <= k:
                 out.append({"role": "user", "content": line.text})
-        elif (line.answers or 0) <= t:
+        elif (line.answers or 0) <= k:
             out.append({"role": "assistant", "content": line.text})
     return out
 
@@ -310,7 +352,7 @@ async def score_turns(
                 not_run += [Check(part=p, passed=None, reason=reason) for p in parts]
                 continue
             ev = turn_evidence(turns, t, transcript, calls)
-            conversation = _until_turn(transcript, t)
+            conversation = _until_line(transcript, _line_of(turns, t))
             for part, e in zip(parts, turn.expect, strict=True):
                 passed, reason = await _check(e, ev, conversation, turn_judge)
                 checks.append(Check(part=part, passed=passed, reason=reason))

@@ -30,7 +30,7 @@ from pipecat.services.tts_service import TTSService
 from pipecat_rl.compat import user_aggregator_vad
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.scenarios import Scenario
-from pipecat_rl.scenarios.turns import recordings
+from pipecat_rl.scenarios.turns import recordings, spoken
 from pipecat_rl.simulator.audio.channel import ChannelPerturbation
 from pipecat_rl.simulator.audio.services import (
     OFFLINE_STT,
@@ -124,7 +124,7 @@ def persona_audio_stages(
 ) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
     """The persona's ear (before its turn logic) and mouth (after its LLM).
 
-    `recorded` (turn number -> file) are the turns played from recordings, not spoken.
+    `recorded` (caller line number -> file) are the turns played from recordings, not spoken.
     """
     hearing: list[FrameProcessor] = [
         VADProcessor(vad_analyzer=SileroVADAnalyzer()),
@@ -144,7 +144,7 @@ class AudioEpisode:
     choice: SpeechChoice
     agent_speech: AgentSpeech
     recorded: dict[int, str] = field(default_factory=dict)
-    """A scripted scenario's recorded turns (turn number -> file), played instead of spoken."""
+    """A scripted scenario's recorded turns (caller line -> file), played instead of spoken."""
 
     @classmethod
     def build(
@@ -183,7 +183,7 @@ class AudioEpisode:
             pair=pair,
             choice=choice,
             agent_speech=AgentSpeech(choice),
-            recorded=recordings(scenario.parsed_turns or []),
+            recorded=recordings(spoken(scenario.parsed_turns or [])),
         )
 
     def adapt(self, episode: Episode) -> None:

@@ -565,7 +565,7 @@ class AudioCallerTransport(BaseTransport):
 class CallerLineTap(FrameProcessor):
     """Between the persona LLM and its TTS: each complete reply is a caller line.
 
-    A scripted turn played from a recording (`recorded`: turn number, 1-based -> file) is not
+    A scripted turn played from a recording (`recorded`: caller line, 1-based -> file) is not
     spoken: its reply passes on marked `skip_tts` and its `RecordingFrame` follows (see
     `recordings`). The tap decides it, as the one processor that adds caller lines after the
     opening, so the turn a reply says is the pair's next line when the reply starts.
