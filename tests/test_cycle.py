@@ -302,3 +302,21 @@ def test_rl_without_signal_keeps_the_warm_start_and_records_the_sub_run(tmp_path
     assert trained["candidate"] == "cand-sft-1"
     assert [r["algo"] for r in trained["runs"]] == ["sft", "grpo"]
     assert "frac_reward_zero_std=1.0" in trained["runs"][1]["skipped"]
+
+
+def test_the_warm_start_records_more_demonstrations_of_calls_that_must_write_nothing(
+    tmp_path, monkeypatch
+):
+    clinic = clinic_copy(tmp_path, pool=["routine_booking", "out_of_scope"],
+                         heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
+    pool = load_scenarios([clinic / "scenarios" / "pool"])
+    assert {s.id: s.refusal for s in pool} == {"routine_booking": False, "out_of_scope": True}
+    training = FakeTraining(tmp_path / "ledger.db")
+    monkeypatch.setitem(sys.modules, "pipecat_rl.training", training.module())
+    with FakeVLLM() as vllm:
+        train = {"warm_start": "always", "refusal_demonstrations": 3}
+        config = loop(tmp_path, clinic, vllm, stop_after="train", train=train)
+        run_cycle(config)
+    (demos,) = [e for e in read_events(config) if e["event"] == "demonstrations"]
+    # routine_booking once, out_of_scope three times (each its own seed), all passed
+    assert (demos["episodes"], demos["passed"], demos["refusals"]) == (4, 4, 3)

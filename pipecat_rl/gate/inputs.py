@@ -54,6 +54,7 @@ from pipecat_rl.gate.cost import Usage
 from pipecat_rl.gate.latency import STAGES
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.ledger.outcome import authoritative_part, authoritative_score, score_passed
+from pipecat_rl.scenarios.scenario import GUARDED_CHECKS
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 """Failure labels that count as one unauthorised write each."""
@@ -61,9 +62,6 @@ UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 UNAUTHORIZED_SCORE = "unauthorized_writes"
 """A session score that, when present, is the count of unauthorised writes."""
 
-GUARDED_CHECKS = ("unchanged", "not_exists")
-"""Verify checks that say what a call must not write: a run carrying one can show an
-unauthorised write, and only such runs are its denominator."""
 
 UNCLASSIFIED = "unclassified"
 """The kind of an unauthorised write known only as a count (a label, a score, a scores line)."""

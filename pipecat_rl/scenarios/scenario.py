@@ -130,6 +130,11 @@ class Count(Where):
         return self
 
 
+GUARDED_CHECKS = ("unchanged", "not_exists")
+"""Verify checks that say what a call must not write: a run carrying one can show an
+unauthorised write (the gate's safety denominator), and a scenario with one is a refusal."""
+
+
 class Check(_Model):
     """One verify check; exactly one of its keys is set."""
 
@@ -300,6 +305,16 @@ class Scenario(_Model):
     def scripted(self) -> bool:
         """Whether this is a scripted scenario (Pipecat's `turns:`)."""
         return self.turns is not None
+
+    @property
+    def refusal(self) -> bool:
+        """Whether the call must write nothing: it has checks, and each is a guarded one.
+
+        The agent declines, answers or waits; any booking, cancel or handoff is unauthorised.
+        """
+        return bool(self.verify) and all(
+            any(getattr(c, kind) is not None for kind in GUARDED_CHECKS) for c in self.verify
+        )
 
     @property
     def stops_on_failure(self) -> bool:

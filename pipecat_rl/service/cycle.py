@@ -485,11 +485,20 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         parent = result.adapter
     if warm:
         pool = cycle.scenarios("pool")
-        demos = cycle.simulate(
-            pool, BASE_ADAPTER, repeats=t.demonstrations, bot=c.expert_bot, served=False
+        episodes = []
+        for refusal, repeats in ((False, t.demonstrations), (True, t.refusal_demonstrations)):
+            part = pool.model_copy(update={"scenarios": [x for x in pool if x.refusal == refusal]})
+            if len(part):
+                demos = cycle.simulate(
+                    part, BASE_ADAPTER, repeats=repeats, bot=c.expert_bot, served=False
+                )
+                episodes += demos.episodes
+        passed = sum(1 for e in episodes if e.outcome == "pass")
+        refusing = {x.id for x in pool if x.refusal}
+        refusals = sum(1 for e in episodes if e.outcome == "pass" and e.scenario_id in refusing)
+        cycle.log.write(
+            "demonstrations", episodes=len(episodes), passed=passed, refusals=refusals
         )
-        passed = sum(1 for e in demos.episodes if e.outcome == "pass")
-        cycle.log.write("demonstrations", episodes=len(demos.episodes), passed=passed)
         steps = passed * t.sft_epochs
         cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
         t0 = time.monotonic()

@@ -72,6 +72,10 @@ class TrainSettings(_Part):
     made a successful tool execution (a stray call is not an ability)."""
     demonstrations: int = Field(default=1, ge=1)
     """Scripted-expert runs per pool scenario recorded as demonstrations for the warm start."""
+    refusal_demonstrations: int = Field(default=3, ge=1)
+    """The same for a pool scenario whose call must write nothing (`Scenario.refusal`: out of
+    scope, medical advice, prices): with one run each, the clinic's warm start transferred an
+    out-of-scope caller in 2 of 4 held-out runs and booked for an emergency once (REJECT)."""
     sft_epochs: int = Field(default=10, ge=1)
     """At most this many (fewer once the loss reaches the trainer's `target_loss`)."""
     sft_holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
