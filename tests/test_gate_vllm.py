@@ -78,4 +78,6 @@ def test_gate_runs_paired_simulations_and_writes_receipts(
         assert {t.adapter for t in turns} == {"cand-a", "inc-b"}
     if CHROMIUM is not None:
         image, dom, console = render(out / "receipt.html", tmp_path)
-        assert console == [] and dom.count("<svg") == 2 and np.asarray(image).std() > 0.05
+        # plots drawn from data only (the deltas at least; no voice-to-voice CDF in text mode)
+        assert console == [] and dom.count("<svg") >= 1 and np.asarray(image).std() > 0.05
+        assert "No voice-to-voice samples" in dom

@@ -190,7 +190,8 @@ async def test_redaction_without_consent_drops_token_ids(vllm_server, ledger):
     redactor = Redactor(names=["Alice"])
     for call_id, consent in (("no-consent", False), ("consented", True)):
         recorder = RLRecorder(ledger, call_id=call_id, consent=consent, redactor=redactor)
-        async with Call([recorder], llm=vllm_llm(vllm_server.url)) as call:
+        # a reply long enough to end on its own: a cut one never trains, consent or not
+        async with Call([recorder], llm=vllm_llm(vllm_server.url, max_tokens=256)) as call:
             await call.say("I'm Alice, call me on 555-123-4567 or alice@example.com.")
         await recorder.recorder.flush()
     (hidden,) = ledger.turns("no-consent")

@@ -41,8 +41,10 @@ def recorded(vllm_server, tmp_path_factory):
 
 
 def test_guard_agrees_with_vllm_and_catches_the_wrong_space(recorded, smollm2_dir):
-    with Ledger(recorded) as ledger:
-        turns = [t for t in ledger.training_turns() if t.adapter == "base"]
+    with Ledger(recorded) as ledger:  # the bot's sampled turns (80-token replies: cut, so
+        # never trained, but as token-exact as any: the guard's evidence)
+        turns = [t for s in ledger.sessions() for t in ledger.turns(s.id)
+                 if t.adapter == "base" and t.token_exact]  # fmt: skip
     assert turns and all(t.request["temperature"] == 0.2 for t in turns)  # the bot's own setting
     config = TrainConfig()
     policy = load_policy(config)
@@ -80,9 +82,10 @@ def test_sft_loss_falls_and_the_adapter_is_served_under_its_versioned_name(
 
 
 def test_grpo_on_zero_signal_says_so_at_once(recorded, tmp_path):
-    config = TrainConfig(algo="grpo", out_dir=tmp_path)  # one episode per scenario: no variance
+    # one episode per scenario, and every sampled reply cut at 80 tokens (never trained): no group
+    config = TrainConfig(algo="grpo", out_dir=tmp_path)
     with (
         Ledger(recorded) as ledger,
-        pytest.raises(NoTrainingSignalError, match="frac_reward_zero_std=1.0"),
+        pytest.raises(NoTrainingSignalError, match="no training signal: 0 of 0 groups"),
     ):
         train(ledger, config)
