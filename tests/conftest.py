@@ -47,3 +47,18 @@ def random_lora(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     out = tmp_path_factory.mktemp("lora") / "random-r8"
     get_peft_model(model, config).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(smollm2_dir: Path, tmp_path_factory) -> Path:
+    """A tiny Llama with SmolLM2's tokenizer and chat template, as a servable HF folder: the
+    training tests' model where the model is not the point."""
+    from transformers import AutoTokenizer
+
+    from tests.train_helpers import tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -119,27 +119,13 @@ def test_requests_default_to_what_the_cli_verbs_default_to():
 # --- the train job: a real run on a tiny model ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_model(smollm2_dir, tmp_path_factory) -> Path:
-    """A 2-layer Llama with SmolLM2's tokenizer and chat template, saved as an HF folder."""
-    from transformers import AutoTokenizer
-
-    from tests.train_helpers import tiny_llama
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.mark.slow  # trains (a tiny model, ~1 s a step, plus loading torch)
-def test_a_train_job_trains_registers_and_streams_its_progress(tmp_path, tiny_model):
+def test_a_train_job_trains_registers_and_streams_its_progress(tmp_path, tiny_dir):
     from transformers import AutoModelForCausalLM
 
     from tests.train_helpers import sample_turn
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
     with Ledger(tmp_path / "ledger.db") as ledger:
         for repeat, verifier in enumerate((1.0, 0.0, 1.0, 0.0)):  # one group, with variance
             sid = f"booking-{repeat}"
@@ -152,7 +138,7 @@ def test_a_train_job_trains_registers_and_streams_its_progress(tmp_path, tiny_mo
                 ),
                 [sample_turn(model, [1, 2, 3, 4], 5, session_id=sid, seed=repeat)],
             )  # fmt: skip
-    with TestClient(create_app(settings(tmp_path, model=str(tiny_model)))) as c:
+    with TestClient(create_app(settings(tmp_path, model=str(tiny_dir)))) as c:
         job = run_to_end(c, {"kind": "train", "algo": "grpo", "steps": 1, "rank": 4})
         assert job["state"] == "done", job["error"]
         assert "progress" in job["event_names"]

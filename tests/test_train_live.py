@@ -19,7 +19,7 @@ from pipecat_rl.service.loop import LiveSettings, load_loop_config
 from pipecat_rl.service.settings import ServiceSettings
 from pipecat_rl.training import TrainConfig, train
 from pipecat_rl.training import trainer as trainer_module
-from tests.train_helpers import sample_turn, tiny_llama
+from tests.train_helpers import sample_turn
 
 TOKEN = "day-token"
 CLINIC_LOOP = Path(__file__).parents[1] / "examples" / "clinic" / "loop.yaml"
@@ -60,17 +60,6 @@ def test_a_bad_live_block_is_refused_naming_its_field(tmp_path, block, said):
         load_loop_config(_loop(tmp_path, block + "\n"))
     assert said in str(e.value)
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
-    """A tiny Llama with SmolLM2's tokenizer and chat template, as an HF folder."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def _record_call(ledger: Ledger, model, tokenizer, sid: str, ended_ago: float, **turn) -> None:

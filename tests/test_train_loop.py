@@ -12,21 +12,10 @@ from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
 from pipecat_rl.training import TrainConfig, train
 from pipecat_rl.training.opsd import opsd_row, session_hint
 from pipecat_rl.training.rows import TrainableTurn
-from tests.train_helpers import sample_turn, tiny_llama
+from tests.train_helpers import sample_turn
 
 pytestmark = pytest.mark.slow  # trains a tiny model many times (~45 s on 2 cores), no vLLM
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
-    """A tiny Llama with SmolLM2's tokenizer and chat template, as a servable HF folder."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def _record(ledger: Ledger, model, scenario: str, repeat: int, verifier: float, **meta) -> str:

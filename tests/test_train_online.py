@@ -22,21 +22,9 @@ from pipecat_rl.serving import VLLMAdmin, free_port
 from pipecat_rl.simulator import SimulationOptions
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import TrainConfig, train
-from tests.train_helpers import tiny_llama
 
 SCENARIOS = ["booking", "cancel"]
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(smollm2_dir, tmp_path_factory) -> Path:
-    """A tiny Llama with SmolLM2's tokenizer and chat template, as a servable HF folder."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 class TinyVLLM:
