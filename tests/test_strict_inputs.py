@@ -131,3 +131,26 @@ def test_a_scores_file_at_the_cap_is_read(tmp_path, monkeypatch):
     path = _scores(tmp_path, {})
     monkeypatch.setattr(inputs, "MAX_SCORES_BYTES", path.stat().st_size)
     assert len(load_scores(path, "cand", "inc").runs) == 2
+
+
+def test_a_scenario_switch_written_as_a_string_is_refused_naming_it(tmp_path):
+    scenario = tmp_path / "pool" / "hang_up.yaml"
+    scenario.parent.mkdir()
+    scenario.write_text(
+        "name: hang_up\npersona: a caller\ngoal: book\nsuccess: booked\n"
+        "script:\n  rules:\n    - {when: 'bye', say: Bye, end_call: 'yes'}\n"
+    )
+    with pytest.raises(ScenarioError) as e:
+        load_scenario_file(scenario)
+    assert "script.rules.0.end_call" in str(e.value)
+    scenario.write_text(scenario.read_text().replace("'yes'", "true"))
+    assert load_scenario_file(scenario)[0].script.rules[0].end_call is True
+
+
+def test_a_loop_switch_written_as_a_string_is_refused_naming_it(tmp_path):
+    from pipecat_rl.service.loop import load_loop_config
+
+    path = tmp_path / "loop.yaml"
+    path.write_text("bot: bot.py\npool: pool\nheldout: heldout\ntrain: {verify_on_server: 'no'}\n")
+    with pytest.raises(ConfigError, match="verify_on_server"):
+        load_loop_config(path)

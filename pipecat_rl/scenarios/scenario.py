@@ -40,7 +40,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from pipecat_rl.scenarios import identity
 from pipecat_rl.scenarios.turns import Turn
@@ -202,7 +202,7 @@ class Channel(_Model):
     snr_db: float | None = None
     """Background noise at this SNR over the caller's speech (generated unless a file is given)."""
     speaking_rate: float = Field(default=1.0, gt=0.25, le=4.0)
-    telephony: bool = False
+    telephony: StrictBool = False
     """An 8 kHz mu-law round trip on the caller's audio."""
     packet_loss: float = Field(default=0.0, ge=0.0, lt=1.0)
     """The share of the caller's 20 ms frames lost (zeroed)."""
@@ -223,7 +223,7 @@ class ScriptRule(_Model):
 
     when: str = ".*"
     say: str = ""
-    end_call: bool = False
+    end_call: StrictBool = False
     times: int | None = Field(default=None, ge=1)
     """How many times the rule may fire (default: unlimited)."""
 
@@ -259,7 +259,7 @@ class Scenario(_Model):
     """A scripted scenario's turns (Pipecat's `turns:`) as written, instead of a persona."""
     context: list[dict[str, Any]] | None = None
     """Messages that replace the agent's context when the caller connects (scripted)."""
-    stop_on_failure: bool | None = None
+    stop_on_failure: StrictBool | None = None
     """Whether a scripted scenario ends at its first failed turn (None: yes, as in Pipecat)."""
     metrics: list[Metric] = Field(default_factory=list)
     max_turns: int = Field(default=20, ge=1, le=MAX_TURNS)
@@ -269,7 +269,7 @@ class Scenario(_Model):
     simulator: dict[str, Any] = Field(default_factory=dict)
     user: dict[str, Any] | None = None
     judge: dict[str, Any] | None = None
-    trigger_disconnect: bool | None = None
+    trigger_disconnect: StrictBool | None = None
     facts: dict[str, Any] = Field(default_factory=dict)
     world: WorldSpec = Field(default_factory=WorldSpec)
     verify: list[Check] = Field(default_factory=list)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 REPLY_EVENTS = frozenset({"response", "llm_response", "tts_response"})
 """The agent's reply (its text in text mode)."""
@@ -65,11 +65,11 @@ class Expectation(_Frozen):
     calls: list[CallSpec] | None = None
     eval: str | None = None
     marker: str | None = None
-    marker_first: bool | None = None
+    marker_first: StrictBool | None = None
     markers: int | None = None
-    text_after: bool | None = None
+    text_after: StrictBool | None = None
     check_from: str = "previous"
-    absent: bool = False
+    absent: StrictBool = False
 
 
 class Turn(_Frozen):

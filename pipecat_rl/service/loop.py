@@ -14,6 +14,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
 )
@@ -83,7 +84,7 @@ class TrainSettings(_Part):
     improving (`TrainConfig.holdout`). 0 here: on the clinic the held-aside loss of 3 sessions
     bottomed out at epoch 4, and that candidate passed 35% of the held-out runs, against 25% for
     the base (docs/results/cycle-clinic/); a cycle trains its warm start for `sft_epochs`."""
-    verify_on_server: bool = True
+    verify_on_server: StrictBool = True
     """Let the trainer hot-load the SFT adapter and check a canary's served logprobs against its
     own (`training.registry.load_and_verify`). Off: the SFT runs offline from the ledger and the
     adapter is loaded by name for evaluation, verified only by `/v1/models`."""
@@ -122,7 +123,7 @@ class LiveSettings(_Part):
     opsd_steps: int = Field(default=4, ge=0)
     """OPSD steps on the judged calls, each scorer's explanation in the teacher's hint
     (0: none). They run first, from the incumbent that served the calls (on-policy)."""
-    sft: bool = True
+    sft: StrictBool = True
     """Filtered SFT (up to `train.sft_epochs`) on the calls whose verdict passed."""
 
     @field_validator("sources")

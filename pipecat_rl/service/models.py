@@ -10,7 +10,7 @@ verb would. Each field's docstring is its description in the OpenAPI document. C
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from pipecat_rl.ledger.jobs import JobEventRecord, JobRecord, JobState
 from pipecat_rl.service.loop import STAGES
@@ -66,7 +66,7 @@ class SimulateJob(_Body):
     """Run seed; each episode derives its own from it."""
     max_tokens: int | None = _option("max_tokens", ge=1)
     """Cap on the agent's replies when its bot sets none (None: leave it)."""
-    no_server: bool = False
+    no_server: StrictBool = False
     """Start no LLM server (a scripted persona and a bot that needs no model, e.g. the expert)."""
 
 
