@@ -237,3 +237,25 @@ def test_the_v2v_page_renders_its_plots_in_chromium(v2v_page, tmp_path):
     assert image.shape[:2] == (4000, 1200)
     blue = np.all(np.abs(image - CANDIDATE_BLUE) < 0.05, axis=-1)
     assert blue.sum() > 500, "the plots' candidate series are visible"
+
+
+COMMITTED = Path(__file__).resolve().parents[1] / "docs" / "results" / "cycle-clinic" / "receipt"
+
+
+def test_the_committed_cycle_receipt_shows_its_ttft_and_the_failing_scenario(tmp_path):
+    """The main job's committed receipt, as it renders: the verdict, the per-call TTFT numbers
+    and the scenario whose run wrote what it must not."""
+    from pipecat_rl.gate.receipt import load_receipt
+
+    receipt = load_receipt(COMMITTED / "receipt.json")  # the current schema
+    ttft = receipt.latency.llm["llm_ttft_ms"]
+    (incident,) = receipt.safety.candidate.incidents
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed")
+    image, dom, console = render(COMMITTED / "receipt.html", tmp_path)
+    assert console == [] and np.asarray(image).std() > 0.05
+    text = re.sub(r"<[^>]+>", " ", dom)
+    assert f"{ttft.candidate:,.0f} vs {ttft.incumbent:,.0f} ms" in text
+    failed = text[text.index("Scenarios that failed a check") :]
+    assert incident.scenario in failed[:400]
+    assert f"Gate {receipt.verdict}:" in dom
