@@ -154,3 +154,12 @@ def test_a_loop_switch_written_as_a_string_is_refused_naming_it(tmp_path):
     path.write_text("bot: bot.py\npool: pool\nheldout: heldout\ntrain: {verify_on_server: 'no'}\n")
     with pytest.raises(ConfigError, match="verify_on_server"):
         load_loop_config(path)
+
+
+def test_a_loop_file_of_another_suffix_is_refused_naming_it(tmp_path):
+    from pipecat_rl.service.loop import load_loop_config
+
+    path = tmp_path / "loop.json"
+    path.write_text('{"bot": "bot.py", "pool": "pool", "heldout": "heldout"}')
+    with pytest.raises(ConfigError, match=r"loop.json: a loop file is YAML"):
+        load_loop_config(path)

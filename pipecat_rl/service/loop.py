@@ -222,6 +222,8 @@ def load_loop_config(path: Path, **overrides: Any) -> LoopConfig:
     Raises:
         ConfigError: the file cannot be read or does not describe a cycle.
     """
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"{path}: a loop file is YAML, named .yaml or .yml")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
