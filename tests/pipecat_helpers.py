@@ -78,3 +78,15 @@ class NetworkGuard:
             d for d in self.destinations
             if isinstance(d, tuple) and not _loopback(d[0])
         ]  # fmt: skip
+
+
+def logged_warnings(load):
+    """`load()`'s result, and the warnings logged while it ran (one string)."""
+    from loguru import logger
+
+    caught: list[str] = []
+    sink = logger.add(lambda m: caught.append(str(m)), level="WARNING")
+    try:
+        return load(), "\n".join(caught)
+    finally:
+        logger.remove(sink)

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
-from loguru import logger
 from pipecat.frames.frames import (
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
@@ -31,7 +30,7 @@ from pipecat_rl.simulator import SimulationConfig, load_bot, simulate
 from pipecat_rl.simulator.audio.recordings import RecordingFrame
 from pipecat_rl.simulator.audio.transport import AudioTransportPair, CallerLineTap
 from tests import audio_turn_bot
-from tests.pipecat_helpers import SCENARIOS
+from tests.pipecat_helpers import SCENARIOS, logged_warnings
 
 BOT = f"{Path(audio_turn_bot.__file__)}:run_bot"
 RATE = 24000  # not the call's 16 kHz: the caller's output must resample it
@@ -63,18 +62,9 @@ def _recorded(tmp_path: Path, audio: str = "clips/ask.wav", extra: str = "") -> 
     return path
 
 
-def _warnings(load):
-    caught: list[str] = []
-    sink = logger.add(lambda m: caught.append(str(m)), level="WARNING")
-    try:
-        return load(), "\n".join(caught)
-    finally:
-        logger.remove(sink)
-
-
 def test_a_recorded_turn_parses_with_its_path_resolved_against_the_file(tmp_path):
     wav = _tone(tmp_path / "clips" / "ask.wav")
-    (scenario,), warned = _warnings(lambda: load_scenario_file(_recorded(tmp_path)))
+    (scenario,), warned = logged_warnings(lambda: load_scenario_file(_recorded(tmp_path)))
     (turn,) = scenario.parsed_turns
     assert Path(turn.audio) == wav.resolve() and turn.user == "Book a table, please."
     assert "user.modality" not in warned  # a recording is what `modality: audio` plays
@@ -100,7 +90,7 @@ async def test_text_mode_skips_a_recorded_scenario_saying_to_run_it_in_audio(tmp
     _tone(tmp_path / "clips" / "ask.wav")
     recorded = _recorded(tmp_path)
     both = load_scenarios([recorded, SCENARIOS / "scripted.yaml"])
-    kept, warned = _warnings(lambda: runnable(both, "text"))
+    kept, warned = logged_warnings(lambda: runnable(both, "text"))
     assert [s.id for s in kept] == ["scripted_capital/two_turns"]
     assert f"skipped {recorded}: recorded/ask: turn 1 plays a recording" in warned
     assert "run with --mode audio" in warned
@@ -130,7 +120,7 @@ def test_pauses_the_caller_cannot_keep_are_a_warning(tmp_path):
     """
     path = _recorded(tmp_path, extra=textwrap.indent(textwrap.dedent(pausing), "  "))
     path.write_text(path.read_text().replace("{modality: audio}", "{modality: audio, speech: {}}"))
-    _, warned = _warnings(lambda: load_scenario_file(path))
+    _, warned = logged_warnings(lambda: load_scenario_file(path))
     assert "recorded/pausing: turns.0.user: its pauses (`pause_ms:`) are not kept" in warned
     assert "user.speech: not used: turns without `audio:` are spoken by the channel's TTS" in warned
 

@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from loguru import logger
 
 from pipecat_rl.errors import UnsupportedScenarioError
 from pipecat_rl.ledger import Ledger
@@ -24,7 +23,7 @@ from pipecat_rl.simulator.judge import ToolCallSeen
 from pipecat_rl.simulator.script_turns import score_turns
 from pipecat_rl.simulator.transport import Line
 from tests.fake_openai import serve_fake_openai
-from tests.pipecat_helpers import AGENT_SAYS, BOTS, judge_and_agent
+from tests.pipecat_helpers import AGENT_SAYS, BOTS, judge_and_agent, logged_warnings
 from tests.test_pipecat_audio_turns import _piper_wav, _tone
 
 BOT = str(BOTS / "function_calling.py")  # greets on connecting: the fake LLM says AGENT_SAYS
@@ -73,20 +72,11 @@ def _greeted(tmp_path: Path, greeting: str = "Berlin") -> Path:
     return path
 
 
-def _warnings(load):
-    caught: list[str] = []
-    sink = logger.add(lambda m: caught.append(str(m)), level="WARNING")
-    try:
-        return load(), "\n".join(caught)
-    finally:
-        logger.remove(sink)
-
-
 def test_a_scenario_opening_with_a_wait_loads_and_runs_in_both_modes(tmp_path):
     _tone(tmp_path / "booking.wav")
     (tmp_path / "recorded.yaml").write_text(RECORDED)
     _greeted(tmp_path)
-    both, warned = _warnings(lambda: load_scenarios([tmp_path]))
+    both, warned = logged_warnings(lambda: load_scenarios([tmp_path]))
     assert sorted(s.id for s in both) == [
         "capital_question_recording/recorded", "reservation/greeted",
     ]  # fmt: skip
@@ -123,7 +113,7 @@ def test_a_budget_on_the_waiting_turn_is_a_warning_naming_it(tmp_path):
     path = tmp_path / "timed.yaml"
     path.write_text(GREETED.replace("{greeting}", "Berlin\n            within_ms: 5000")
                     .replace("{ask}", ASK))  # fmt: skip
-    _, warned = _warnings(lambda: load_scenario_file(path))
+    _, warned = logged_warnings(lambda: load_scenario_file(path))
     assert "reservation/greeted: turns.0.expect.0.within_ms: not checked" in warned
 
 
