@@ -320,3 +320,28 @@ def test_the_warm_start_records_more_demonstrations_of_calls_that_must_write_not
     (demos,) = [e for e in read_events(config) if e["event"] == "demonstrations"]
     # routine_booking once, out_of_scope three times (each its own seed), all passed
     assert (demos["episodes"], demos["passed"], demos["refusals"]) == (4, 4, 3)
+
+
+def test_a_cycle_can_start_from_and_gate_against_a_named_adapter(tmp_path, world):
+    clinic, training, vllm = world
+    folder = tmp_path / "adapters" / "sft-before"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        ledger.register_adapter(AdapterRecord(name="sft-before", path=str(folder),
+                                              base_model="smollm2", created_at=1.0))  # fmt: skip
+    train = {"warm_start": "never", "grpo_steps": 1, "refilter_repeats": 4}
+    config = loop(tmp_path, clinic, vllm, stop_after="train", incumbent="sft-before", train=train)
+    summary = run_cycle(config)
+    assert summary.stages["snapshot"]["incumbent"] == "sft-before"
+    ((grpo, rollouts),) = training.calls
+    assert (grpo.algo, grpo.parent) == ("grpo", "sft-before")
+    (refiltered,) = [e for e in read_events(config) if e["event"] == "refiltered"]
+    assert refiltered["policy"] == "sft-before" and refiltered["repeats"] == 4
+    assert [s.id for s in rollouts.scenarios] == refiltered["contested"]
+
+
+def test_an_incumbent_that_is_not_registered_is_refused_by_name(tmp_path, world):
+    clinic, _, vllm = world
+    with pytest.raises(ConfigError, match="incumbent: 'nope' is not registered: no adapter 'nope'"):
+        run_cycle(loop(tmp_path, clinic, vllm, incumbent="nope"))

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from pipecat_rl.errors import (
     BudgetExhausted,
     ConfigError,
+    NotInLedgerError,
     NoTrainingSignalError,
     ServingError,
     TrainingError,
@@ -303,13 +304,18 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             f"the pool {c.pool} holds held-out scenarios ({', '.join(leaked) or 'split: heldout'});"
             " a held-out scenario never trains: remove it from the pool"
         )
+    if c.incumbent is not None:
+        try:
+            cycle.ledger.adapter(c.incumbent)
+        except NotInLedgerError as e:
+            raise ConfigError(f"incumbent: {c.incumbent!r} is not registered: {e}") from None
     pointer = cycle.ledger.live()
     backup = c.out / "snapshot" / "ledger.db"
     backup.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(cycle.ledger.path) as src, sqlite3.connect(backup) as dst:
         src.backup(dst)
     return {
-        "incumbent": BASE_ADAPTER if pointer is None else pointer.adapter,
+        "incumbent": c.incumbent or (BASE_ADAPTER if pointer is None else pointer.adapter),
         "heldout_set_id": heldout.heldout_set_id,
         "heldout_scenarios": len(heldout),
         "heldout_hashes": heldout_hashes,
@@ -520,9 +526,9 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         parent = result.adapter
     pool = cycle.scenarios("pool")
     chosen = set(filtered["contested"])
-    if (t.grpo_steps or t.opsd_steps) and parent is not None and parent != incumbent:
-        # RL starts from what this stage trained, not the incumbent the filter ran: its contested
-        # set is its own, at the temperature RL samples at, with repeats enough to see one.
+    if (t.grpo_steps or t.opsd_steps) and parent is not None:
+        # RL's contested set is that of the policy it starts from at the temperature it samples
+        # at, with repeats enough to see one: the filter ran the bot's own temperature, 2 runs.
         report = cycle.simulate(pool, parent, repeats=t.refilter_repeats, bot=c.bot,
                                 temperature=t.temperature)  # fmt: skip
         solved, failed, contested_ids = _split(report)

@@ -166,6 +166,9 @@ class LoopConfig(_Part):
     expert_bot: str | None = None
     """A scripted expert agent whose verified calls are the warm start's demonstrations."""
     ledger: Path | None = None
+    incumbent: str | None = None
+    """The registered adapter the cycle starts from and gates against (default: the live one):
+    e.g. an SFT candidate, to measure what RL from it buys on the same held-out set."""
     model: str = "smollm2"
     """The base model served (a packaged name or an HF folder)."""
     llm_url: str | None = None
