@@ -62,6 +62,10 @@ def cycle_command(
     ] = None,
     model: Annotated[str | None, typer.Option(help="The base model (default: the file's).")] = None,
     ledger: LedgerOpt = None,
+    incumbent: Annotated[
+        str | None,
+        typer.Option(help="Start from and gate against this registered adapter (default: live)."),
+    ] = None,
     stop_after: Annotated[
         str | None, typer.Option(help=f"Stop, resumably, after this stage ({', '.join(STAGES)}).")
     ] = None,
@@ -78,6 +82,7 @@ def cycle_command(
                 model=model,
                 stop_after=stop_after,
                 ledger=ledger,
+                incumbent=incumbent,
             ).items()
             if v is not None
         }
