@@ -32,6 +32,8 @@ class FakeTraining:
     calls: list = field(default_factory=list)
     no_signal: set = field(default_factory=set)
     """Algorithms whose runs find no training signal."""
+    crash_once: set = field(default_factory=set)
+    """Algorithms whose next run dies (a killed process), once each."""
 
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("pipecat_rl.training")
@@ -64,6 +66,9 @@ class FakeTraining:
 
         def train(ledger, config, *, server_url=None, rollouts=None, progress=None, **_):
             self.calls.append((config, rollouts))
+            if config.algo in self.crash_once:
+                self.crash_once.discard(config.algo)
+                raise KeyboardInterrupt
             if config.algo in self.no_signal:
                 raise NoTrainingSignalError(f"{config.algo}: frac_reward_zero_std=1.0")
             name = f"cand-{config.algo}-{len(self.calls)}"
@@ -345,3 +350,26 @@ def test_an_incumbent_that_is_not_registered_is_refused_by_name(tmp_path, world)
     clinic, _, vllm = world
     with pytest.raises(ConfigError, match="incumbent: 'nope' is not registered: no adapter 'nope'"):
         run_cycle(loop(tmp_path, clinic, vllm, incumbent="nope"))
+
+
+def test_a_resumed_train_stage_reuses_the_sub_runs_that_finished(tmp_path, world):
+    clinic, training, vllm = world
+    training.crash_once.add("grpo")
+    train = {"warm_start": "always", "grpo_steps": 1, "refilter_repeats": 4}
+    with pytest.raises(KeyboardInterrupt):
+        run_cycle(loop(tmp_path, clinic, vllm, stop_after="train", train=train))
+    assert [c.algo for c, _ in training.calls] == ["sft", "grpo"]
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        sessions = len(ledger.sessions())
+    summary = run_cycle(loop(tmp_path, clinic, vllm, stop_after="train", train=train))
+    assert [c.algo for c, _ in training.calls] == ["sft", "grpo", "grpo"]  # no second SFT
+    assert training.calls[2][0].parent == "cand-sft-1"
+    trained = summary.stages["train"]
+    assert [r["algo"] for r in trained["runs"]] == ["sft", "grpo"]
+    assert trained["candidate"] == "cand-grpo-3"
+    events = read_events(loop(tmp_path, clinic, vllm))
+    assert [e["adapter"] for e in events if e["event"] == "train_run_reused"] == ["cand-sft-1"]
+    assert sum(e["event"] == "refiltered" for e in events) == 1  # the contested set, once
+    assert sum(e["event"] == "demonstrations" for e in events) == 1
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        assert len(ledger.sessions()) == sessions  # nothing simulated again before GRPO

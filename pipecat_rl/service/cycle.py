@@ -16,7 +16,6 @@ import asyncio
 import hashlib
 import json
 import shutil
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +36,7 @@ from pipecat_rl.errors import (
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.outcome import passed
+from pipecat_rl.ledger.transfer import snapshot_ledger
 from pipecat_rl.scenarios.heldout import copies_of_heldout
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import NO_LIVE, STAGES, LiveSettings, LoopConfig
@@ -311,9 +311,7 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             raise ConfigError(f"incumbent: {c.incumbent!r} is not registered: {e}") from None
     pointer = cycle.ledger.live()
     backup = c.out / "snapshot" / "ledger.db"
-    backup.parent.mkdir(parents=True, exist_ok=True)
-    with sqlite3.connect(cycle.ledger.path) as src, sqlite3.connect(backup) as dst:
-        src.backup(dst)
+    counts = snapshot_ledger(cycle.ledger, backup)
     return {
         "incumbent": c.incumbent or (BASE_ADAPTER if pointer is None else pointer.adapter),
         "heldout_set_id": heldout.heldout_set_id,
@@ -321,7 +319,7 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
         "heldout_hashes": heldout_hashes,
         "pool_scenarios": len(pool),
         "ledger": str(cycle.ledger.path),
-        "ledger_counts": cycle.ledger.stats()["counts"],
+        "ledger_counts": counts,
         "ledger_snapshot": str(backup),
     }
 
@@ -457,7 +455,8 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
 
     OPSD on the judged live calls of `live:` (from the incumbent that served them), an SFT warm
     start when the incumbent cannot call tools (demonstrations and simulated passes, no live
-    call), filtered SFT on the live calls that passed, then GRPO / OPSD on the contested.
+    call), filtered SFT on the live calls that passed, then GRPO / OPSD on the contested. Each
+    sub-run that finishes is logged, so a resumed stage reuses it instead of training it again.
     """
     TrainConfig, train = load_training()
     c, t = cycle.config, cycle.config.train
@@ -471,72 +470,101 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     )
     url = cycle.url()
     runs: list[dict[str, Any]] = []
+    earlier = cycle.log.read()  # an interrupted attempt of this stage: what it finished
+    finished = {e["algo"]: e["run"] for e in earlier if e["event"] == "train_run_finished"}
     common = dict(base_model=c.model, rank=t.rank, alpha=t.alpha, lr=t.lr, seed=c.seed,
                   out_dir=c.out / "adapters", rubric=c.rubric)  # fmt: skip
 
     def progress(row: dict[str, Any]) -> None:
         cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})
 
+    def sub_run(algo: str, run: Callable[[], dict[str, Any]]) -> None:
+        """Run (or reuse, on a resume) one sub-run; the next starts from its adapter."""
+        nonlocal parent
+        record = finished.get(algo)
+        if record is None:
+            record = run()
+            cycle.log.write("train_run_finished", algo=algo, run=record)
+        else:
+            cycle.log.write("train_run_reused", algo=algo, adapter=record.get("adapter"))
+        runs.append(record)
+        if record.get("adapter"):
+            parent = record["adapter"]
+
+    def timed(algo: str, **kwargs: Any) -> dict[str, Any]:
+        t0 = time.monotonic()
+        result = train(cycle.ledger, **kwargs)
+        return _run_record(cycle, algo, result, time.monotonic() - t0)
+
     live = {} if c.live is None else live_calls(cycle.ledger, c.live, time.time())
     if live:
         cycle.log.write("live_calls", **{k: len(v) for k, v in live.items()})
     if c.live is not None and c.live.opsd_steps and live["judged"]:  # on-policy: first
-        cycle.require(c.live.opsd_steps * t.step_s, f"{c.live.opsd_steps} live OPSD step(s)")
-        t0 = time.monotonic()
-        result = train(cycle.ledger, TrainConfig(algo="opsd", parent=parent,
-                                                 steps=c.live.opsd_steps, **common),
-                       server_url=url, progress=progress, live=c.live.trust(),
-                       session_ids=live["judged"])  # fmt: skip
-        runs.append(_run_record(cycle, "opsd-live", result, time.monotonic() - t0))
-        parent = result.adapter
+
+        def live_opsd() -> dict[str, Any]:
+            cycle.require(c.live.opsd_steps * t.step_s, f"{c.live.opsd_steps} live OPSD step(s)")
+            return timed("opsd-live", config=TrainConfig(algo="opsd", parent=parent,
+                                                         steps=c.live.opsd_steps, **common),
+                         server_url=url, progress=progress, live=c.live.trust(),
+                         session_ids=live["judged"])  # fmt: skip
+
+        sub_run("opsd-live", live_opsd)
     if warm:
-        pool = cycle.scenarios("pool")
-        episodes = []
-        for refusal, repeats in ((False, t.demonstrations), (True, t.refusal_demonstrations)):
-            part = pool.model_copy(update={"scenarios": [x for x in pool if x.refusal == refusal]})
-            if len(part):
-                demos = cycle.simulate(
-                    part, BASE_ADAPTER, repeats=repeats, bot=c.expert_bot, served=False
+
+        def warm_start() -> dict[str, Any]:
+            pool = cycle.scenarios("pool")
+            episodes = []
+            for refusal, repeats in ((False, t.demonstrations), (True, t.refusal_demonstrations)):
+                part = pool.model_copy(
+                    update={"scenarios": [x for x in pool if x.refusal == refusal]}
                 )
-                episodes += demos.episodes
-        passed = sum(1 for e in episodes if e.outcome == "pass")
-        refusing = {x.id for x in pool if x.refusal}
-        refusals = sum(1 for e in episodes if e.outcome == "pass" and e.scenario_id in refusing)
-        cycle.log.write(
-            "demonstrations", episodes=len(episodes), passed=passed, refusals=refusals
-        )
-        steps = passed * t.sft_epochs
-        cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
-        t0 = time.monotonic()
-        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
-                                                 holdout=t.sft_holdout, **common),
-                       server_url=url if t.verify_on_server else None,
-                       progress=progress, live=NO_LIVE)  # fmt: skip
-        runs.append(_run_record(cycle, "sft", result, time.monotonic() - t0))
-        parent = result.adapter
+                if len(part):
+                    demos = cycle.simulate(
+                        part, BASE_ADAPTER, repeats=repeats, bot=c.expert_bot, served=False
+                    )
+                    episodes += demos.episodes
+            passed = sum(1 for e in episodes if e.outcome == "pass")
+            refusing = {x.id for x in pool if x.refusal}
+            refusals = sum(1 for e in episodes if e.outcome == "pass" and e.scenario_id in refusing)
+            cycle.log.write(
+                "demonstrations", episodes=len(episodes), passed=passed, refusals=refusals
+            )
+            steps = passed * t.sft_epochs
+            cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
+            return timed("sft", config=TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
+                                                   holdout=t.sft_holdout, **common),
+                         server_url=url if t.verify_on_server else None,
+                         progress=progress, live=NO_LIVE)  # fmt: skip
+
+        sub_run("sft", warm_start)
     if c.live is not None and c.live.sft and live["passed"]:
-        steps = len(live["passed"]) * t.sft_epochs
-        cycle.require(steps * t.step_s, f"filtered SFT on live calls (up to {steps} steps)")
-        t0 = time.monotonic()
-        result = train(cycle.ledger, TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
-                                                 **common),
-                       server_url=url if t.verify_on_server else None, progress=progress,
-                       live=c.live.trust(), session_ids=live["passed"])  # fmt: skip
-        runs.append(_run_record(cycle, "sft-live", result, time.monotonic() - t0))
-        parent = result.adapter
+
+        def live_sft() -> dict[str, Any]:
+            steps = len(live["passed"]) * t.sft_epochs
+            cycle.require(steps * t.step_s, f"filtered SFT on live calls (up to {steps} steps)")
+            return timed("sft-live", config=TrainConfig(algo="sft", parent=parent,
+                                                        epochs=t.sft_epochs, **common),
+                         server_url=url if t.verify_on_server else None, progress=progress,
+                         live=c.live.trust(), session_ids=live["passed"])  # fmt: skip
+
+        sub_run("sft-live", live_sft)
     pool = cycle.scenarios("pool")
     chosen = set(filtered["contested"])
     if (t.grpo_steps or t.opsd_steps) and parent is not None:
         # RL's contested set is that of the policy it starts from at the temperature it samples
         # at, with repeats enough to see one: the filter ran the bot's own temperature, 2 runs.
-        report = cycle.simulate(pool, parent, repeats=t.refilter_repeats, bot=c.bot,
-                                temperature=t.temperature)  # fmt: skip
-        solved, failed, contested_ids = _split(report)
-        cycle.log.write(
-            "refiltered", policy=parent, repeats=t.refilter_repeats, contested=contested_ids,
-            solved=len(solved), failed=len(failed),
-        )  # fmt: skip
-        chosen = set(contested_ids)
+        found = [e for e in earlier if e["event"] == "refiltered" and e["policy"] == parent]
+        if found:
+            chosen = set(found[-1]["contested"])
+        else:
+            report = cycle.simulate(pool, parent, repeats=t.refilter_repeats, bot=c.bot,
+                                    temperature=t.temperature)  # fmt: skip
+            solved, failed, contested_ids = _split(report)
+            cycle.log.write(
+                "refiltered", policy=parent, repeats=t.refilter_repeats, contested=contested_ids,
+                solved=len(solved), failed=len(failed),
+            )  # fmt: skip
+            chosen = set(contested_ids)
     contested = pool.model_copy(update={"scenarios": [x for x in pool if x.id in chosen]})
     for algo, steps in (("grpo", t.grpo_steps), ("opsd", t.opsd_steps)):
         if steps == 0:
@@ -544,25 +572,26 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         if not len(contested):
             cycle.log.write("rl_skipped", algo=algo, reason="no contested scenario in the pool")
             continue
-        per_step = len(contested) * t.group_size * t.episode_s / c.concurrency + t.step_s
-        cycle.require(steps * per_step, f"{steps} {algo.upper()} step(s)")
-        from pipecat_rl.simulator import load_bot
-        from pipecat_rl.simulator.options import Rollouts
 
-        rollouts = Rollouts(scenarios=contested, bot=load_bot(c.bot), options=cycle.options())
-        t0 = time.monotonic()
-        try:
-            result = train(cycle.ledger, TrainConfig(algo=algo, parent=parent, steps=steps,
-                                                     group_size=t.group_size,
-                                                     temperature=t.temperature, **common),
-                           server_url=url, rollouts=rollouts, progress=progress)  # fmt: skip
-        except NoTrainingSignalError as e:  # the candidate so far stands; the sub-run is kept
-            cycle.log.write("rl_skipped", algo=algo, reason=str(e))
-            runs.append({"algo": algo, "adapter": None, "skipped": str(e),
-                         "wall_s": round(time.monotonic() - t0, 3)})  # fmt: skip
-            continue
-        runs.append(_run_record(cycle, algo, result, time.monotonic() - t0))
-        parent = result.adapter
+        def rl(algo: str = algo, steps: int = steps) -> dict[str, Any]:
+            per_step = len(contested) * t.group_size * t.episode_s / c.concurrency + t.step_s
+            cycle.require(steps * per_step, f"{steps} {algo.upper()} step(s)")
+            from pipecat_rl.simulator import load_bot
+            from pipecat_rl.simulator.options import Rollouts
+
+            rollouts = Rollouts(scenarios=contested, bot=load_bot(c.bot), options=cycle.options())
+            t0 = time.monotonic()
+            try:
+                return timed(algo, config=TrainConfig(algo=algo, parent=parent, steps=steps,
+                                                      group_size=t.group_size,
+                                                      temperature=t.temperature, **common),
+                             server_url=url, rollouts=rollouts, progress=progress)  # fmt: skip
+            except NoTrainingSignalError as e:  # the candidate so far stands; the sub-run is kept
+                cycle.log.write("rl_skipped", algo=algo, reason=str(e))
+                return {"algo": algo, "adapter": None, "skipped": str(e),
+                        "wall_s": round(time.monotonic() - t0, 3)}  # fmt: skip
+
+        sub_run(algo, rl)
     if runs and parent in (None, incumbent):  # every run asked for found no signal
         raise NoTrainingSignalError(
             "the train stage trained nothing: " + "; ".join(r["skipped"] for r in runs)
