@@ -11,7 +11,7 @@ decide whether anything runs.
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
 
@@ -24,6 +24,8 @@ PersonaKind = Literal["llm", "scripted"]
 
 Mode = Literal["text", "audio"]
 Transport = Literal["local", "webrtc"]
+Executor = Literal["local", "ray"]
+"""Where episodes run: in this process's event loop, or one Ray task each (`simulator.executor`)."""
 Source = Literal["simulate", "gate"]
 """The ledger label of simulated sessions: `gate` for the gate's paired runs."""
 
@@ -71,6 +73,20 @@ class SimulationOptions(BaseModel):
     """Overrides the agent's sampling temperature (None: the bot's own, as deployed)."""
     rubric: Rubric = DEFAULT_RUBRIC
     """How the stored reward weighs the episode's parts (`pipecat_rl.rubric`)."""
+    executor: Executor = "local"
+    """Where episodes run: `local` (one event loop here) or `ray` (one Ray task per episode)."""
+    ray_address: str | None = None
+    """The Ray cluster (`auto`, `ray://host:10001`, `host:port`); None: Ray's own default
+    (`$RAY_ADDRESS`, a cluster started on this machine, else a new one in this process)."""
+    ray_endpoints: tuple[str, ...] = ()
+    """Served models the Ray driver balances episodes over (one vLLM per node; each episode
+    goes to the one with the fewest in flight); empty: the run's one served URL."""
+
+    @model_validator(mode="after")
+    def _ray_fields_need_ray(self) -> "SimulationOptions":
+        if self.executor != "ray" and (self.ray_address or self.ray_endpoints):
+            raise ValueError("ray_address and ray_endpoints need executor 'ray' (--executor ray)")
+        return self
 
 
 GATE_REPEATS = 8

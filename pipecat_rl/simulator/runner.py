@@ -19,7 +19,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -326,14 +326,19 @@ async def run_episode(
     *,
     repeat: int = 0,
     heldout_set_id: str | None = None,
+    session_id: str | None = None,
 ) -> EpisodeResult:
-    """Run one simulated call of `scenario` against `bot` and record it in `ledger`."""
+    """Run one simulated call of `scenario` against `bot` and record it in `ledger`.
+
+    `session_id` is the episode's id when its dispatcher chose one (a retried Ray task keeps
+    it, so the episode is one session however often it ran); None draws a fresh one.
+    """
     seed = episode_seed(config.seed, scenario.id, repeat)
     started = time.monotonic()
     model = config.adapter or "base"
     split, set_id = heldout.session_split(ledger, scenario, heldout_set_id)  # by content
     info = SessionInfo(
-        call_id=new_call_id(),
+        call_id=session_id or new_call_id(),
         source=config.source,
         scenario_id=scenario.id,
         scenario_hash=scenario.content_hash(),
@@ -543,6 +548,9 @@ def caller_side_latencies(
 
 # -- many episodes -----------------------------------------------------------------------------
 
+EpisodeRunner = Callable[..., Awaitable[EpisodeResult]]
+"""Runs one episode as `run_episode` does, with its arguments: here, or on a Ray node."""
+
 
 @dataclass(frozen=True)
 class ScenarioSummary:
@@ -672,12 +680,16 @@ async def simulate(
     *,
     on_episode: Callable[[EpisodeResult], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    run_one: "EpisodeRunner | None" = None,
 ) -> SimulationReport:
     """Run every scenario `repeats` times (or its own `runs`), `concurrency` at a time.
 
     `stop` is asked before each episode starts: once it says yes, nothing more starts (the
     episodes in flight finish, so none is cut half-written) and the rest are `not_run`.
+    `run_one` runs each episode (`run_episode` here, by default; `simulator.executor` gives
+    the Ray one); seeds, pairing and the held-out split are decided the same either way.
     """
+    run_one = run_one or run_episode
     started = time.monotonic()
     scenarios = loading.runnable(scenarios, config.mode)  # recorded turns play in audio only
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
@@ -705,7 +717,7 @@ async def simulate(
                 why = "the LLM server was gone" if gone else "the run was stopped"
                 result = _not_run(scenario, repeat, config, why)
             else:
-                result = await run_episode(
+                result = await run_one(
                     scenario,
                     bot,
                     config,

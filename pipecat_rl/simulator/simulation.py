@@ -6,7 +6,8 @@ loaded and one `SimulationOptions`; they add nothing but arguments. `run` choose
 endpoint (a given server, the embedded vLLM started for this run, or none for bots that need no
 model), makes every policy it is asked for servable there, and runs the policies interleaved
 in one event loop, so that several policies share the server's load and a latency difference
-between them is theirs, not the time of day's.
+between them is theirs, not the time of day's. `options.executor` says where each episode runs
+(`simulator.executor`: this process, or a Ray task); the rest of the run is the same.
 """
 
 import asyncio
@@ -16,8 +17,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger
 from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.simulator.botloader import BotEntry
+from pipecat_rl.simulator.executor import episode_runner
 from pipecat_rl.simulator.options import Server, SimulationOptions, Source
-from pipecat_rl.simulator.runner import EpisodeResult, SimulationConfig, SimulationReport, simulate
+from pipecat_rl.simulator.runner import (
+    EpisodeResult,
+    EpisodeRunner,
+    SimulationConfig,
+    SimulationReport,
+    simulate,
+)
 
 EMBEDDED = Server()
 """The default: the embedded vLLM, started for the run."""
@@ -35,6 +43,22 @@ async def _endpoint(
     async with llm_endpoint(
         server.url, ledger=ledger, adapters=policies, model=server.model, concurrency=concurrency
     ) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _endpoints(
+    server: Server, ledger: Ledger, policies: Sequence[str], options: SimulationOptions
+) -> AsyncIterator[str | None]:
+    """The run's served URL; every Ray endpoint, too, serves each policy before any episode."""
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(
+            _endpoint(server, ledger, policies, options.concurrency)
+        )
+        for other in options.ray_endpoints:
+            await stack.enter_async_context(
+                _endpoint(Server(url=other), ledger, policies, options.concurrency)
+            )
         yield url
 
 
@@ -71,8 +95,8 @@ def run(
     if not policies:
         raise ValueError("simulator.run needs at least one policy")
 
-    async def both() -> list[SimulationReport]:
-        async with _endpoint(server, ledger, policies, options.concurrency) as url:
+    async def both(run_one: EpisodeRunner) -> list[SimulationReport]:
+        async with _endpoints(server, ledger, policies, options) as url:
             share = max(1, options.concurrency // len(policies))  # the load, split fairly
             configs = [
                 SimulationConfig(
@@ -83,12 +107,16 @@ def run(
             ]  # fmt: skip
             return await asyncio.gather(
                 *(
-                    simulate(scenarios, bot, c, ledger, on_episode=on_episode, stop=stop)
+                    simulate(
+                        scenarios, bot, c, ledger, on_episode=on_episode, stop=stop,
+                        run_one=run_one,
+                    )  # fmt: skip
                     for c in configs
                 )
             )
 
-    reports = asyncio.run(both())
+    with episode_runner(options) as run_one:
+        reports = asyncio.run(both(run_one))
     return SimulationReport(
         episodes=[e for r in reports for e in r.episodes],
         heldout_set_id=scenarios.heldout_set_id,
