@@ -79,7 +79,7 @@ def text_gate(tmp_path_factory) -> tuple[GateReceipt, Path, Path]:
     log = adapters / "runs" / f"{RUN_ID}.metrics.jsonl"
     steps = [
         {"step": i, "policy_loss": round(1 / i, 4), "reward": 0.2 + 0.02 * i, "kl": 0.001 * i,
-         "frac_reward_zero_std": 0.5 - 0.01 * i}
+         "clip_ratio": 0.01 * i, "frac_reward_zero_std": 0.5 - 0.01 * i}
         for i in range(1, 21)
     ]  # fmt: skip
     log.write_text("".join(json.dumps(row) + "\n" for row in steps) + "not json\n")
@@ -179,6 +179,7 @@ def test_the_candidates_training_curves_come_from_its_step_log(text_gate, text_p
         ("policy_loss", "1", "0.05"),
         ("reward", "0.22", "0.6"),
         ("kl", "0.001", "0.02"),
+        ("clip_ratio", "0.01", "0.2"),
         ("frac_reward_zero_std", "0.49", "0.3"),
     ):
         assert re.search(

@@ -19,10 +19,11 @@ from pipecat_rl.ledger import Ledger, NotInLedgerError
 
 CURVES: tuple[str, ...] = (
     "loss", "policy_loss", "distill_loss", "epoch_loss", "heldout_loss",
-    "reward", "kl", "frac_reward_zero_std",
+    "reward", "kl", "clip_ratio", "frac_reward_zero_std",
 )  # fmt: skip
 """Step-log metrics the page plots, whichever the algorithm logged (TRL's names: SFT logs
-`loss`, GRPO `policy_loss`, `reward`, `kl` and `frac_reward_zero_std`, OPSD `distill_loss`)."""
+`loss`, GRPO `policy_loss`, `reward`, `kl`, `clip_ratio` and `frac_reward_zero_std`, OPSD
+`distill_loss`)."""
 
 
 @dataclass(frozen=True)
