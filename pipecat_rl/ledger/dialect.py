@@ -35,6 +35,7 @@ import functools
 import importlib.util
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -282,6 +283,7 @@ class PostgresStore:
                 f"cannot open the Postgres ledger {self.name}: {e}; check the URL, that the "
                 "server runs and that the user may create tables in the database"
             ) from e
+        self._pinned = threading.local()
         self._pool: Any = ConnectionPool(
             url, min_size=1, max_size=POOL_SIZE, open=False,
             kwargs={"connect_timeout": CONNECT_TIMEOUT_S}, name=f"pipecat-rl {self.name}",
@@ -333,10 +335,38 @@ class PostgresStore:
             conn.execute("INSERT INTO pipecat_rl_schema (version) VALUES (%s)", (target,))
 
     @contextmanager
-    def transaction(self, *, write: bool) -> Iterator[PostgresConnection]:
-        """One transaction on a pooled connection; a write first takes the ledger's write lock."""
+    def consistent_reads(self) -> Iterator[None]:
+        """Inside the block, every read of this thread sees the database at one point in time.
+
+        The reads share one REPEATABLE READ, READ ONLY transaction, so a copy made of many reads
+        (a cycle's snapshot) is one consistent state while other processes go on writing; writes
+        inside the block run in their own transactions, which these reads do not see.
+        """
         import psycopg
 
+        try:
+            with self._pool.connection(timeout=CONNECT_TIMEOUT_S) as raw, raw.transaction():
+                raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                self._pinned.conn = PostgresConnection(raw, self._identity)
+                try:
+                    yield
+                finally:
+                    self._pinned.conn = None
+        except psycopg.Error as e:
+            raise LedgerError(f"ledger {self.name}: {e}") from e
+
+    @contextmanager
+    def transaction(self, *, write: bool) -> Iterator[PostgresConnection]:
+        """One transaction on a pooled connection; a write first takes the ledger's write lock.
+
+        A read inside `consistent_reads` runs in that block's transaction instead.
+        """
+        import psycopg
+
+        pinned = None if write else getattr(self._pinned, "conn", None)
+        if pinned is not None:
+            yield pinned
+            return
         try:
             with self._pool.connection(timeout=CONNECT_TIMEOUT_S) as raw, raw.transaction():
                 if write:

@@ -19,8 +19,10 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Annotated, Any
 
 from loguru import logger
+from pydantic import BeforeValidator
 
 from pipecat_rl.errors import LedgerError, LedgerLockedError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
@@ -36,6 +38,7 @@ __all__ = [
     "DEFAULT_LEDGER_NAME",
     "LEDGER_ENV",
     "Ledger",
+    "LedgerLocation",
     "NotInLedgerError",
     "resolve_ledger_path",
 ]
@@ -68,6 +71,20 @@ def resolve_ledger_path(explicit: str | Path | None = None) -> Path | str:
     if from_env:
         return ledger_target(from_env)
     return Path.cwd() / DEFAULT_LEDGER_NAME
+
+
+def _location(value: Any) -> Any:
+    if not isinstance(value, str | Path):
+        return value  # pydantic says what it is not
+    try:
+        return ledger_target(value)
+    except LedgerError as e:  # a ValueError, so pydantic names the field
+        raise ValueError(str(e)) from None
+
+
+LedgerLocation = Annotated[Path | str, BeforeValidator(_location)]
+"""A ledger named in a settings file (loop.yaml, the service's settings): a SQLite file path,
+or a postgresql:// URL kept as written (a Path would fold its `//`); refused as `--ledger` is."""
 
 
 class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):

@@ -1,15 +1,20 @@
-"""Copying one ledger into another (`pipecat-rl ledger migrate`): a SQLite file into Postgres.
+"""Copying one ledger into another: `ledger migrate`, and the cycle's snapshot into a SQLite file.
 
-Idempotent, so an interrupted copy is run again: a session is copied with all its records in one
-transaction and skipped whole when the destination has it; adapters, held-out hashes, receipts,
-jobs and job events are keyed and skipped when present; a live-pointer move by its adapter and
-time. Rows take the destination's own ids, so a destination other processes already write to
-keeps its rows. Then every table is counted by its rows' keys: each source row must be in the
+`pipecat-rl ledger migrate` copies a SQLite file into Postgres; `snapshot_ledger` copies any
+ledger, as it stands, into a SQLite file. The copy (`copy_ledger`) is idempotent, so an
+interrupted copy is run again: a session is copied with all its records in one transaction and
+skipped whole when the destination has it; adapters, held-out hashes, receipts, jobs and job
+events are keyed and skipped when present; a live-pointer move by its adapter and time. Rows
+take the destination's own ids, so a destination other processes already write to keeps its
+rows. Then every table is counted by its rows' keys: each source row must be in the
 destination, or the copy is an error that names the table.
 """
 
+import sqlite3
 from collections import Counter
+from contextlib import closing
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from pipecat_rl.errors import LedgerError
@@ -50,7 +55,6 @@ class TableCopy:
     source: int = 0
     copied: int = 0
     present: int = 0
-
 
 
 
@@ -152,3 +156,24 @@ def copy_ledger(source: Ledger, dest: Ledger) -> dict[str, dict[str, int]]:
     report["job_events"] = _insert_new(dest, "job_events", _EVENT_COLUMNS, events, "job_id, seq")
     _verify(source, dest)
     return {table: asdict(counts) for table, counts in report.items()}
+
+
+def snapshot_ledger(ledger: Ledger, dest: Path) -> dict[str, int]:
+    """`ledger` as it stands, copied into the SQLite file `dest` (replaced); its rows per table.
+
+    A SQLite ledger is copied page by page (sqlite3's backup API: one consistent state, with
+    writers going on). A Postgres ledger, which bots on other machines keep writing, is read in
+    one transaction (`consistent_reads`) and copied with `copy_ledger`, so the file and the
+    counts are the same point in time; the copy is an ordinary SQLite ledger any verb reads.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in (dest, *(dest.with_name(dest.name + end) for end in ("-wal", "-shm"))):
+        stale.unlink(missing_ok=True)  # a copy left by an interrupted snapshot
+    postgres = ledger._postgres
+    if postgres is None:
+        with closing(sqlite3.connect(ledger.path)) as src, closing(sqlite3.connect(dest)) as dst:
+            src.backup(dst)
+        return ledger.stats()["counts"]
+    with postgres.consistent_reads(), Ledger(dest) as copy:
+        copy_ledger(ledger, copy)
+        return ledger.stats()["counts"]

@@ -1,7 +1,7 @@
 """`loop.yaml`: what one night-loop cycle runs, as a pydantic model.
 
 Paths in the file are taken relative to the file's own folder, so a loop file travels with the
-project it describes.
+project it describes; a `ledger:` URL (postgresql://) is taken as written.
 """
 
 import re
@@ -21,7 +21,9 @@ from pydantic import (
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import LiveTrust
+from pipecat_rl.ledger.dialect import is_url
 from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
+from pipecat_rl.ledger.store import LedgerLocation
 from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
 
 STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
@@ -165,7 +167,8 @@ class LoopConfig(_Part):
     """The cycle's folder: events.jsonl, metrics, the receipt, drafted scenarios."""
     expert_bot: str | None = None
     """A scripted expert agent whose verified calls are the warm start's demonstrations."""
-    ledger: Path | None = None
+    ledger: LedgerLocation | None = None
+    """A SQLite file (from the file's folder) or a postgresql:// URL (default: --ledger's rule)."""
     incumbent: str | None = None
     """The registered adapter the cycle starts from and gates against (default: the live one):
     e.g. an SFT candidate, to measure what RL from it buys on the same held-out set."""
@@ -207,7 +210,7 @@ def _rebase(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """Paths in the file, taken from the file's folder."""
     out = dict(data)
     for key in ("pool", "heldout", "out", "ledger", "drafts"):
-        if isinstance(out.get(key), str):
+        if isinstance(out.get(key), str) and not (key == "ledger" and is_url(out[key])):
             out[key] = str((base / out[key]).resolve())
     for key in ("bot", "expert_bot"):
         value = out.get(key)
