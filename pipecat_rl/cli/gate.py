@@ -28,6 +28,7 @@ from pipecat_rl.cli.common import (
     results,
     writable_folder,
 )
+from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, executor_fields
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError, GateError
@@ -215,6 +216,9 @@ def gate(
     out: Annotated[
         Path | None, typer.Option(help="Folder for receipt.json/.md/.html (default ./receipts/…)")
     ] = None,
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    ray_endpoints: RayEndpointOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Decide PROMOTE / REJECT / INCONCLUSIVE for a candidate on held-out scenarios."""
@@ -242,6 +246,7 @@ def gate(
             options=SimulationOptions(
                 persona=persona, seed=settings.seed, repeats=repeats,
                 concurrency=concurrency, max_tokens=max_tokens,
+                **executor_fields(executor, ray_address, ray_endpoints),
             ),
             llm_url=llm_url,
         )  # fmt: skip

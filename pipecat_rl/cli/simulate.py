@@ -29,6 +29,7 @@ from pipecat_rl.cli.common import (
     results,
     writable_folder,
 )
+from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, executor_fields
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
@@ -226,6 +227,9 @@ def simulate_command(
         str | None,  # a Path would fold postgresql:// into postgresql:/
         typer.Option("--ledger", help="Ledger file or URL (default: $PIPECAT_RL_LEDGER)."),
     ] = None,
+    executor: ExecutorOpt = "local",
+    ray_address: RayAddressOpt = None,
+    ray_endpoints: RayEndpointOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Simulate calls to BOT for every scenario, write them to the ledger, print a table."""
@@ -243,7 +247,7 @@ def simulate_command(
             persona=persona, mode=modes[0], seed=seed, repeats=repeats, concurrency=concurrency,
             max_tokens=max_tokens, persona_llm_url=persona_llm_url, persona_model=persona_model,
             judge_llm_url=judge_llm_url, judge_model=judge_model, judge_timeout_s=judge_timeout,
-            stt=stt, tts=tts,
+            stt=stt, tts=tts, **executor_fields(executor, ray_address, ray_endpoints),
         )  # fmt: skip
         check_endpoints(loaded, options, llm_url)  # before any server starts: fail fast
         server = Server(url=llm_url, model=model, needed=not no_server)

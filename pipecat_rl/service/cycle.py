@@ -186,7 +186,7 @@ class Cycle:
         c = self.config
         return SimulationOptions(
             persona=c.persona, seed=c.seed, concurrency=c.concurrency, max_tokens=c.max_tokens,
-            rubric=c.rubric,
+            rubric=c.rubric, executor=c.executor, ray_address=c.ray_address,
         ).model_copy(update=update)  # fmt: skip
 
     def server(self) -> Server:

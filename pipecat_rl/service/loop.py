@@ -25,6 +25,7 @@ from pipecat_rl.ledger.dialect import is_url
 from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
 from pipecat_rl.ledger.store import LedgerLocation
 from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.simulator.options import Executor
 
 STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
 """The cycle's stages, in order; each is recorded and never rerun once finished."""
@@ -181,6 +182,10 @@ class LoopConfig(_Part):
     persona: Literal["scripted", "llm"] = "scripted"
     """The scenarios' scripted callers (the embedded default), or an LLM persona."""
     concurrency: int = Field(default=8, ge=1)
+    executor: Executor = "local"
+    """Where the cycle's episodes run: here, or one Ray task each (`simulator.executor`)."""
+    ray_address: str | None = None
+    """With executor `ray`: the cluster (`auto`, `ray://host:10001`; default Ray's own)."""
     max_tokens: int | None = Field(default=96, ge=1)
     seed: int = 0
     rubric: Rubric = DEFAULT_RUBRIC
