@@ -134,22 +134,62 @@ def test_a_day_of_live_calls_trains_on_exactly_the_trusted_ones(tmp_path, tiny_d
         calls = live_calls(ledger, live, time.time())
         assert sorted(calls["judged"]) == ["api-fail", "cli-pass"]
         assert calls["passed"] == ["cli-pass"]
-        config = TrainConfig(algo="opsd", base_model=str(tiny_dir), out_dir=tmp_path / "a",
-                             lr=1e-3)  # fmt: skip
+
+    def train_cli(*args: str) -> dict:
+        """`pipecat-rl train` on the day's live calls, trusting what the loop's `live:` does."""
+        result = CliRunner().invoke(app, [
+            "train", *args, "--model", str(tiny_dir), "--out", str(tmp_path / "a"),
+            "--live-since", "24h", "--live-sources", "human", "--live-sources", "coval",
+            "--live-settle", "1h", "--ledger", str(path), "--json",
+        ])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    opsd = train_cli("--algo", "opsd", "--lr", "1e-3")
+    assert opsd["session_ids"] == ["api-fail", "cli-pass"]  # of 6 calls in the window
+    assert opsd["metrics"]["hinted_turns"] == 4 and opsd["metrics"]["grad_norm"] > 0
+    next_line = f"The caller's next line will be: {CALLER[1]!r}."
+    assert sorted(hints) == [
+        ("api-fail", 0, f"{next_line} {WRONG_TIME}"), ("api-fail", 1, WRONG_TIME),
+        ("cli-pass", 0, f"{next_line} {RIGHT}"), ("cli-pass", 1, RIGHT),
+    ]  # fmt: skip
+    filtered = train_cli("--algo", "sft", "--epochs", "1")
+    assert filtered["session_ids"] == ["cli-pass"]
+    assert filtered["metrics"]["passed_sessions"] == 1
+    with Ledger(path) as ledger:  # the same trust from the library: the CLI adds only flags
         window = [s.id for s in ledger.sessions(source="live", since=time.time() - live.since)]
-        assert len(window) == 6  # the trainer's own query keeps the trusted ones of these
-        result = train(ledger, config, live=live.trust(), session_ids=window)
-        assert result.session_ids == ["api-fail", "cli-pass"]
-        assert result.metrics["hinted_turns"] == 4 and result.metrics["grad_norm"] > 0
-        next_line = f"The caller's next line will be: {CALLER[1]!r}."
-        assert sorted(hints) == [
-            ("api-fail", 0, f"{next_line} {WRONG_TIME}"), ("api-fail", 1, WRONG_TIME),
-            ("cli-pass", 0, f"{next_line} {RIGHT}"), ("cli-pass", 1, RIGHT),
-        ]  # fmt: skip
         sft = TrainConfig(algo="sft", base_model=str(tiny_dir), out_dir=tmp_path / "a", epochs=1)
-        filtered = train(ledger, sft, live=live.trust(), session_ids=window)
-        assert filtered.session_ids == ["cli-pass"]
-        assert filtered.metrics["passed_sessions"] == 1
+        assert train(ledger, sft, live=live.trust(), session_ids=window).session_ids == [
+            "cli-pass"
+        ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--live-sources", "Coval Inc"], "--live-sources: score source(s) 'Coval Inc'"),
+        (["--live-since", "yesterday"], "--live-since 'yesterday': give a span"),
+        (["--live-settle", "soon"], "--live-settle 'soon': give a span"),
+        (["--live-since", "1h", "--scenarios", ".", "--bot", "bot.py", "--algo", "grpo"],
+         "--live-since trains on recorded live calls"),
+    ],
+)
+def test_bad_live_flags_are_refused_naming_the_flag(tmp_path, flags, said):
+    with Ledger(tmp_path / "l.db"):
+        pass
+    result = CliRunner().invoke(app, ["train", "--ledger", str(tmp_path / "l.db"), *flags])
+    assert result.exit_code == 64, result.output
+    assert said in " ".join(result.output.split())
+
+
+def test_no_live_call_in_the_span_is_no_training_signal(tmp_path):
+    with Ledger(tmp_path / "l.db"):
+        pass
+    result = CliRunner().invoke(
+        app, ["train", "--ledger", str(tmp_path / "l.db"), "--live-since", "24h"]
+    )
+    assert result.exit_code == 66, result.output
+    assert "no live call started within --live-since 24h" in " ".join(result.output.split())
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # the judge imports Pipecat: only when a judge really runs
     from pipecat_rl.simulator.live_judge import JudgeReport
 
 
-def parse_span(text: str) -> float:
-    """A span such as `24h`, `90m`, `7d` or `3600` (seconds) in seconds.
+def parse_span(text: str, flag: str = "--since") -> float:
+    """A span such as `24h`, `90m`, `7d` or `3600` (seconds) in seconds, given as `flag`.
 
     Raises:
         ConfigError: the text is not a span.
@@ -33,7 +33,7 @@ def parse_span(text: str) -> float:
         return float(span_s(text))
     except ValueError:
         raise ConfigError(
-            f"--since {text!r}: give a span such as 24h, 90m, 7d or 3600 (seconds)"
+            f"{flag} {text!r}: give a span such as 24h, 90m, 7d or 3600 (seconds)"
         ) from None
 
 

@@ -1,16 +1,20 @@
 """`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO or OPSD).
 
 Prints a progress bar while it trains, writes a metrics JSONL with TRL's names, and ends with the
-adapter's name (on stdout with `--json`, as part of the result). Exit codes (one table,
-`cli.common.EXIT_TABLE`): 0 trained; 66 no training signal (no rows, zero-variance groups, no
-hinted turn: more or better data fixes it); 70 training could not proceed otherwise (the logprob
-guard, a canary that does not match); 64 usage; 69 the LLM server is unavailable.
+adapter's name (on stdout with `--json`, as part of the result). Live calls train under the
+eligibility query's `LiveTrust`, set by `--live-sources` and `--live-settle`; `--live-since`
+keeps the run to the live calls of that span, as the cycle's `live:` runs do. Exit codes (one
+table, `cli.common.EXIT_TABLE`): 0 trained; 66 no training signal (no rows, zero-variance groups,
+no hinted turn: more or better data fixes it); 70 training could not proceed otherwise (the
+logprob guard, a canary that does not match); 64 usage; 69 the LLM server is unavailable.
 """
 
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipecat_rl.cli.common import (
@@ -20,10 +24,12 @@ from pipecat_rl.cli.common import (
     new_ledger_kept_if_used,
     print_json,
 )
+from pipecat_rl.cli.judge import parse_span
 from pipecat_rl.cli.ledger import open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
-from pipecat_rl.errors import ConfigError
-from pipecat_rl.ledger import resolve_ledger_path
+from pipecat_rl.errors import ConfigError, NoTrainingSignalError
+from pipecat_rl.ledger import Ledger, LiveTrust, resolve_ledger_path
+from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
 from pipecat_rl.simulator.options import MAX_SEED
 from pipecat_rl.training import Algo, TrainConfig
 
@@ -32,6 +38,35 @@ _SHOWN = ("loss", "policy_loss", "distill_loss", "reward", "frac_reward_zero_std
 
 def _describe(row: dict[str, Any]) -> str:
     return "  ".join(f"{k}={row[k]:.4g}" for k in _SHOWN if isinstance(row.get(k), int | float))
+
+
+def live_trust(sources: list[str] | None, settle: str | None) -> LiveTrust:
+    """The eligibility query's trust from `--live-sources` and `--live-settle`.
+
+    Raises:
+        ConfigError: a source that is no source name, or a settle that is no span.
+    """
+    settle_s = DEFAULT_SETTLE_S if settle is None else parse_span(settle, "--live-settle")
+    try:
+        return LiveTrust(sources=tuple(sources or DEFAULT_TRUSTED_SOURCES), settle_s=settle_s)
+    except ValidationError as e:
+        raise ConfigError(f"--live-sources: {e.errors()[0]['ctx']['error']}") from None
+
+
+def live_window(store: Ledger, since: str) -> list[str]:
+    """The live calls that started within `since` (`--live-since`), for the run to keep to.
+
+    Raises:
+        NoTrainingSignalError: none did.
+    """
+    started = time.time() - parse_span(since, "--live-since")
+    ids = [s.id for s in store.sessions(source="live", since=started)]
+    if not ids:
+        raise NoTrainingSignalError(
+            f"no live call started within --live-since {since}: record calls first (see "
+            "`pipecat-rl ledger sessions --source live`) or widen the span"
+        )
+    return ids
 
 
 def train_command(
@@ -80,6 +115,31 @@ def train_command(
             help="The running server: the adapter is hot-loaded and verified there.",
         ),
     ] = None,
+    live_sources: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--live-sources",
+            help="Scorers whose verdict lets a live call train (repeat the flag; default "
+            f"{', '.join(DEFAULT_TRUSTED_SOURCES)}).",
+            show_default=False,
+        ),
+    ] = None,
+    live_since: Annotated[
+        str | None,
+        typer.Option(
+            "--live-since",
+            help="Train on the live calls started within this span only (24h, 90m, 7d).",
+            show_default=False,
+        ),
+    ] = None,
+    live_settle: Annotated[
+        str | None,
+        typer.Option(
+            "--live-settle",
+            help="A live call trains once it ended this long ago (late scores). (default 1h)",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Adapter folder root.")] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Seed.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -92,6 +152,9 @@ def train_command(
             raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
         if scenarios is not None and algo == "sft":
             raise ConfigError("--scenarios and --bot are for --algo grpo or opsd (online)")
+        if scenarios is not None and live_since is not None:
+            raise ConfigError("--live-since trains on recorded live calls; online runs simulate")
+        trust = live_trust(live_sources, live_settle)
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
@@ -124,8 +187,13 @@ def train_command(
         opened = open_ledger(ledger) if rollouts is None else new_ledger_kept_if_used(
             resolve_ledger_path(ledger)
         )  # fmt: skip
-        with opened as store, progress:  # a ServingError exits 69 (`cli_errors`)
-            result = train(store, config, server_url=llm_url, progress=on_step, rollouts=rollouts)
+        with opened as store:
+            window = None if live_since is None else live_window(store, live_since)
+            with progress:  # a ServingError exits 69 (`cli_errors`)
+                result = train(
+                    store, config, server_url=llm_url, progress=on_step, rollouts=rollouts,
+                    live=trust, session_ids=window,
+                )  # fmt: skip
     if json_out:
         print_json(result.model_dump(mode="json"))
         return
