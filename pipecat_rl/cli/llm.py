@@ -109,7 +109,7 @@ def serve(
         asyncio.run(_serve_until_stopped(server, json_out))
 
 
-def _adapter_to_merge(spec: str, ledger: Path | None) -> tuple[str, Path]:
+def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
     """The served name and folder `--merged` means: a peft folder, an adapter name, or `live`."""
     folder = Path(spec).expanduser()
     if (folder / "adapter_config.json").is_file():
@@ -118,7 +118,7 @@ def _adapter_to_merge(spec: str, ledger: Path | None) -> tuple[str, Path]:
     from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 
     path = resolve_ledger_path(ledger)
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():
         raise ConfigError(
             f"--merged {spec}: not a peft adapter folder, and there is no ledger at {path} to "
             "look the name up in; pass an adapter folder, or --ledger"
@@ -128,8 +128,8 @@ def _adapter_to_merge(spec: str, ledger: Path | None) -> tuple[str, Path]:
         name = (BASE_ADAPTER if pointer is None else pointer.adapter) if spec == LIVE else spec
         if name == BASE_ADAPTER:
             raise ConfigError(
-                f"--merged {spec}: the base model is live in {path}, and it needs no merging; "
-                "serve it without --merged"
+                f"--merged {spec}: the base model is live in {store.path}, and it needs no "
+                "merging; serve it without --merged"
             )
         return name, Path(store.adapter(name).path)
 
@@ -202,18 +202,18 @@ def unload_adapter(
     _report({"unloaded": name, "models": models}, json_out)
 
 
-def _refuse_live(name: str, ledger: Path | None) -> None:
+def _refuse_live(name: str, ledger: str | None) -> None:
     """Refuse to unload the adapter the live pointer serves: bots would lose it mid-call."""
     from pipecat_rl.ledger import Ledger, resolve_ledger_path
 
     path = resolve_ledger_path(ledger)
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():
         return  # no ledger here: nothing says which adapter is live
     with Ledger(path) as store:
-        live = store.live()
+        live, where = store.live(), store.path
     if live is not None and live.adapter == name:
         raise ConfigError(
-            f"{name} is the live adapter in {path} (since its last promotion): bots are being "
+            f"{name} is the live adapter in {where} (since its last promotion): bots are being "
             "served it; promote or roll back to another first, or pass --force"
         )
 

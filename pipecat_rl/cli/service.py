@@ -9,6 +9,7 @@ from pipecat_rl.cli.common import cli_errors, console
 from pipecat_rl.cli.ledger import LedgerOpt
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.ledger import resolve_ledger_path
+from pipecat_rl.ledger.dialect import redact
 from pipecat_rl.service.settings import TOKEN_ENV, ServiceSettings, resolve_token
 
 
@@ -47,14 +48,16 @@ def service_command(
 
         secret = resolve_token(token)
         check_bind(host, secret)
+        target = resolve_ledger_path(ledger)
         settings = ServiceSettings(
-            data_dir=data_dir.resolve(), ledger=resolve_ledger_path(ledger).resolve(),
+            data_dir=data_dir.resolve(),
+            ledger=target.resolve() if isinstance(target, Path) else target,
             token=secret, host=host, port=port, llm_url=llm_url, model=model,
             max_body_bytes=max_body_kb * 1024,
         )  # fmt: skip
         console.print(
             f"[green]pipecat-rl service[/green] on http://{host}:{port} (API docs at /docs), "
-            f"data {settings.data_dir}, ledger {settings.ledger}"
+            f"data {settings.data_dir}, ledger {redact(str(settings.ledger))}"
             + ("" if secret else " [yellow](no token: loopback only)[/yellow]")
         )
         serve(settings)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipecat_rl.ledger.store import LedgerLocation
+
 TOKEN_ENV = "PIPECAT_RL_SERVICE_TOKEN"
 """Environment variable holding the bearer token (used when --token is not given)."""
 
@@ -19,8 +21,9 @@ class ServiceSettings(BaseModel):
 
     data_dir: Path
     """Every path a request names must resolve inside this folder."""
-    ledger: Path
-    """The ledger holding sessions, adapters, the live pointer and the job queue."""
+    ledger: LedgerLocation
+    """The ledger holding sessions, adapters, the live pointer and the job queue: a SQLite file
+    or a postgresql:// URL (one the bots record into too)."""
     token: str | None = None
     """Bearer token; None only on a loopback address."""
     host: str = "127.0.0.1"
