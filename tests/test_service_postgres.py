@@ -1,4 +1,5 @@
-"""The side service and the `llm` verbs on a Postgres ledger (the one the bots record into).
+"""The side service, the `llm` verbs and the bot's live-adapter selector on a Postgres ledger
+(the one the bots record into).
 
 On test_ledger_postgres.py's throwaway PostgreSQL cluster, skipped, saying why, where the server
 binaries or psycopg are missing; the service's own pieces (its jobs, the stand-in vLLM, the
@@ -78,3 +79,17 @@ def test_unload_adapter_refuses_the_live_adapter_of_a_postgres_ledger(pg_url):  
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 64, refused.output
     assert "clinic-v1 is the live adapter in postgresql://" in " ".join(refused.output.split())
+
+
+def test_the_live_adapter_selector_reads_the_pointer_of_a_postgres_ledger(pg_url):  # noqa: F811
+    from pipecat.services.openai.llm import OpenAILLMService
+
+    from pipecat_rl.processors import LiveAdapterSelector
+
+    llm = OpenAILLMService(api_key="none", settings=OpenAILLMService.Settings(model="base"))
+    selector = LiveAdapterSelector(llm, ledger=pg_url)
+    assert selector._read_live() == "base"  # nothing promoted yet
+    with Ledger(pg_url) as ledger:
+        ledger.register_adapter(make_adapter("clinic-v2"))
+        ledger.move_live("clinic-v2")
+    assert selector._read_live() == "clinic-v2"

@@ -46,8 +46,8 @@ class LiveAdapterSelector(FrameProcessor):
 
         Args:
             llm: The LLM service whose model follows the live pointer.
-            ledger: The ledger file (default: --ledger's rule, `$PIPECAT_RL_LEDGER` or
-                ./pipecat-rl.db).
+            ledger: The ledger file or postgresql:// URL (default: --ledger's rule,
+                `$PIPECAT_RL_LEDGER` or ./pipecat-rl.db).
             base_model: The model name that means "no adapter", used when the pointer says
                 `base` or nothing was promoted yet (default: the model `llm` was created with).
             **kwargs: Passed to `FrameProcessor`.
@@ -83,7 +83,7 @@ class LiveAdapterSelector(FrameProcessor):
 
     def _read_live(self) -> str | None:
         """The live adapter's name (`base` when none was promoted), or None if unreadable."""
-        if not self._ledger_path.exists():
+        if isinstance(self._ledger_path, Path) and not self._ledger_path.exists():
             return BASE_ADAPTER
         try:
             with Ledger(self._ledger_path) as ledger:
