@@ -47,7 +47,7 @@ class Cluster:
         process = subprocess.Popen(
             [RAY, "start", *flags, *NODE_FLAGS],
             env={**os.environ, **AUTH_OFF, **(env or {})},
-            start_new_session=True,  # its own group: raylet and its workers stay in it
+            process_group=0,  # its own group (to kill it), in this session and its CPU priority
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self.groups.append(process.pid)
