@@ -6,16 +6,19 @@ costs no episode and writes none twice. The cluster is `ray start` processes (a 
 node per test, 1 CPU and a 100 MB object store each), torn down by process group.
 """
 
+import asyncio
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import Server, SimulationOptions, load_bot, load_scenarios, run
-from pipecat_rl.simulator.executor import episode_runner
+from pipecat_rl.simulator.executor import RayEpisodes, episode_runner
+from pipecat_rl.simulator.runner import EpisodeResult, SimulationConfig
 from tests.ray_doomed_bot import DOOM_ENV
 from tests.ray_helpers import AUTH_OFF, alive, ray_head
 
@@ -115,3 +118,42 @@ def test_ray_not_installed_is_one_error_naming_the_extra(monkeypatch):
 def test_ray_flags_without_the_ray_executor_are_refused():
     with pytest.raises(ValueError, match="executor 'ray'"):
         SimulationOptions(ray_address="auto")
+
+
+def test_the_driver_sends_each_episode_to_the_endpoint_with_the_fewest_in_flight(tmp_path):
+    pytest.importorskip("ray", reason="Ray is the extra pipecat-rl[ray]")
+    endpoints = ("http://gpu-1/v1", "http://gpu-2/v1")
+    runner = RayEpisodes(endpoints)
+    sent: asyncio.Queue[tuple[str, asyncio.Event]] = asyncio.Queue()
+
+    class HeldTask:  # stands in for the Ray task: each episode ends when the test says so
+        def remote(self, scenario, spec, shown_as, config, **kwargs):
+            ends = asyncio.Event()
+            sent.put_nowait((config.llm_url, ends))
+
+            async def result():
+                await ends.wait()
+                return EpisodeResult(scenario.id, "pool", 0, 0, "", "pass"), None
+
+            return result()
+
+    runner._task = HeldTask()
+    scenario = load_scenarios([POOL / "routine_booking.yaml"]).scenarios[0]
+    bot = SimpleNamespace(spec="bot.py")
+    config = SimulationConfig(executor="ray", ray_endpoints=endpoints)
+
+    async def main(ledger: Ledger) -> list[str]:
+        one = lambda: asyncio.create_task(runner(scenario, bot, config, ledger))  # noqa: E731
+        first, second = one(), one()
+        (url_1, ends_1), (url_2, ends_2) = await sent.get(), await sent.get()
+        ends_2.set()  # the second episode ends; the first is still running
+        await second
+        third = one()
+        url_3, ends_3 = await sent.get()
+        ends_1.set()
+        ends_3.set()
+        await asyncio.gather(first, third)
+        return [url_1, url_2, url_3]
+
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        assert asyncio.run(main(ledger)) == [endpoints[0], endpoints[1], endpoints[1]]
