@@ -1,24 +1,35 @@
 """A day of live calls becomes training rows: recorded, scored through the service and the CLI,
-chosen by the loop's `live:` trust, trained with each scorer's explanation as the OPSD hint."""
+chosen by the loop's `live:` trust (or `pipecat-rl train --live-*`), trained with each scorer's
+explanation as the OPSD hint. The whole day, end to end: the clinic bot in production
+(`examples/clinic/live_bot.py`) takes scripted callers' calls on a stand-in vLLM serving a tiny
+model, QA scores half through the service, `pipecat-rl judge` the rest, OPSD trains from the
+CLI and the candidate is gated on the held-out set."""
 
+import asyncio
+import importlib
 import json
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, LiveTrust, ScoreIn, SessionRecord
+from pipecat_rl.scenarios import Scenario, load_scenarios
+from pipecat_rl.scenarios.scenario import Script, ScriptRule
 from pipecat_rl.service.app import create_app
 from pipecat_rl.service.cycle import live_calls, run_cycle
 from pipecat_rl.service.loop import LiveSettings, load_loop_config
 from pipecat_rl.service.settings import ServiceSettings
 from pipecat_rl.training import TrainConfig, train
 from pipecat_rl.training import trainer as trainer_module
+from tests.test_train_online import TinyVLLM
 from tests.train_helpers import sample_turn
 
 TOKEN = "day-token"
@@ -59,7 +70,6 @@ def test_a_bad_live_block_is_refused_naming_its_field(tmp_path, block, said):
     with pytest.raises(ConfigError, match="loop.yaml: ") as e:
         load_loop_config(_loop(tmp_path, block + "\n"))
     assert said in str(e.value)
-
 
 
 def _record_call(ledger: Ledger, model, tokenizer, sid: str, ended_ago: float, **turn) -> None:
@@ -159,9 +169,7 @@ def test_a_day_of_live_calls_trains_on_exactly_the_trusted_ones(tmp_path, tiny_d
     with Ledger(path) as ledger:  # the same trust from the library: the CLI adds only flags
         window = [s.id for s in ledger.sessions(source="live", since=time.time() - live.since)]
         sft = TrainConfig(algo="sft", base_model=str(tiny_dir), out_dir=tmp_path / "a", epochs=1)
-        assert train(ledger, sft, live=live.trust(), session_ids=window).session_ids == [
-            "cli-pass"
-        ]
+        assert train(ledger, sft, live=live.trust(), session_ids=window).session_ids == ["cli-pass"]
 
 
 @pytest.mark.parametrize(
@@ -170,8 +178,10 @@ def test_a_day_of_live_calls_trains_on_exactly_the_trusted_ones(tmp_path, tiny_d
         (["--live-sources", "Coval Inc"], "--live-sources: score source(s) 'Coval Inc'"),
         (["--live-since", "yesterday"], "--live-since 'yesterday': give a span"),
         (["--live-settle", "soon"], "--live-settle 'soon': give a span"),
-        (["--live-since", "1h", "--scenarios", ".", "--bot", "bot.py", "--algo", "grpo"],
-         "--live-since trains on recorded live calls"),
+        (
+            ["--live-since", "1h", "--scenarios", ".", "--bot", "bot.py", "--algo", "grpo"],
+            "--live-since trains on recorded live calls",
+        ),
     ],
 )
 def test_bad_live_flags_are_refused_naming_the_flag(tmp_path, flags, said):
@@ -240,3 +250,195 @@ def test_the_cycles_train_stage_trains_on_the_live_calls_its_loop_trusts(tmp_pat
     events = [json.loads(x) for x in (config.out / "events.jsonl").read_text().splitlines()]
     (counted,) = [e for e in events if e["event"] == "live_calls"]
     assert (counted["judged"], counted["passed"]) == (2, 1)
+
+
+class StreamingTinyVLLM(TinyVLLM):
+    """`TinyVLLM` as a Pipecat bot's recorder meets it: listed as vLLM, chats streamed with
+    prompt ids, each chunk's sampled id and its logprob, and usage. A reply is `REPLY_TOKENS`
+    sampled ids ending `stop` (a random tiny model never samples its end token). A judge's
+    question (a JSON schema, never streamed) is answered by `clinic_judge`: a tiny model
+    writes no JSON."""
+
+    REPLY_TOKENS = 6
+
+    def __init__(self, model_dir: Path):
+        super().__init__(model_dir)
+        api: FastAPI = self._server.config.app
+        api.router.routes = [
+            r for r in api.router.routes
+            if getattr(r, "path", "") not in ("/v1/models", "/v1/chat/completions")
+        ]  # fmt: skip
+
+        @api.get("/v1/models")
+        def models():
+            names = ["base", *self.listed]
+            return {"data": [{"id": name, "owned_by": "vllm"} for name in names]}
+
+        @api.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            if body.get("response_format"):
+                message = {"role": "assistant", "content": clinic_judge(body)}
+                choice = {"index": 0, "finish_reason": "stop", "message": message}
+                return {"object": "chat.completion", "model": body["model"], "choices": [choice]}
+            rendered = self.tokenizer.apply_chat_template(
+                body["messages"], tools=body.get("tools"), add_generation_prompt=True,
+                tokenize=True,
+            )  # fmt: skip
+            prompt = list(rendered["input_ids"])
+            asked = body.get("max_completion_tokens") or body.get("max_tokens") or 64
+            n = min(int(asked), self.REPLY_TOKENS)
+            ids, logprobs = self._sample({**body, "max_tokens": n}, prompt)
+
+            def chunk(choices: list, **extra) -> str:
+                payload = {"id": "c", "object": "chat.completion.chunk", "created": 0,
+                           "model": body["model"], "choices": choices, **extra}  # fmt: skip
+                return f"data: {json.dumps(payload)}\n\n"
+
+            def delta(content: str, **extra) -> dict:
+                return {"index": 0, "delta": {"content": content}, "finish_reason": None, **extra}
+
+            events = [chunk([delta("")], prompt_token_ids=prompt)]
+            for token, logprob in zip(ids, logprobs, strict=True):
+                text = self.tokenizer.decode([token])
+                sampled = {"content": [{"token": text, "logprob": logprob, "top_logprobs": []}]}
+                events.append(chunk([delta(text, token_ids=[token], logprobs=sampled)]))
+            events.append(chunk([{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+            usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                     "total_tokens": len(prompt) + len(ids)}  # fmt: skip
+            events += [chunk([], usage=usage), "data: [DONE]\n\n"]
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+
+
+def _caller(scenario: Scenario, *lines: str) -> Scenario:
+    """`scenario`'s clinic and checks, with a caller who says `lines` whatever it hears and
+    hangs up after the last (a tiny model's words match no scenario's rules)."""
+    rules = [ScriptRule(say=line, times=1) for line in lines[:-1]]
+    script = Script(rules=[*rules, ScriptRule(say=lines[-1], end_call=True)])
+    return scenario.model_copy(update={"script": script})
+
+
+def clinic_judge(body: dict) -> str:
+    """A deterministic judge: a call met its goal when the caller only asked about prices."""
+    schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema")
+    assert schema is not None, "only the judge calls this endpoint"
+    met = "prices" in json.dumps(body["messages"])
+    return json.dumps({name: {"probability": 0.9 if met else 0.1} for name in schema["properties"]})
+
+
+@pytest.mark.slow
+async def test_a_day_in_production_trains_on_its_scored_and_judged_calls_then_gates(
+    tmp_path, tiny_dir, monkeypatch
+):
+    """The clinic bot with its recorder line and live adapter takes calls from scripted callers;
+    QA posts scores for half through the service, the judge scores the rest; OPSD trains on
+    them from the CLI, and the candidate is gated against the base on the held-out set."""
+    from tests.fake_openai import serve_fake_openai
+    from tests.service_helpers import clinic_copy
+
+    monkeypatch.delenv("PIPECAT_RL_LEDGER", raising=False)
+    heldout = ["heldout_terse_booking", "heldout_price_pressure"]
+    clinic = clinic_copy(tmp_path, pool=["routine_booking", "price_question"], heldout=heldout)
+    monkeypatch.syspath_prepend(str(clinic))
+    live_bot = importlib.import_module("live_bot")
+    pool = {s.id: s for s in load_scenarios([clinic / "scenarios" / "pool"])}
+    booking = ("Hi, I'd like a checkup.", "Maria Lopez.", "Thanks, bye.")
+    prices = ("Hi, what are your prices?", "Just the prices, please.", "OK, bye.")
+    callers = {
+        "call-qa-1": _caller(pool["routine_booking"], *booking),
+        "call-qa-2": _caller(pool["price_question"], *prices),
+        "call-nightly-1": _caller(pool["routine_booking"], *booking),
+        "call-nightly-2": _caller(pool["price_question"], *prices),
+    }
+    path = tmp_path / "calls.db"
+    cli = CliRunner()
+
+    def run(*args: str, code: int = 0) -> dict:
+        result = cli.invoke(app, [*args, "--ledger", str(path), "--json"])
+        assert result.exit_code == code, result.output
+        return json.loads(result.stdout)
+
+    with StreamingTinyVLLM(tiny_dir) as vllm:
+        calls = {
+            call_id: await live_bot.take_call(
+                scenario, call_id=call_id, llm_url=vllm.url, ledger=path
+            )  # fmt: skip
+            for call_id, scenario in callers.items()
+        }
+        for call in calls.values():
+            said = [line.text for line in call.transcript if line.speaker == "caller"]
+            assert call.end_reason == "caller_hung_up" and tuple(said) in (booking, prices)
+        assert [calls[c].passed for c in callers] == [False, True, False, True]
+        with Ledger(path) as ledger:  # what the recorder wrote, live, under the platform's ids
+            for call_id in callers:
+                session = ledger.session(call_id)
+                assert (session.source, session.outcome, session.policy) == (
+                    "live", "cancelled", "base")  # fmt: skip
+                turns = ledger.turns(call_id)
+                assert len(turns) >= 3 and all(t.token_exact and t.redacted for t in turns)
+            assert ledger.stats()["live_sessions"] == {"unscored": 4, "scored": 0, "trainable": 0}
+
+        settings = ServiceSettings(data_dir=tmp_path, ledger=path, token=TOKEN, poll_s=0.05)
+        with TestClient(create_app(settings)) as client:  # QA reviews half the day's calls
+            for call_id in ("call-qa-1", "call-qa-2"):
+                call = calls[call_id]
+                why = "; ".join(call.failed_checks()) or "every check of the clinic's records held"
+                body = {"metric": "success", "value": "pass" if call.passed else "fail",
+                        "source": "human", "explanation": why}  # fmt: skip
+                r = client.post(f"/sessions/{call_id}/scores", json=body,
+                                headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+                assert r.status_code == 201, r.text
+
+        rubric = tmp_path / "rubric.yaml"
+        rubric.write_text("success: The receptionist answered what the caller asked.\n")
+        async with serve_fake_openai([], answer=clinic_judge) as judge_url:  # the nightly judge
+            judged = await asyncio.to_thread(
+                run, "judge", "--rubric", str(rubric), "--judge-llm-url", judge_url
+            )
+        assert sorted(c["session_id"] for c in judged["calls"]) == ["call-nightly-1",
+                                                                    "call-nightly-2"]  # fmt: skip
+        assert (judged["passed"], judged["failed"]) == (1, 1)
+        stats = run("ledger", "stats")["live_sessions"]
+        assert stats == {"unscored": 0, "scored": 4, "trainable": 0}  # not settled (1 h) yet
+        with Ledger(path) as ledger:  # with no settling, all four, as training is told below
+            trust = LiveTrust(sources=("human", "judge"), settle_s=0)
+            assert ledger.stats(live=trust)["live_sessions"]["trainable"] == 4
+
+        hints: list[tuple[str, int, str]] = []
+        opsd_row = trainer_module.opsd_row
+
+        def spy(turn, tok, hint):
+            hints.append((turn.session_id, turn.index, hint))
+            return opsd_row(turn, tok, hint)
+
+        monkeypatch.setattr(trainer_module, "opsd_row", spy)
+        trained = await asyncio.to_thread(
+            run, "train", "--algo", "opsd", "--steps", "2", "--lr", "1e-3", "--model",
+            str(tiny_dir), "--out", str(tmp_path / "adapters"), "--llm-url", vllm.url,
+            "--live-since", "24h", "--live-settle", "0", "--live-sources", "human",
+            "--live-sources", "judge",
+        )  # fmt: skip
+        assert sorted(trained["session_ids"]) == sorted(callers)
+        assert trained["loaded"] and trained["metrics"]["grad_norm"] > 0
+        with Ledger(path) as ledger:
+            for call_id in callers:  # each call's scorer's explanation is its teacher's hint
+                why = ledger.session(call_id).metadata["verdict"]["explanation"]
+                assert all(why in hint for sid, _, hint in hints if sid == call_id)
+        first = next(h for sid, i, h in hints if sid == "call-qa-1" and i == 0)
+        assert f"The caller's next line will be: {booking[0]!r}." in first
+
+        gated = await asyncio.to_thread(
+            run, "gate", "--candidate", trained["adapter"], "--incumbent", "base",
+            "--scenarios", str(clinic / "scenarios" / "heldout"), "--bot",
+            str(clinic / "bot.py"), "--llm-url", vllm.url, "--persona", "scripted",
+            "--mode", "text", "--repeats", "1", "--out", str(tmp_path / "receipt"), code=2,
+        )  # fmt: skip
+    assert gated["candidate"]["name"] == trained["adapter"] and gated["incumbent"]["name"] == "base"
+    assert (gated["candidate"]["guard"], gated["candidate"]["training_sessions"]) == ("passed", 4)
+    assert sorted(gated["input"]["scenario_hashes"]) == sorted(heldout)
+    assert (gated["paired"]["n_pairs"], gated["repeats"]) == (2, 1)
+    # a tiny random model helps no caller: equal runs, no evidence either way
+    assert gated["verdict"] == "INCONCLUSIVE" and gated["paired"]["zero_width"]
+    with Ledger(path) as ledger:  # the candidate's runs were served by the candidate
+        policies = {s.policy for s in ledger.sessions(source="gate")}
+    assert policies == {trained["adapter"], "base"}

@@ -136,7 +136,8 @@ class TinyVLLM:
         with self._lock, torch.no_grad():
             model = self._model(body["model"])
             for _ in range(int(body["max_tokens"])):
-                logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+                out = model(input_ids=torch.tensor([ids]), logits_to_keep=1)
+                logits = out.logits[0, -1].float()
                 scaled = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
                 if temperature == 0:
                     token = int(scaled.argmax())
