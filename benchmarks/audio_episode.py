@@ -12,9 +12,17 @@ caller, so no LLM server is involved: the cost measured is the audio channel's o
 - Transport: the same episode three times alone over the local pair, then three times over
   SmallWebRTC on loopback (`--transport webrtc`: Opus, aiortc's jitter buffers); the ratio and
   the difference of their median heard gaps are what WebRTC adds.
+- Stages: every run says where its heard gaps went (`stages`: endpointing, STT final, turn
+  analyzer, reply, TTS first audio, playout, transport; per-stage medians, and means that add
+  up to the mean gap).
+- `--compare R`: the agent's embedded stand-ins as Pipecat builds them (`PIPECAT_DEFAULTS`,
+  what they were) against ours (`EmbeddedSpeech()`), in R rounds of one episode of each
+  `--compare-scenarios` call per arm, the arms alternating (ABBA) so drift on a shared machine
+  falls on both; per arm the heard gap and its stages, and the median of the per-turn
+  differences (same scenario, round and caller line).
 
     flock /tmp/pipecat-rl-heavy.lock python benchmarks/audio_episode.py [--levels 1 2 3 4]
-        [--no-webrtc]
+        [--no-webrtc] [--compare 4]
 
 Prints one JSON document.
 """
@@ -32,10 +40,35 @@ from loguru import logger
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, EmbeddedSpeech, embedded_speech
+from pipecat_rl.simulator.audio.stages import DURATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = ROOT / "examples" / "clinic" / "scenarios" / "pool" / "handoff_request.yaml"
+POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+SCENARIO = POOL / "handoff_request.yaml"
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
+
+
+def _turns(episodes) -> list[dict]:
+    """Each answered caller line: its heard gap and where it went."""
+    return [
+        {"scenario": e.scenario_id, "line": i, "heard_gap_ms": x.latency_ms, **x.stages_ms}
+        for e in episodes
+        for i, x in enumerate(t for t in e.transcript if t.speaker == "agent")
+        if x.latency_ms is not None and getattr(x, "stages_ms", None)
+    ]
+
+
+def _stages(turns: list[dict]) -> dict:
+    """Per stage, the median and the mean (the means add up to the mean heard gap)."""
+    if not turns:
+        return {"turns": 0}
+    names = ["heard_gap_ms", *DURATIONS.values()]
+    return {
+        "turns": len(turns),
+        "median_ms": {n: round(statistics.median(t[n] for t in turns), 1) for n in names},
+        "mean_ms": {n: round(statistics.fmean(t[n] for t in turns), 1) for n in names},
+    }
 
 
 async def _level(n: int, folder: Path, transport: str = "local", repeats: int = 0) -> dict:
@@ -57,6 +90,45 @@ async def _level(n: int, folder: Path, transport: str = "local", repeats: int = 
         "rtf": [round(e.duration_s / e.call_s, 3) for e in report.episodes if e.call_s],
         "heard_gap_median_ms": round(statistics.median(gaps), 1) if gaps else None,
         "heard_gap_max_ms": round(max(gaps), 1) if gaps else None,
+        "stages": _stages(_turns(report.episodes)),
+    }
+
+
+async def _compare(rounds: int, scenarios: list[Path], folder: Path) -> dict:
+    """Pipecat's defaults against ours, alternating ABBA, same scenarios and seeds in both arms."""
+    arms = {"before": PIPECAT_DEFAULTS, "after": EmbeddedSpeech()}
+    turns: dict[str, list[dict]] = {"before": [], "after": []}
+    outcomes: dict[str, list[str]] = {"before": [], "after": []}
+    config = SimulationConfig(persona="scripted", mode="audio", concurrency=1, repeats=1)
+    for r in range(rounds):
+        for name in ("before", "after") if r % 4 in (0, 3) else ("after", "before"):
+            with embedded_speech(arms[name]):
+                ledger = Ledger(folder / f"compare-{name}-{r}.db")
+                report = await simulate(load_scenarios(scenarios), load_bot(EXPERT), config, ledger)
+            outcomes[name] += [e.outcome for e in report.episodes]
+            turns[name] += [{"round": r, **t} for t in _turns(report.episodes)]
+    key = ("round", "scenario", "line")
+    after = {tuple(t[k] for k in key): t for t in turns["after"]}
+    paired = [
+        after[k]["heard_gap_ms"] - t["heard_gap_ms"]
+        for t in turns["before"]
+        if (k := tuple(t[k] for k in key)) in after
+    ]
+    return {
+        "rounds": rounds,
+        "scenarios": [p.name for p in scenarios],
+        "settings": {name: vars(arm) for name, arm in arms.items()},
+        **{
+            name: {
+                "episodes": len(outcomes[name]),
+                "passed": outcomes[name].count("pass"),
+                "errors": outcomes[name].count("error"),
+                "stages": _stages(turns[name]),
+            }
+            for name in arms
+        },
+        "paired_turns": len(paired),
+        "paired_difference_median_ms": round(statistics.median(paired), 1) if paired else None,
     }
 
 
@@ -77,10 +149,22 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--no-webrtc", action="store_true", help="Skip the WebRTC alone run.")
+    parser.add_argument(
+        "--compare",
+        type=int,
+        default=0,
+        metavar="R",
+        help="Rounds of Pipecat's defaults vs ours, alternating (0: skip).",
+    )
+    parser.add_argument("--compare-scenarios", nargs="+", type=Path,
+                        default=[SCENARIO, POOL / "routine_booking.yaml"])  # fmt: skip
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     with tempfile.TemporaryDirectory() as tmp:
+        compare = None
+        if args.compare:
+            compare = await _compare(args.compare, args.compare_scenarios, Path(tmp))
         alone = await _level(1, Path(tmp))
         webrtc = None
         if not args.no_webrtc:  # 3 calls one after another on each transport, side by side
@@ -110,6 +194,7 @@ async def main() -> None:
                 "webrtc_alone_x3": webrtc,
                 "webrtc_heard_gap_ratio": None if webrtc is None else _ratio(webrtc, local_3),
                 "webrtc_added_heard_gap_ms": None if webrtc is None else _added(webrtc, local_3),
+                "compare": compare,
             },
             indent=2,
         )

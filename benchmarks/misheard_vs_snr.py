@@ -5,9 +5,15 @@ Whisper hears it; the scripted expert cancels with what it heard) run in audio m
 condition with the same seeds: clean, then with generated noise at each `--snr` mixed over the
 caller's speech (the scenario's `channel.snr_db`, set here on an in-memory copy). Per condition:
 how many episodes carry `misheard_slot` (a tool argument close to a scenario fact but not it),
-`misheard_recovered`, and how many pass. Not a timing: the noise is seeded per episode.
+`misheard_recovered`, and how many pass. Not a timing: the noise is seeded per episode (the
+caller's Piper voice is not: each synthesis of a line differs a little).
+
+`--compare` runs every condition twice, the agent's embedded stand-ins as Pipecat builds them
+(`PIPECAT_DEFAULTS`) and as we do (`EmbeddedSpeech()`), the two arms alternating per condition:
+whether a setting that shortens the heard gap makes the agent mishear more.
 
     flock /tmp/pipecat-rl-heavy.lock python benchmarks/misheard_vs_snr.py [--snr 10 0] [-k 1]
+        [--compare]
 
 Prints one JSON document.
 """
@@ -25,6 +31,7 @@ from loguru import logger
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, EmbeddedSpeech, embedded_speech
 from pipecat_rl.simulator.rewards import MISHEARD_RECOVERED, MISHEARD_SLOT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +43,8 @@ DIGIT_HEAVY = (
     "heldout/heldout_misheard_confirmation.yaml",
 )
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
+ARMS = {"pipecat": PIPECAT_DEFAULTS, "ours": EmbeddedSpeech()}
+SUMMARY = ("arm", "snr_db", "episodes", "errors", "passed", "misheard_slot", "misheard_recovered")
 
 
 def _with_snr(scenarios: ScenarioSet, snr_db: float | None) -> ScenarioSet:
@@ -49,13 +58,17 @@ def _with_snr(scenarios: ScenarioSet, snr_db: float | None) -> ScenarioSet:
     return scenarios.model_copy(update={"scenarios": copies})
 
 
-async def _condition(scenarios: ScenarioSet, snr_db: float | None, repeats: int, tmp: Path):
-    ledger = Ledger(tmp / f"snr-{snr_db}.db")
+async def _condition(
+    scenarios: ScenarioSet, snr_db: float | None, repeats: int, tmp: Path, arm: str = "ours"
+):
+    ledger = Ledger(tmp / f"snr-{snr_db}-{arm}.db")
     config = SimulationConfig(persona="scripted", mode="audio", concurrency=1, repeats=repeats)
     started = time.monotonic()
-    report = await simulate(_with_snr(scenarios, snr_db), load_bot(EXPERT), config, ledger)
+    with embedded_speech(ARMS[arm]):
+        report = await simulate(_with_snr(scenarios, snr_db), load_bot(EXPERT), config, ledger)
     episodes = report.episodes
     return {
+        "arm": arm,
         "snr_db": snr_db,
         "episodes": len(episodes),
         "errors": sum(1 for e in episodes if e.outcome == "error"),
@@ -82,26 +95,25 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--snr", type=float, nargs="+", default=[10.0, 0.0])
     parser.add_argument("-k", "--repeats", type=int, default=1)
+    parser.add_argument("--compare", action="store_true", help="Both arms, alternating.")
     args = parser.parse_args()
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     scenarios = load_scenarios([SCENARIOS / name for name in DIGIT_HEAVY])
+    conditions = []
     with tempfile.TemporaryDirectory() as tmp:
-        conditions = [
-            await _condition(scenarios, snr, args.repeats, Path(tmp))
-            for snr in [None, *args.snr]
-        ]
+        for i, snr in enumerate([None, *args.snr]):
+            arms = ["ours"] if not args.compare else ["pipecat", "ours"][:: 1 if i % 2 else -1]
+            for arm in arms:
+                conditions.append(await _condition(scenarios, snr, args.repeats, Path(tmp), arm))
     print(
         json.dumps(
             {
                 "benchmark": "misheard_vs_snr",
                 "scenarios": list(DIGIT_HEAVY),
                 "repeats": args.repeats,
-                "summary": [
-                    {k: c[k] for k in ("snr_db", "episodes", "errors", "passed", "misheard_slot",
-                                       "misheard_recovered")}  # fmt: skip
-                    for c in conditions
-                ],
+                "arms": {arm: vars(ARMS[arm]) for arm in sorted({c["arm"] for c in conditions})},
+                "summary": [{k: c[k] for k in SUMMARY} for c in conditions],
                 "conditions": conditions,
             },
             indent=2,

@@ -110,6 +110,47 @@ def test_low_snr_raises_the_misheard_rate_on_digit_slots():
     assert noisy >= clean + 0.25, (clean, noisy)
 
 
+@pytest.mark.slow
+def test_the_windowed_whisper_hears_what_pipecats_does_for_a_fraction_of_the_cpu():
+    import time
+
+    import soxr
+    from faster_whisper import WhisperModel
+    from piper import PiperVoice
+
+    from pipecat_rl.simulator.audio.services import PIPER_VOICE, piper_voice_dir, whisper_model_dir
+    from pipecat_rl.simulator.audio.whisper import WindowedWhisperSTTService
+
+    voice = PiperVoice.load(piper_voice_dir() / f"{PIPER_VOICE}.onnx")
+    full = WhisperModel(str(whisper_model_dir()), device="cpu", compute_type="int8")
+    windowed = WindowedWhisperSTTService(model_dir=whisper_model_dir())
+
+    def segment(text: str, silence_s: float = 0.5) -> np.ndarray:
+        pcm = b"".join(c.audio_int16_bytes for c in voice.synthesize(text))
+        rate = voice.config.sample_rate
+        speech = soxr.resample(np.frombuffer(pcm, np.int16) / 32768.0, rate, SAMPLE_RATE)
+        pad = np.zeros(int(silence_s * SAMPLE_RATE))
+        return np.concatenate([pad, speech, pad]).astype(np.float32)  # as a VAD segment is
+
+    lines = ["I want to talk to a real person, please.", "My name is Tom Baker."]
+    spent = {"full": 0.0, "windowed": 0.0}
+    for text in lines:
+        audio = segment(text)
+        started = time.process_time()
+        segments, _ = full.transcribe(audio, language="en")  # what Pipecat's service calls
+        heard_full = " ".join(s.text.strip() for s in segments)
+        spent["full"] += time.process_time() - started
+        started = time.process_time()
+        heard = windowed.transcribe(audio)
+        spent["windowed"] += time.process_time() - started
+        assert heard == heard_full == text
+    assert spent["windowed"] < 0.6 * spent["full"], spent  # measured: about a quarter
+    assert windowed.transcribe(np.zeros(3 * SAMPLE_RATE, np.float32)) == ""
+    long = np.concatenate([segment(lines[0], 1.0), np.zeros(30 * SAMPLE_RATE), segment(lines[1])])
+    heard_long = windowed.transcribe(long.astype(np.float32))  # past Whisper's own 30 s window
+    assert "real person" in heard_long and "Tom Baker" in heard_long
+
+
 def _episodes(labels_per_episode):
     from types import SimpleNamespace
 
@@ -163,6 +204,65 @@ def test_the_heard_gap_runs_from_the_callers_last_voiced_frame_to_the_agents_fir
     meter.agent_frame(True, 1.5)
     meter.agent_frame(True, 1.52)  # only the first voiced frame counts
     assert meter.gaps_ms == {0: pytest.approx(500.0)}
+
+
+def test_a_heard_gap_splits_into_stages_that_add_up_to_it():
+    from pipecat_rl.simulator.audio.stages import StageTimeline
+    from pipecat_rl.simulator.audio.transport import HeardLatencyMeter
+
+    timeline = StageTimeline()
+    meter = HeardLatencyMeter(on_gap=timeline.heard)
+    timeline.clock(100.05, 0.0)  # an observer that ran 50 ms behind the push ...
+    timeline.clock(100.0, 0.0)  # ... and one that did not: the pipeline clock is 100 s behind
+    for line, start in ((0, 1.0), (1, 5.0)):
+        meter.caller_line(line)
+        timeline.caller_line(line)
+        timeline.agent("tts_audio", start - 100.0 - 0.5)  # the tail of the previous reply
+        meter.caller_frame(True, start)  # its voice ends at start + 20 ms
+        timeline.agent("vad_stop", start - 100.0 + 0.1)  # a pause inside the line
+        timeline.agent("vad_stop", start - 100.0 + 0.3)  # the line's end: the latest counts
+        timeline.agent("stt_final", start - 100.0 + 0.7)
+        if line == 0:
+            timeline.agent("turn_end", start - 100.0 + 0.75)
+        timeline.agent("reply", start - 100.0 + 0.8)
+        timeline.agent("tts_audio", start - 100.0 + 1.0)
+        timeline.agent("tts_audio", start - 100.0 + 1.05)  # later chunks: the first counts
+        timeline.agent("bot_started", start - 100.0 + 1.02)
+        meter.agent_frame(True, start + 1.1)
+    first = timeline.stage_ms(0)
+    assert first == pytest.approx(
+        {
+            "endpointing_ms": 280.0,
+            "stt_ms": 400.0,
+            "turn_ms": 50.0,
+            "reply_ms": 50.0,
+            "tts_first_audio_ms": 200.0,
+            "playout_ms": 20.0,
+            "transport_ms": 80.0,
+        }
+    )
+    assert sum(first.values()) == pytest.approx(meter.gaps_ms[0])
+    second = timeline.stage_ms(1)  # no turn analyzer: its share is folded into the reply's
+    assert second["turn_ms"] == 0.0 and second["reply_ms"] == pytest.approx(100.0)
+    assert sum(second.values()) == pytest.approx(meter.gaps_ms[1])
+    assert timeline.stage_ms(2) is None
+
+
+async def test_embedded_speech_settings_reach_the_tasks_started_in_their_block():
+    from pipecat_rl.simulator.audio.services import (
+        EmbeddedSpeech,
+        current_speech,
+        embedded_speech,
+    )
+
+    async def built() -> EmbeddedSpeech:
+        return current_speech()
+
+    chosen = EmbeddedSpeech(whisper_window_s=15.0)
+    with embedded_speech(chosen):
+        inside = await asyncio.create_task(built())
+    assert inside == chosen
+    assert await asyncio.create_task(built()) == EmbeddedSpeech()
 
 
 async def test_a_mouth_paces_speech_then_silence_at_20_ms():

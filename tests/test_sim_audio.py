@@ -44,10 +44,10 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     assert (
         episode.speech[:2]
         == [
-            "DeepgramSTTService -> WhisperSTTService",
+            "DeepgramSTTService -> WindowedWhisperSTTService",
             "added VADProcessor(SileroVADAnalyzer) before the STT",
         ]
-        or "DeepgramSTTService -> WhisperSTTService" in episode.speech
+        or "DeepgramSTTService -> WindowedWhisperSTTService" in episode.speech
     )
     session = ledger.session(episode.session_id)
     transcript = session.metadata["transcript"]
@@ -62,6 +62,10 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     # A heard gap per agent turn that answers a caller line, in the ledger's latency rows.
     answered = agents[1:]
     assert all(x["latency_ms"] is not None and x["latency_ms"] > 0 for x in answered)
+    # ... and where it went: the agent's stages, adding up to it (VAD and TTS always take time).
+    for x in answered:
+        assert sum(x["stages_ms"].values()) == pytest.approx(x["latency_ms"], abs=0.5)
+        assert x["stages_ms"]["endpointing_ms"] > 0 and x["stages_ms"]["tts_first_audio_ms"] > 0
     rows = ledger.latencies(session.id)
     assert [r.heard_gap_ms for r in rows] == [
         pytest.approx(x["latency_ms"], abs=0.01) for x in answered
@@ -103,7 +107,7 @@ def _scenario(
 @pytest.mark.integration
 async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no_keys):
     scenario = _scenario(tmp_path)
-    gaps, v2v = {}, {}
+    gaps, v2v, stages = {}, {}, {}
     for name, entry in (("fast", f"{BOTS}:run_bot"), ("slow", f"{BOTS}:run_bot_delayed")):
         report, ledger = await _simulate([scenario], entry, tmp_path / f"{name}.db")
         (episode,) = report.episodes
@@ -113,10 +117,16 @@ async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no
         assert all(r.heard_gap_ms is not None for r in rows)
         gaps[name] = statistics.median(r.heard_gap_ms for r in rows)
         v2v[name] = statistics.median(r.v2v_ms for r in rows if r.v2v_ms is not None)
+        split = [x.stages_ms for x in episode.transcript if x.latency_ms is not None]
+        stages[name] = {k: statistics.median(s[k] for s in split) for k in split[0]}
     moved = gaps["slow"] - gaps["fast"]
     assert abs(moved - audio_bots.DELAY_S * 1000) <= 20.0, (gaps, v2v)
     # The in-agent figure is reported beside it and sees the same delay (its own clock).
     assert abs(v2v["slow"] - v2v["fast"] - audio_bots.DELAY_S * 1000) <= 40.0, (gaps, v2v)
+    # The stages put the delay where the bot added it: between its VAD stop and its audio.
+    delta = {k: stages["slow"][k] - stages["fast"][k] for k in stages["fast"]}
+    assert abs(delta["tts_first_audio_ms"] - audio_bots.DELAY_S * 1000) <= 20.0, stages
+    assert all(abs(v) <= 20.0 for k, v in delta.items() if k != "tts_first_audio_ms"), stages
 
 
 async def test_a_keyed_service_without_its_key_is_a_clear_error(tmp_path, no_keys):

@@ -39,6 +39,7 @@ from pipecat_rl.simulator.audio.services import (
     TtsName,
     piper_voice_dir,
     require_key,
+    stand_in_stt,
     stt_service,
     tts_service,
     whisper_model_dir,
@@ -102,7 +103,7 @@ class AgentSpeech:
         """What stands where `processor` (an STT or TTS service) stood."""
         name = type(processor).__name__
         if isinstance(processor, STTService):
-            stt = processor if name in OFFLINE_STT else stt_service(self.choice.stt)
+            stt = processor if name in OFFLINE_STT else stand_in_stt(self.choice.stt)
             if stt is not processor:
                 self.notes.append(f"{name} -> {type(stt).__name__}")
             if self._needs_vad:

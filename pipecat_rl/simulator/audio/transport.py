@@ -48,12 +48,14 @@ from pipecat.frames.frames import (
     TTSSpeakFrame,
     TTSStoppedFrame,
     TTSTextFrame,
+    UserStoppedSpeakingFrame,
     VADUserStartedSpeakingFrame,
     VADUserStoppedSpeakingFrame,
 )
 from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.observers.user_bot_latency_observer import UserBotLatencyObserver
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.llm_service import LLMService
 from pipecat.services.stt_service import STTService
 from pipecat.transports.base_input import BaseInputTransport
 from pipecat.transports.base_output import BaseOutputTransport
@@ -63,6 +65,7 @@ from pipecat.utils.time import time_now_iso8601
 from pipecat_rl import compat
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE, VOICED_RMS
 from pipecat_rl.simulator.audio.recordings import RecordingFrame, read_recording
+from pipecat_rl.simulator.audio.stages import StageTimeline
 from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, client_ready
 
 FRAME_BYTES = FRAME_SAMPLES * 2
@@ -170,6 +173,8 @@ class HeardLatencyMeter:
 
     gaps_ms: dict[int, float] = field(default_factory=dict)
     """Caller line index (0-based) -> heard gap in milliseconds."""
+    on_gap: Callable[[int, float, float], None] | None = None
+    """Told each gap as it is taken: (line, caller's end of speech, agent's first voice)."""
     _caller_last_voice: float | None = None
     _awaiting: bool = False
     _line: int = -1
@@ -187,8 +192,19 @@ class HeardLatencyMeter:
     def agent_frame(self, is_voiced: bool, at: float) -> None:
         """A frame the caller received from the agent."""
         if is_voiced and self._awaiting and self._caller_last_voice is not None:
-            self.gaps_ms.setdefault(self._line, (at - self._caller_last_voice) * 1000.0)
+            if self._line not in self.gaps_ms:
+                self.gaps_ms[self._line] = (at - self._caller_last_voice) * 1000.0
+                if self.on_gap is not None:
+                    self.on_gap(self._line, self._caller_last_voice, at)
             self._awaiting = False
+
+
+@dataclass
+class AudioLine(Line):
+    """A transcript line of an audio call: an agent line also says where its heard gap went."""
+
+    stages_ms: dict[str, float] | None = None
+    """For an agent line with a heard gap: its stage durations (`stages.stage_ms`)."""
 
 
 class AudioTransportPair(LocalTransportPair):
@@ -209,7 +225,9 @@ class AudioTransportPair(LocalTransportPair):
     ):
         super().__init__(max_turns=max_turns, send_client_ready=send_client_ready)
         self.perturb = perturb
-        self.meter = HeardLatencyMeter()
+        self.stages = StageTimeline()
+        """Where each caller line's heard gap went, stage by stage (see `stages`)."""
+        self.meter = HeardLatencyMeter(on_gap=self.stages.heard)
         self.v2v_ms: dict[int, float] = {}
         """Caller line index -> the agent pipeline's own voice-to-voice figure."""
         self.agent_spoken: list[str] = []
@@ -256,6 +274,7 @@ class AudioTransportPair(LocalTransportPair):
         if self.done.is_set() or not text.strip():
             return
         self.meter.caller_line(self.caller_turns)
+        self.stages.caller_line(self.caller_turns)
         self.transcript.append(Line("caller", text, "", time.time()))
         self.last_activity = time.monotonic()
 
@@ -288,7 +307,8 @@ class AudioTransportPair(LocalTransportPair):
         self.agent_spoken = []
         gap = self.meter.gaps_ms.get(self.caller_turns - 1) if self.caller_turns else None
         answers = max(self.meter.gaps_ms, default=-1) + 1  # the lines its voice has followed
-        self.transcript.append(Line("agent", spoken, heard, time.time(), gap, answers))
+        stages = self.stages.stage_ms(self.caller_turns - 1) if gap is not None else None
+        self.transcript.append(AudioLine("agent", spoken, heard, time.time(), gap, answers, stages))
         self.last_activity = time.monotonic()
         if self.caller_turns >= self.max_turns:
             self.end("max_turns")
@@ -691,6 +711,7 @@ class AgentHearingObserver(BaseObserver):
     def __init__(self, pair: AudioTransportPair, **kwargs):
         super().__init__(**kwargs)
         self._pair = pair
+        self._stages = pair.stages
         self._seen: set[int] = set()
         self._bot_speaking = False
         self._latency = UserBotLatencyObserver()
@@ -707,12 +728,22 @@ class AgentHearingObserver(BaseObserver):
     async def on_push_frame(self, data: FramePushed):
         """Note each final transcript, each spoken text and each barge-in; time voice to voice."""
         await self._latency.on_push_frame(data)
-        frame = data.frame
+        frame, at = data.frame, data.timestamp / 1e9
+        self._stages.clock(time.monotonic(), at)
+        if isinstance(frame, TTSAudioRawFrame):  # many: never added to `_seen`
+            self._stages.agent("tts_audio", at)
+        elif isinstance(frame, LLMTextFrame) and isinstance(data.source, LLMService):
+            self._stages.agent("reply", at)
         if frame.id in self._seen:
             return
         if isinstance(frame, TranscriptionFrame) and isinstance(data.source, STTService):
             self._seen.add(frame.id)
+            self._stages.agent("stt_final", at)
             self._pair.agent_heard_caller(frame.text)
+        elif isinstance(frame, (VADUserStoppedSpeakingFrame, UserStoppedSpeakingFrame)):
+            self._seen.add(frame.id)
+            vad = isinstance(frame, VADUserStoppedSpeakingFrame)
+            self._stages.agent("vad_stop" if vad else "turn_end", at)
         elif isinstance(frame, ClientConnectedFrame):
             self._seen.add(frame.id)
             context = self._pair.agent_context
@@ -722,6 +753,8 @@ class AgentHearingObserver(BaseObserver):
         elif isinstance(frame, (BotStartedSpeakingFrame, BotStoppedSpeakingFrame)):
             self._seen.add(frame.id)
             self._bot_speaking = isinstance(frame, BotStartedSpeakingFrame)
+            if self._bot_speaking:
+                self._stages.agent("bot_started", at)
         elif isinstance(data.destination, BaseOutputTransport):
             if isinstance(frame, TTSTextFrame) and data.direction == FrameDirection.DOWNSTREAM:
                 self._seen.add(frame.id)
