@@ -107,7 +107,14 @@ def episode_runner(options: SimulationOptions) -> Iterator[EpisodeRunner]:
     if connected_here:
         # Worker logs stay in each node's Ray session logs: a run's result says what failed,
         # and the CLI's --json output stays one document.
-        ray.init(address=options.ray_address, log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(address=options.ray_address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            where = options.ray_address or "Ray's default address"
+            raise ConfigError(
+                f"--executor ray: cannot connect to the Ray cluster at {where} ({e}); start "
+                "one with `ray start --head`, or name it with --ray-address"
+            ) from e
     try:
         yield RayEpisodes(options.ray_endpoints)
     finally:
