@@ -171,12 +171,21 @@ async def test_recording_context_labels_every_worker_set_up_inside_it(vllm_serve
 async def test_other_openai_compatible_servers_record_text_without_token_ids(ledger, tmp_path):
     from tests.fake_openai import serve_fake_openai
 
-    async with serve_fake_openai(["Hello", " from", " elsewhere."]) as url:
-        recorder = RLRecorder(ledger, call_id="elsewhere")
-        async with Call([recorder], llm=vllm_llm(url, model="gpt-4.1")) as call:
-            text = await call.say("Hi")
-        await recorder.recorder.flush()
+    from loguru import logger
+
+    warned: list[str] = []
+    sink = logger.add(lambda m: warned.append(str(m)), level="WARNING")
+    try:
+        async with serve_fake_openai(["Hello", " from", " elsewhere."]) as url:
+            recorder = RLRecorder(ledger, call_id="elsewhere")
+            async with Call([recorder], llm=vllm_llm(url, model="gpt-4.1")) as call:
+                text = await call.say("Hi")
+            await recorder.recorder.flush()
+    finally:
+        logger.remove(sink)
     assert text == "Hello from elsewhere."
+    said = [w for w in warned if "is not a vLLM server" in w]
+    assert len(said) == 1 and "cannot train" in said[0]  # said where an operator looks
     (turn,) = ledger.turns("elsewhere")
     assert not turn.token_exact and turn.completion_token_ids is None
     assert turn.generated_text == text

@@ -247,6 +247,15 @@ async def serves_token_ids(llm: BaseOpenAILLMService) -> bool:
             owners = {m.get("owned_by") for m in response.json().get("data", [])}
             _VLLM_PROBES[base_url] = "vllm" in owners
         except Exception as e:  # not cached: the server may just not be up yet
-            logger.info(f"pipecat-rl: {base_url} did not answer /models ({e}); recording text only")
+            # A call recorded as text cannot train: say so where an operator looks.
+            logger.warning(
+                f"pipecat-rl: {base_url} did not answer /models within 3 s ({e}); this call's "
+                "turns are recorded as text only (no token ids, so they cannot train)"
+            )
             return False
+        if not _VLLM_PROBES[base_url]:
+            logger.warning(
+                f"pipecat-rl: {base_url} is not a vLLM server (its /models names no vllm owner): "
+                "its turns are recorded as text only (no token ids, so they cannot train)"
+            )
     return _VLLM_PROBES[base_url]
