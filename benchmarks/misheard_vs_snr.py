@@ -93,7 +93,7 @@ async def _condition(
 async def main() -> None:
     """Run every condition and print the JSON document."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--snr", type=float, nargs="+", default=[10.0, 0.0])
+    parser.add_argument("--snr", type=float, nargs="*", default=[10.0, 0.0])  # none: clean only
     parser.add_argument("-k", "--repeats", type=int, default=1)
     parser.add_argument("--compare", action="store_true", help="Both arms, alternating.")
     args = parser.parse_args()
