@@ -15,8 +15,8 @@ caller, so no LLM server is involved: the cost measured is the audio channel's o
 - Stages: every run says where its heard gaps went (`stages`: endpointing, STT final, turn
   analyzer, reply, TTS first audio, playout, transport; per-stage medians, and means that add
   up to the mean gap).
-- `--compare R`: the agent's embedded stand-ins as Pipecat builds them (`PIPECAT_DEFAULTS`,
-  what they were) against ours (`EmbeddedSpeech()`), in R rounds of one episode of each
+- `--compare R`: the agent's embedded stand-ins as Pipecat builds them (`PIPECAT_DEFAULTS`)
+  against the windowed Whisper (`WINDOWED`), in R rounds of one episode of each
   `--compare-scenarios` call per arm, the arms alternating (ABBA) so drift on a shared machine
   falls on both; per arm the heard gap and its stages, and the median of the per-turn
   differences (same scenario, round and caller line).
@@ -40,7 +40,7 @@ from loguru import logger
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
-from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, EmbeddedSpeech, embedded_speech
+from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, WINDOWED, embedded_speech
 from pipecat_rl.simulator.audio.stages import DURATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,8 +95,8 @@ async def _level(n: int, folder: Path, transport: str = "local", repeats: int = 
 
 
 async def _compare(rounds: int, scenarios: list[Path], folder: Path) -> dict:
-    """Pipecat's defaults against ours, alternating ABBA, same scenarios and seeds in both arms."""
-    arms = {"before": PIPECAT_DEFAULTS, "after": EmbeddedSpeech()}
+    """Pipecat's defaults against the windowed Whisper, ABBA, same scenarios and seeds."""
+    arms = {"before": PIPECAT_DEFAULTS, "after": WINDOWED}
     turns: dict[str, list[dict]] = {"before": [], "after": []}
     outcomes: dict[str, list[str]] = {"before": [], "after": []}
     config = SimulationConfig(persona="scripted", mode="audio", concurrency=1, repeats=1)
@@ -154,7 +154,7 @@ async def main() -> None:
         type=int,
         default=0,
         metavar="R",
-        help="Rounds of Pipecat's defaults vs ours, alternating (0: skip).",
+        help="Rounds of Pipecat's defaults vs the windowed Whisper, alternating (0: skip).",
     )
     parser.add_argument("--compare-scenarios", nargs="+", type=Path,
                         default=[SCENARIO, POOL / "routine_booking.yaml"])  # fmt: skip

@@ -9,8 +9,8 @@ how many episodes carry `misheard_slot` (a tool argument close to a scenario fac
 caller's Piper voice is not: each synthesis of a line differs a little).
 
 `--compare` runs every condition twice, the agent's embedded stand-ins as Pipecat builds them
-(`PIPECAT_DEFAULTS`) and as we do (`EmbeddedSpeech()`), the two arms alternating per condition:
-whether a setting that shortens the heard gap makes the agent mishear more.
+(`PIPECAT_DEFAULTS`) and with the windowed Whisper (`WINDOWED`), the two arms alternating per
+condition: whether a setting that shortens the heard gap makes the agent mishear more.
 
     flock /tmp/pipecat-rl-heavy.lock python benchmarks/misheard_vs_snr.py [--snr 10 0] [-k 1]
         [--compare]
@@ -31,7 +31,7 @@ from loguru import logger
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
-from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, EmbeddedSpeech, embedded_speech
+from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, WINDOWED, embedded_speech
 from pipecat_rl.simulator.rewards import MISHEARD_RECOVERED, MISHEARD_SLOT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ DIGIT_HEAVY = (
     "heldout/heldout_misheard_confirmation.yaml",
 )
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
-ARMS = {"pipecat": PIPECAT_DEFAULTS, "ours": EmbeddedSpeech()}
+ARMS = {"pipecat": PIPECAT_DEFAULTS, "windowed": WINDOWED}
 SUMMARY = ("arm", "snr_db", "episodes", "errors", "passed", "misheard_slot", "misheard_recovered")
 
 
@@ -59,7 +59,7 @@ def _with_snr(scenarios: ScenarioSet, snr_db: float | None) -> ScenarioSet:
 
 
 async def _condition(
-    scenarios: ScenarioSet, snr_db: float | None, repeats: int, tmp: Path, arm: str = "ours"
+    scenarios: ScenarioSet, snr_db: float | None, repeats: int, tmp: Path, arm: str = "pipecat"
 ):
     ledger = Ledger(tmp / f"snr-{snr_db}-{arm}.db")
     config = SimulationConfig(persona="scripted", mode="audio", concurrency=1, repeats=repeats)
@@ -103,7 +103,8 @@ async def main() -> None:
     conditions = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, snr in enumerate([None, *args.snr]):
-            arms = ["ours"] if not args.compare else ["pipecat", "ours"][:: 1 if i % 2 else -1]
+            both = ["pipecat", "windowed"][:: 1 if i % 2 else -1]
+            arms = both if args.compare else ["pipecat"]
             for arm in arms:
                 conditions.append(await _condition(scenarios, snr, args.repeats, Path(tmp), arm))
     print(

@@ -258,7 +258,7 @@ async def test_embedded_speech_settings_reach_the_tasks_started_in_their_block()
     async def built() -> EmbeddedSpeech:
         return current_speech()
 
-    chosen = EmbeddedSpeech(whisper_window_s=15.0)
+    chosen = EmbeddedSpeech(whisper_window_s=10.0)
     with embedded_speech(chosen):
         inside = await asyncio.create_task(built())
     assert inside == chosen

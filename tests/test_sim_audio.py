@@ -44,10 +44,10 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     assert (
         episode.speech[:2]
         == [
-            "DeepgramSTTService -> WindowedWhisperSTTService",
+            "DeepgramSTTService -> WhisperSTTService",
             "added VADProcessor(SileroVADAnalyzer) before the STT",
         ]
-        or "DeepgramSTTService -> WindowedWhisperSTTService" in episode.speech
+        or "DeepgramSTTService -> WhisperSTTService" in episode.speech
     )
     session = ledger.session(episode.session_id)
     transcript = session.metadata["transcript"]

