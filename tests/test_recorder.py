@@ -169,9 +169,9 @@ async def test_recording_context_labels_every_worker_set_up_inside_it(vllm_serve
 
 
 async def test_other_openai_compatible_servers_record_text_without_token_ids(ledger, tmp_path):
-    from tests.fake_openai import serve_fake_openai
-
     from loguru import logger
+
+    from tests.fake_openai import serve_fake_openai
 
     warned: list[str] = []
     sink = logger.add(lambda m: warned.append(str(m)), level="WARNING")
