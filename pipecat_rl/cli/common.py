@@ -239,9 +239,9 @@ def new_ledger_kept_if_used(path: Path | str) -> Iterator["Ledger"]:
     When the block fails and the file is one this opened new and no session was recorded in
     it, the file goes again (with SQLite's -wal and -shm beside it).
     """
-    from pipecat_rl.ledger import Ledger
+    from pipecat_rl.ledger import Ledger, ledger_file_missing
 
-    new = isinstance(path, Path) and not path.exists()  # a server's database is never removed
+    new = ledger_file_missing(path)  # a server's database is never removed
     store = Ledger(path)
     try:
         with store:

@@ -33,6 +33,7 @@ from pipecat_rl.ledger import (
     NotInLedgerError,
     ScoreIn,
     SessionRecord,
+    ledger_file_missing,
     resolve_ledger_path,
 )
 from pipecat_rl.ledger.scores import MAX_EXPLANATION_CHARS
@@ -61,7 +62,7 @@ _SPLITS = ("pool", "heldout")
 def open_ledger(path: str | Path | None) -> Iterator[Ledger]:
     """Open an existing ledger; a missing file is a usage error, never silently created here."""
     resolved = resolve_ledger_path(path)
-    if isinstance(resolved, Path) and not resolved.exists():
+    if ledger_file_missing(resolved):
         raise ConfigError(
             f"no ledger at {resolved}; pass --ledger PATH or set {LEDGER_ENV} "
             "(a ledger is created when a bot or the simulator first records a session)"

@@ -115,10 +115,10 @@ def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
     if (folder / "adapter_config.json").is_file():
         return folder.resolve().name, folder.resolve()
     from pipecat_rl.gate.lineage import LIVE
-    from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
+    from pipecat_rl.ledger import BASE_ADAPTER, Ledger, ledger_file_missing, resolve_ledger_path
 
     path = resolve_ledger_path(ledger)
-    if isinstance(path, Path) and not path.is_file():
+    if ledger_file_missing(path):
         raise ConfigError(
             f"--merged {spec}: not a peft adapter folder, and there is no ledger at {path} to "
             "look the name up in; pass an adapter folder, or --ledger"
@@ -204,10 +204,10 @@ def unload_adapter(
 
 def _refuse_live(name: str, ledger: str | None) -> None:
     """Refuse to unload the adapter the live pointer serves: bots would lose it mid-call."""
-    from pipecat_rl.ledger import Ledger, resolve_ledger_path
+    from pipecat_rl.ledger import Ledger, ledger_file_missing, resolve_ledger_path
 
     path = resolve_ledger_path(ledger)
-    if isinstance(path, Path) and not path.is_file():
+    if ledger_file_missing(path):
         return  # no ledger here: nothing says which adapter is live
     with Ledger(path) as store:
         live, where = store.live(), store.path

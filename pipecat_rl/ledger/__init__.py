@@ -30,6 +30,7 @@ from pipecat_rl.ledger.store import (
     LEDGER_ENV,
     Ledger,
     NotInLedgerError,
+    ledger_file_missing,
     resolve_ledger_path,
 )
 
@@ -53,5 +54,6 @@ __all__ = [
     "Split",
     "ToolCallRecord",
     "TurnRecord",
+    "ledger_file_missing",
     "resolve_ledger_path",
 ]

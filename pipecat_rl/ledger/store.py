@@ -39,6 +39,7 @@ __all__ = [
     "LEDGER_ENV",
     "Ledger",
     "LedgerLocation",
+    "ledger_file_missing",
     "NotInLedgerError",
     "resolve_ledger_path",
 ]
@@ -71,6 +72,11 @@ def resolve_ledger_path(explicit: str | Path | None = None) -> Path | str:
     if from_env:
         return ledger_target(from_env)
     return Path.cwd() / DEFAULT_LEDGER_NAME
+
+
+def ledger_file_missing(location: Path | str) -> bool:
+    """Whether `location` is a SQLite file that is not there yet (a URL: the server's to say)."""
+    return isinstance(location, Path) and not location.exists()
 
 
 def _location(value: Any) -> Any:

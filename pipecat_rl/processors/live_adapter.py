@@ -23,7 +23,7 @@ from pipecat.services.settings import LLMSettings
 
 from pipecat_rl import compat
 from pipecat_rl.errors import LedgerError
-from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger, ledger_file_missing, resolve_ledger_path
 
 
 class LiveAdapterSelector(FrameProcessor):
@@ -83,7 +83,7 @@ class LiveAdapterSelector(FrameProcessor):
 
     def _read_live(self) -> str | None:
         """The live adapter's name (`base` when none was promoted), or None if unreadable."""
-        if isinstance(self._ledger_path, Path) and not self._ledger_path.exists():
+        if ledger_file_missing(self._ledger_path):
             return BASE_ADAPTER
         try:
             with Ledger(self._ledger_path) as ledger:
