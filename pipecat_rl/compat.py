@@ -18,6 +18,8 @@ when an upgrade renames one, this module (and its test) is the one place that br
   (audio mode keeps the bot's own turn-taking).
 - `get_chat_completions` calls `build_chat_completion_params` for each streamed request, and
   both are looked up on the instance: the recorder's tee replaces them there (`llm_tee`).
+- `OpenAIResponsesHttpLLMService._create_stream(params)` opens each streamed Responses request
+  and is looked up on the instance: the Responses tee replaces it there (`responses_tee`).
 - aioice's `ice.get_host_addresses` (aiortc's ICE, brought by `pipecat-ai[webrtc]`), which leaves
   127.0.0.1 out: while a loopback WebRTC call gathers its candidates it offers 127.0.0.1 only
   (`loopback_ice`), so the simulator's calls never leave the machine, nor need a network.
@@ -29,7 +31,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-STREAM_METHODS = ("build_chat_completion_params", "get_chat_completions")
+STREAM_METHODS = ("build_chat_completion_params", "get_chat_completions", "_create_stream")
 """The service methods the LLM tee replaces on an instance (see `replace_method`)."""
 
 

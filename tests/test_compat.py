@@ -97,7 +97,8 @@ def test_stream_methods_are_looked_up_on_the_instance_per_request():
     # The tee replaces both on the instance; it works only while Pipecat's streaming path calls
     # `self.build_chat_completion_params` from `get_chat_completions`, and the frame-processing
     # path calls `self.get_chat_completions`.
-    for name in compat.STREAM_METHODS:
+    for name in ("build_chat_completion_params", "get_chat_completions"):
+        assert name in compat.STREAM_METHODS
         assert callable(getattr(BaseOpenAILLMService, name))
     get = inspect.getsource(BaseOpenAILLMService.get_chat_completions)
     assert "self.build_chat_completion_params(" in get
@@ -109,6 +110,43 @@ def test_stream_methods_are_looked_up_on_the_instance_per_request():
     assert _llm().get_chat_completions != "replaced"  # the class is untouched
     with pytest.raises(ValueError, match="not a method"):
         compat.replace_method(llm, "process_frame", lambda original: original)
+
+
+async def test_responses_create_stream_is_looked_up_on_the_instance_per_request():
+    # The Responses tee replaces `_create_stream` on the instance; it works only while the HTTP
+    # service opens every streamed request with `self._create_stream(params)`, params a dict.
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.services.openai.responses.llm import OpenAIResponsesHttpLLMService
+
+    assert "_create_stream" in compat.STREAM_METHODS
+    llm = OpenAIResponsesHttpLLMService(api_key="k", base_url="http://127.0.0.1:9/v1")
+    seen: list[dict] = []
+
+    class Empty:
+        async def __aiter__(self):
+            return
+            yield
+
+        async def close(self):
+            pass
+
+    def make(original):
+        assert original.__self__ is llm  # the bound method Pipecat would have called
+
+        async def create_stream(params):
+            seen.append(params)
+            return Empty()
+
+        return create_stream
+
+    compat.replace_method(llm, "_create_stream", make)
+    context = LLMContext(messages=[{"role": "user", "content": "hi"}])
+    for _ in range(2):
+        await llm._process_context(context)
+    assert len(seen) == 2 and all(isinstance(p, dict) and p["stream"] is True for p in seen)
+    assert seen[0]["input"] == [{"role": "user", "content": "hi"}]
+    other = OpenAIResponsesHttpLLMService(api_key="k")  # the class is untouched
+    assert other._create_stream.__func__ is OpenAIResponsesHttpLLMService._create_stream
 
 
 def test_a_responses_service_turns_into_its_http_sibling_with_our_key_and_client():

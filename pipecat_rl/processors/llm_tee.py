@@ -47,6 +47,8 @@ class LLMCall:
     finish_reason: str | None = None
     usage: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    settling: asyncio.Task | None = None
+    """Work that completes the call after its stream closed (the Responses tee's re-score)."""
 
     @property
     def text(self) -> str:

@@ -11,6 +11,15 @@ Turn k is the k-th LLM call of the session. Its text spoken is what TTS said bet
 `LLMFullResponseStartFrame` and the next one; an `InterruptionFrame` while it is still speaking
 marks it interrupted. A user turn (a latency row) opens with the user's speech ending or a final
 transcript and closes when the next one opens or the call ends.
+
+OpenAI Responses-API services (Pipecat Flows' default) are recorded too: the HTTP one
+(`OpenAIResponsesHttpLLMService`) through its own tee (`responses_tee`), which gets prompt and
+sampled ids from vLLM's final Responses event and their logprobs from one re-score of those ids
+on the same server's `/v1/completions` after the stream closed (vLLM's Responses stream has no
+logprobs for the stop token or tool-call tokens), and records the request as the Chat-Completions
+messages and tools vLLM rendered. A turn is written once its re-score is done, and the session's
+end waits for them. The WebSocket one cannot be teed (vLLM serves HTTP); its replies are recorded
+as text-only demonstrations when the call ends, with a warning naming the HTTP class.
 """
 
 import asyncio
@@ -46,13 +55,22 @@ from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.observers.user_bot_latency_observer import UserBotLatencyObserver
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.openai.base_llm import BaseOpenAILLMService
+from pipecat.services.openai.responses.llm import (
+    OpenAIResponsesHttpLLMService,
+    OpenAIResponsesLLMService,
+)
 from pipecat.services.stt_service import STTService
 
 from pipecat_rl import compat
 from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord, resolve_ledger_path
-from pipecat_rl.processors.demonstration import collect_demonstrations, demonstration_sources
+from pipecat_rl.processors.demonstration import (
+    DemonstrationSource,
+    collect_demonstrations,
+    demonstration_sources,
+)
 from pipecat_rl.processors.llm_tee import LLMCall, serves_token_ids, tee_llm_service
 from pipecat_rl.processors.redaction import Redactor
+from pipecat_rl.processors.responses_tee import ResponsesDemonstration, tee_responses_service
 from pipecat_rl.processors.session import SessionInfo, current_recording, new_call_id
 from pipecat_rl.processors.writer import LedgerWriter, acquire_writer
 
@@ -109,7 +127,7 @@ class RecorderObserver(BaseObserver):
         self.errors = 0
         """Frames or calls the recorder failed to handle (the call itself went on)."""
         self._writer: LedgerWriter = acquire_writer(ledger)
-        self._llms: list[BaseOpenAILLMService] = []
+        self._llms: list[BaseOpenAILLMService | OpenAIResponsesHttpLLMService] = []
         self._demos: list[Any] = []
         self._turns: list[_Turn] = []
         self._calls_seen = 0
@@ -122,6 +140,7 @@ class RecorderObserver(BaseObserver):
         self._latency = UserBotLatencyObserver()
         self._latency.add_event_handler("on_latency_measured", self._on_latency_measured)
         self._events: set[asyncio.Task] = set()
+        self._settling: dict[int, asyncio.Task] = {}
         compat.register_event(self, "on_turn_recorded")
 
     @property
@@ -136,16 +155,25 @@ class RecorderObserver(BaseObserver):
 
     async def attach(self, worker: Any) -> None:
         """Tee the worker's OpenAI-compatible LLM services and open the session row."""
-        for llm in _processors(worker.pipeline, BaseOpenAILLMService):
+        for llm in _processors(worker.pipeline, _TEED):
             token_ids = (
                 self.token_ids if self.token_ids is not None else await serves_token_ids(llm)
             )
-            tee_llm_service(llm, self._on_llm_call, token_ids=token_ids)
+            tee = (
+                tee_responses_service
+                if isinstance(llm, OpenAIResponsesHttpLLMService)
+                else tee_llm_service
+            )
+            tee(llm, self._on_llm_call, token_ids=token_ids)
             self._llms.append(llm)
         # A scripted / non-OpenAI LLM's replies are recorded as demonstrations when the call ends.
-        self._demos = [] if self._llms else demonstration_sources(
-            _processors(worker.pipeline, FrameProcessor)
-        )
+        self._demos = [] if self._llms else _demonstrations(worker.pipeline)
+        for llm in _processors(worker.pipeline, OpenAIResponsesLLMService):
+            logger.warning(
+                f"pipecat-rl: {llm} streams over a WebSocket, which the recorder cannot tee: "
+                "its turns are recorded as text only (no token ids, so they cannot train). Use "
+                "OpenAIResponsesHttpLLMService against vLLM to record them token-exactly"
+            )
         if not self._llms and not self._demos:
             logger.warning(
                 "pipecat-rl: no OpenAI-compatible LLM service in this pipeline; recording "
@@ -306,14 +334,29 @@ class RecorderObserver(BaseObserver):
             self._write_turn(index)
 
     def _write_turn(self, index: int) -> None:
-        """Write a turn once both its stream and its speech are over: one write per turn."""
+        """Write a turn once its stream, its re-score (if any) and its speech are over: once."""
         turn = self._turns[index]
         if turn.call is None or turn.speaking or turn.written:
+            return
+        settling = turn.call.settling
+        if settling is not None and not settling.done():
+            if index not in self._settling:
+                self._settling[index] = asyncio.get_running_loop().create_task(
+                    self._write_when_settled(index, settling)
+                )
             return
         turn.written = True
         record = self._turn_record(index, turn)
         self._submit(lambda ledger: ledger.add_turn(record), f"turn {index}")
         self._fire_turn_recorded(record)
+
+    async def _write_when_settled(self, index: int, settling: asyncio.Task) -> None:
+        await asyncio.wait([settling])  # the re-score never raises; a failed one is text only
+        try:
+            self._write_turn(index)
+        except Exception as e:
+            self.errors += 1
+            logger.error(f"pipecat-rl: recorder failed on an LLM call: {e}")
 
     def _fire_turn_recorded(self, record: TurnRecord) -> None:
         try:
@@ -393,6 +436,10 @@ class RecorderObserver(BaseObserver):
         try:
             for demo in await collect_demonstrations(self._demos, self.session_id, self.redactor):
                 self._writer.submit(lambda ledger, t=demo: ledger.add_turn(t), "demonstration")
+            for index in range(len(self._turns)):
+                self._close_turn(index)  # a stream still open is written when it closes
+            if self._settling:  # every turn is in the ledger before the session's end row
+                await asyncio.wait(self._settling.values())
             self._end(cancelled=isinstance(frame, CancelFrame))
         except Exception as e:
             self.errors += 1
@@ -402,8 +449,6 @@ class RecorderObserver(BaseObserver):
         if self._ended:
             return
         self._ended = True
-        for index in range(len(self._turns)):
-            self._close_turn(index)  # a stream still open is written when it closes
         if self._user_turn is not None:
             self._write_latency(self._user_turn)
         session_id, policy, ended_at = self.session_id, self._policy, time.time()
@@ -446,7 +491,22 @@ _WATCHED = (
 """What this recorder or Pipecat's latency observer looks at; everything else returns at once."""
 
 
-def _processors(root: FrameProcessor, kind: type) -> list[Any]:
+_TEED = (BaseOpenAILLMService, OpenAIResponsesHttpLLMService)
+"""The LLM services the recorder tees. Neither Responses class derives from the other, so the
+WebSocket `OpenAIResponsesLLMService` is not among them: it cannot be teed (see `attach`)."""
+
+
+def _demonstrations(pipeline: FrameProcessor) -> list[DemonstrationSource]:
+    """The pipeline's demonstration sources, a Responses service's read through its own adapter."""
+    return [
+        ResponsesDemonstration(d.llm, d.aggregator)
+        if isinstance(d.llm, OpenAIResponsesLLMService)
+        else d
+        for d in demonstration_sources(_processors(pipeline, FrameProcessor))
+    ]
+
+
+def _processors(root: FrameProcessor, kind: type | tuple[type, ...]) -> list[Any]:
     found, stack = [], [root]
     while stack:
         processor = stack.pop()
