@@ -168,10 +168,11 @@ class RecorderObserver(BaseObserver):
             self._llms.append(llm)
         # A scripted / non-OpenAI LLM's replies are recorded as demonstrations when the call ends.
         self._demos = [] if self._llms else _demonstrations(worker.pipeline)
+        how = "as text only" if self._demos else "not at all (another LLM service is teed)"
         for llm in _processors(worker.pipeline, OpenAIResponsesLLMService):
             logger.warning(
-                f"pipecat-rl: {llm} streams over a WebSocket, which the recorder cannot tee: "
-                "its turns are recorded as text only (no token ids, so they cannot train). Use "
+                f"pipecat-rl: {llm} streams over a WebSocket, which the recorder cannot tee: its "
+                f"turns are recorded {how}, with no token ids, so they cannot train. Use "
                 "OpenAIResponsesHttpLLMService against vLLM to record them token-exactly"
             )
         if not self._llms and not self._demos:
