@@ -3,7 +3,8 @@
 The clinic runs with its scripted expert and scripted callers (no model), so both executors
 must give the same outcome per (scenario, repeat); and a node killed in the middle of a call
 costs no episode and writes none twice. The cluster is `ray start` processes (a head and one
-node per test, 1 CPU and a 100 MB object store each), torn down by process group.
+node per test, 1 CPU and a 100 MB object store each), torn down by process group. With two
+calls in flight on two 1-CPU nodes, one of them runs on the test's node.
 """
 
 import asyncio
@@ -27,12 +28,14 @@ POOL, HELDOUT = CLINIC / "scenarios" / "pool", CLINIC / "scenarios" / "heldout"
 DOOMED_BOT = Path(__file__).resolve().with_name("ray_doomed_bot.py")
 
 
-@pytest.fixture(scope="module")
-def head():
+@pytest.fixture
+def head(monkeypatch):
+    """A fresh head per test: a node killed by one test stays registered with the head until
+    its heartbeats time out, and calls sent to it meanwhile would starve the next test's node."""
     pytest.importorskip("ray", reason="Ray is the extra pipecat-rl[ray]")
-    with pytest.MonkeyPatch.context() as patch, ray_head() as cluster:
-        for name, value in AUTH_OFF.items():  # the driver, as the nodes
-            patch.setenv(name, value)
+    for name, value in AUTH_OFF.items():  # the driver, as the nodes
+        monkeypatch.setenv(name, value)
+    with ray_head() as cluster:
         yield cluster
 
 
