@@ -244,13 +244,15 @@ class _Server:
         )
 
 
-def _service(url: str, server: _Server, scripts: list[list[Any]], sent: list[dict]):
+def _service(
+    url: str, server: _Server, scripts: list[list[Any]], sent: list[dict], temperature: float
+):
     llm = OpenAIResponsesHttpLLMService(
         api_key="none",
         base_url=url,
         settings=OpenAIResponsesHttpLLMService.Settings(
             model="base",
-            temperature=0.7,
+            temperature=temperature,
             max_completion_tokens=48,
             system_instruction="You are the clinic's receptionist.",
         ),
@@ -274,7 +276,13 @@ def _service(url: str, server: _Server, scripts: list[list[Any]], sent: list[dic
 
 
 async def _booking_call(
-    url: str, server: _Server, ledger: Ledger, call_id: str, *, hold: bool = False
+    url: str,
+    server: _Server,
+    ledger: Ledger,
+    call_id: str,
+    *,
+    hold: bool = False,
+    temperature: float = 1.0,
 ) -> list[dict]:
     """A call whose first reply is a tool call and whose second is text; returns what was sent.
 
@@ -282,7 +290,7 @@ async def _booking_call(
     """
     sent: list[dict] = []
     scripts = [_tool_call_events(), _text_events(["We open ", "at nine."])]
-    llm = _service(url, server, scripts, sent)
+    llm = _service(url, server, scripts, sent, temperature)
     rl, ends = RLRecorder(ledger, call_id=call_id), _Ends()
     async with Call([rl], llm=llm, after=[ends]) as call:
         if hold:
@@ -374,7 +382,7 @@ async def test_a_responses_call_is_recorded_token_exactly_after_its_rescore(tmp_
             },
         }
     ]
-    assert request["model"] == "base" and request["temperature"] == 0.7
+    assert request["model"] == "base" and request["temperature"] == 1.0
     assert request["max_tokens"] == 48
     assert request["responses"]["input"][1]["type"] == "function_call"  # as sent, kept too
     assert request["responses"]["instructions"] == "You are the clinic's receptionist."
@@ -397,6 +405,22 @@ async def test_a_failed_rescore_records_the_turn_as_text_only_and_says_so(tmp_pa
     assert turns[1].generated_text == "We open at nine."
     failed = [w for w in warnings if "re-scoring a Responses turn" in w]
     assert len(failed) == 2 and "text only" in failed[0] and "NotFoundError" in failed[0]
+
+
+async def test_a_call_sampled_off_temperature_1_is_text_only_and_says_why_once(tmp_path, warnings):
+    """vLLM's prompt logprobs are raw; at T = 0.7 the sampler's are not: no false token ids."""
+    server = _Server()
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        async with serve_fake_openai([], vllm=True) as url:
+            await _booking_call(url, server, ledger, "warm", temperature=0.7)
+        turns = ledger.turns("warm")
+        assert ledger.session("warm").outcome == "completed"
+    assert server.bodies == []  # nothing re-scored
+    assert [t.token_exact for t in turns] == [False, False]
+    assert turns[0].prompt_token_ids is None and turns[0].completion_token_ids is None
+    assert turns[1].generated_text == "We open at nine." and turns[1].request["temperature"] == 0.7
+    said = [w for w in warnings if "temperature=0.7" in w]
+    assert len(said) == 1 and "text only" in said[0]
 
 
 async def test_a_server_that_is_not_vllm_gets_the_request_unchanged(tmp_path, warnings):

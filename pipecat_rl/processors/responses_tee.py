@@ -267,8 +267,41 @@ def tee_responses_service(llm: Any, on_call: Callable[[LLMCall], None], *, token
 def _settle(llm: Any, call: LLMCall, on_call: Callable[[LLMCall], None]) -> None:
     """Start the re-score of a call that sampled ids, then hand the call on."""
     if call.token_ids_requested and call.error is None and call.prompt_token_ids and call.token_ids:
-        call.settling = asyncio.get_running_loop().create_task(rescore(llm, call))
+        reshaped = reshaping_sampling(call.request)
+        if reshaped is None:
+            call.settling = asyncio.get_running_loop().create_task(rescore(llm, call))
+        else:
+            call.prompt_token_ids, call.token_ids = None, []  # text only: said once per service
+            if not getattr(llm, "_pipecat_rl_reshaped_warned", False):
+                llm._pipecat_rl_reshaped_warned = True
+                logger.warning(
+                    f"pipecat-rl: {llm} samples with {reshaped}; vLLM re-scores a prompt without "
+                    "its sampling settings, so these Responses turns are recorded as text only "
+                    "(no token ids, so they cannot train). Sample at temperature 1 without "
+                    "top_p/top_k/min_p, or use OpenAILLMService (Chat Completions) to train on them"
+                )
     on_call(call)
+
+
+def reshaping_sampling(request: dict[str, Any]) -> str | None:
+    """The sampling settings of `request` that reshape the model's distribution, if any.
+
+    vLLM computes prompt logprobs from the raw logits (its sampling processors never see a
+    prompt), while the sampler's logprobs are processed (temperature, top-p/k, min-p applied). The
+    two agree only when sampling leaves the distribution as it is: temperature 1 (or 0, greedy,
+    where vLLM scales nothing) and no truncation.
+    """
+    extra = request.get("extra_body") or {}
+    settings = {
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "top_k": extra.get("top_k"),
+        "min_p": extra.get("min_p"),
+    }
+    identity = {"temperature": (None, 0, 1), "top_p": (None, 1), "top_k": (None, 0, -1),
+                "min_p": (None, 0)}  # fmt: skip
+    reshaped = [f"{k}={v}" for k, v in settings.items() if v not in identity[k]]
+    return ", ".join(reshaped) or None
 
 
 async def rescore(llm: Any, call: LLMCall) -> None:
