@@ -171,6 +171,16 @@ class _Pending:
 _pending: ContextVar[_Pending | None] = ContextVar("pipecat_rl_llm_request", default=None)
 
 
+def tee_state(llm: Any, on_call: Callable[[LLMCall], None], token_ids: bool) -> _TeeState | None:
+    """A new tee's state on `llm`, or None when `llm` is teed already (its callback swapped)."""
+    state: _TeeState | None = getattr(llm, "_pipecat_rl_tee", None)
+    if state is not None:
+        state.on_call, state.token_ids = on_call, token_ids
+        return None
+    llm._pipecat_rl_tee = _TeeState(on_call, token_ids)
+    return llm._pipecat_rl_tee
+
+
 def tee_llm_service(
     llm: BaseOpenAILLMService, on_call: Callable[[LLMCall], None], *, token_ids: bool
 ) -> None:
@@ -179,12 +189,9 @@ def tee_llm_service(
     Installing twice only swaps the callback (a service re-used by a later call records into the
     later call's session).
     """
-    state: _TeeState | None = getattr(llm, "_pipecat_rl_tee", None)
-    if state is not None:
-        state.on_call, state.token_ids = on_call, token_ids
+    state = tee_state(llm, on_call, token_ids)
+    if state is None:
         return
-    state = _TeeState(on_call, token_ids)
-    llm._pipecat_rl_tee = state
 
     def wrap_build(build: Callable) -> Callable:
         def build_chat_completion_params(params_from_context: Any) -> dict:

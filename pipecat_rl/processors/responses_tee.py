@@ -29,7 +29,7 @@ from loguru import logger
 
 from pipecat_rl import compat
 from pipecat_rl.processors.demonstration import DemonstrationSource
-from pipecat_rl.processors.llm_tee import LLMCall, _jsonable, _TeeState, _TeeStream
+from pipecat_rl.processors.llm_tee import LLMCall, _jsonable, _TeeStream, tee_state
 
 RESCORE_TIMEOUT_S = 60.0
 """How long one re-score may take before its turn is recorded as text only."""
@@ -236,12 +236,9 @@ def tee_responses_service(llm: Any, on_call: Callable[[LLMCall], None], *, token
     `on_call` gets each `ResponsesCall` when its stream closes, with its re-score (if any) still
     running as `call.settling`. Installing twice only swaps the callback, as `tee_llm_service`.
     """
-    state: _TeeState | None = getattr(llm, "_pipecat_rl_tee", None)
-    if state is not None:
-        state.on_call, state.token_ids = on_call, token_ids
+    state = tee_state(llm, on_call, token_ids)
+    if state is None:
         return
-    state = _TeeState(on_call, token_ids)
-    llm._pipecat_rl_tee = state
 
     def wrap(create: Callable) -> Callable:
         async def _create_stream(params: dict) -> Any:
