@@ -91,6 +91,19 @@ class NoTrainingSignalError(TrainingError):
     """
 
 
+class NotMovedError(TrainingError):
+    """A new version's canary is its parent's: the canary cannot show which of them is served.
+
+    Online training answers it with more passes over the step's batch, then ends at the last
+    version that did move; it names the figures in `moved`.
+    """
+
+    def __init__(self, message: str, moved: dict[str, Any]):
+        super().__init__(message)
+        self.moved: dict[str, Any] = dict(moved)
+        """The canary's distance to the parent: `parent`, `max_abs_diff`, `ids_differ`."""
+
+
 class GuardError(TrainingError):
     """The trainer and the sampler disagree (or there was nothing to compare): do not train."""
 

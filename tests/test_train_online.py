@@ -16,7 +16,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 
-from pipecat_rl.errors import GuardError, TrainingError
+from pipecat_rl.errors import GuardError, NotMovedError, NoTrainingSignalError
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
 from pipecat_rl.serving import VLLMAdmin, free_port
 from pipecat_rl.simulator import SimulationOptions
@@ -24,7 +24,6 @@ from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import TrainConfig, train
 
 SCENARIOS = ["booking", "cancel"]
-
 
 
 class TinyVLLM:
@@ -206,8 +205,8 @@ def vllm(tiny_dir, monkeypatch):
 
 def _online(tiny_dir, tmp_path, **update) -> tuple[TrainConfig, Rollouts]:
     config = TrainConfig(
-        algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path / "adapters", steps=3,
-        group_size=2, seed=3, **{"lr": 0.1, **update},
+        algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path / "adapters", group_size=2,
+        seed=3, **{"lr": 0.1, "steps": 3, **update},
     )  # fmt: skip
     rollouts = Rollouts(scenarios=SCENARIOS, bot=None, options=SimulationOptions(max_tokens=4))
     return config, rollouts
@@ -266,13 +265,77 @@ def test_a_guard_failure_at_step_two_stops_the_run_with_v1_kept(vllm, tiny_dir, 
     assert failed.value.result["mean_abs_diff"] == pytest.approx(0.3, abs=0.01)
 
 
-def test_a_version_that_did_not_move_off_its_parent_is_refused(vllm, tiny_dir, tmp_path):
-    config, rollouts = _online(tiny_dir, tmp_path, lr=1e-12)
+def test_a_run_whose_first_version_never_moves_finds_no_signal_and_keeps_nothing(
+    vllm, tiny_dir, tmp_path
+):
+    config, rollouts = _online(tiny_dir, tmp_path, lr=1e-12, move_retries=2)
+    rows: list[dict] = []
     with Ledger(tmp_path / "l.db") as ledger:
-        with pytest.raises(TrainingError, match="did not move: its canary is its parent base"):
-            train(ledger, config, server_url=vllm.url, rollouts=rollouts)
+        with pytest.raises(NoTrainingSignalError, match="no version moved off base: step 1's"):
+            train(ledger, config, server_url=vllm.url, rollouts=rollouts, progress=rows.append)
         assert ledger.adapters() == []
     assert vllm.listed == {}  # refused: unloaded again, never registered
+    assert [r["move_retry"] for r in rows if r.get("not_moved")] == [0, 1, 2]
+    passes = [r.get("move_retry", 0) for r in rows if "policy_loss" in r]
+    assert sorted(set(passes)) == [0, 1, 2]  # the batch was trained twice more
+    assert [p.name for p in (tmp_path / "adapters").iterdir()] == ["runs"]  # no stray version
+
+
+@pytest.fixture
+def stuck(monkeypatch):
+    """`canary_moved` that says "did not move" for the versions of the steps in `stuck.steps`
+    (their number of refusals in `stuck.left`), and the real check otherwise."""
+    from pipecat_rl.training import trainer
+
+    real = trainer.canary_moved
+    state = SimpleNamespace(left={}, refused=[])
+
+    def canary_moved(server_url, name, parent, policy):
+        version = int(name.split("-")[2][1:])
+        if state.left.get(version, 0):
+            state.left[version] -= 1
+            state.refused.append(name)
+            raise NotMovedError(f"{name} did not move", {"parent": parent, "max_abs_diff": 0.01})
+        return real(server_url, name, parent, policy)
+
+    monkeypatch.setattr(trainer, "canary_moved", canary_moved)
+    return state
+
+
+def test_a_version_that_did_not_move_trains_its_batch_again_and_takes_its_number(
+    vllm, tiny_dir, tmp_path, stuck
+):
+    stuck.left = {1: 1}  # step 1's first version is "not moved" once
+    config, rollouts = _online(tiny_dir, tmp_path, steps=2)
+    rows: list[dict] = []
+    with Ledger(tmp_path / "l.db") as ledger:
+        result = train(ledger, config, server_url=vllm.url, rollouts=rollouts, progress=rows.append)
+        adapters = sorted(ledger.adapters(), key=lambda a: a.created_at)
+    names = [a.name for a in adapters]
+    assert [n.split("-")[2] for n in names] == ["v1", "v2"] and result.adapter == names[-1]
+    (refused,) = stuck.refused
+    assert refused.split("-")[2] == "v1" and refused not in names and refused not in vllm.listed
+    assert not (tmp_path / "adapters" / refused).exists()
+    assert [a.parent for a in adapters] == [None, names[0]]
+    step1 = [r for r in rows if r.get("step") == 1 and "policy_loss" in r]
+    assert {r.get("move_retry", 0) for r in step1} == {0, 1}  # a second pass on the same batch
+    assert "stopped_at_step" not in result.metrics
+
+
+def test_a_step_whose_version_never_moves_ends_the_run_at_the_last_that_did(
+    vllm, tiny_dir, tmp_path, stuck
+):
+    stuck.left = {2: 3}  # step 2's version never moves (1 + 2 retries)
+    config, rollouts = _online(tiny_dir, tmp_path, move_retries=2)
+    with Ledger(tmp_path / "l.db") as ledger:
+        result = train(ledger, config, server_url=vllm.url, rollouts=rollouts)
+        adapters = ledger.adapters()
+    (v1,) = [a.name for a in adapters]
+    assert v1.split("-")[2] == "v1" and result.adapter == v1
+    assert result.path == tmp_path / "adapters" / v1 and result.metrics["stopped_at_step"] == 2
+    assert len(stuck.refused) == 3 and set(vllm.listed) == {v1}
+    assert all(s.split("-seed")[1].split("-")[0] == str(config.seed * 1000 + 1)
+               for s in result.session_ids)  # fmt: skip  # what v1 learned from, not step 2's
 
 
 CLINIC = Path(__file__).resolve().parent.parent / "examples" / "clinic"

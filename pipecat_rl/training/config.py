@@ -87,6 +87,9 @@ class TrainConfig(BaseModel):
     """The reward's parts, weights and roles (`pipecat_rl.rubric`): what GRPO's advantage reads."""
     beta: float = 0.0
     """KL coefficient against the sampler (0: none, as the GRPO references default)."""
+    move_retries: int = Field(default=2, ge=0)
+    """Online: a version whose canary is still its parent's gets this many more passes over
+    its step's batch; then the run ends at its last version that moved (none: no signal)."""
     max_off_policy_steps: int = 1
     """Turns sampled by an adapter more than this many versions old are dropped."""
     max_grad_norm: float = 1.0

@@ -16,7 +16,9 @@ next step's canary compares with, and the new one), so `--max-loras 2` suffices.
 """
 
 import contextlib
+import functools
 import json
+import shutil
 import statistics
 import time
 import uuid
@@ -26,7 +28,13 @@ from typing import Any
 
 from loguru import logger
 
-from pipecat_rl.errors import GuardError, NoTrainingSignalError, ServingError, TrainingError
+from pipecat_rl.errors import (
+    GuardError,
+    NotMovedError,
+    NoTrainingSignalError,
+    ServingError,
+    TrainingError,
+)
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, SessionRecord, TurnRecord
 from pipecat_rl.ledger.eligibility import DEFAULT_LIVE_TRUST
 from pipecat_rl.ledger.outcome import passed
@@ -358,7 +366,7 @@ def canary_moved(server_url: str, name: str, parent: str, policy: Policy) -> dic
     the next step's turns would not be the new version's. Greedy ids that part count as moved.
 
     Raises:
-        TrainingError: the version did not move.
+        NotMovedError: the version did not move.
     """
     prompt = registry._canary_ids(policy.tokenizer)
     new = registry.served_canary(server_url, name, prompt)
@@ -374,11 +382,11 @@ def canary_moved(server_url: str, name: str, parent: str, policy: Policy) -> dic
     delta = round(max(diffs), 6) if diffs else None
     result = {"parent": parent, "max_abs_diff": delta, "ids_differ": ids_differ}
     if not ids_differ and (delta is None or delta <= registry.CANARY_THRESHOLD):
-        raise TrainingError(
+        raise NotMovedError(
             f"{name} did not move: its canary is its parent {parent}'s (greedy ids equal, "
             f"logprobs within {delta} <= {registry.CANARY_THRESHOLD}), so the canary cannot show "
-            "which of them the server samples; raise the learning rate or the optimiser steps "
-            "per batch (mini_batches, ppo_epochs)"
+            "which of them the server samples",
+            result,
         )
     return result
 
@@ -409,7 +417,8 @@ def _publish(
 
     A version the server does not serve as trained (the canary), or that did not move off
     `compare_to` (its served parent, online), is unloaded and never registered: the ledger's
-    newest version is then the last one that was.
+    newest version is then the last one that was. One that did not move leaves no folder, so
+    the next attempt takes its version number.
     """
     name = registry.next_name(ledger, out_dir, config.name_prefix, config.algo)
     folder = out_dir / name
@@ -420,9 +429,11 @@ def _publish(
             canary = registry.load_and_verify(server_url, name, folder, policy)
             if compare_to is not None:
                 canary["moved"] = canary_moved(server_url, name, compare_to, policy)
-        except (TrainingError, ServingError):
+        except (TrainingError, ServingError) as e:
             with contextlib.suppress(ServingError):
                 unload_versions(server_url, [name])
+            if isinstance(e, NotMovedError):
+                shutil.rmtree(folder, ignore_errors=True)
             raise
     registry.register(
         ledger, name=name, folder=folder, base_model=str(policy.base_dir), parent=parent,
@@ -459,6 +470,8 @@ def train(
     parent = config.parent if config.parent != BASE_ADAPTER else None
     summary: dict[str, Any]
     loaded: list[str] = []  # versions this run loaded, oldest first (never the run's start)
+    published: tuple[str, Path, dict | None, dict[str, Any]] | None = None  # online: the newest
+    stopped: int | None = None  # online: the step whose version never moved
     current = config.parent or BASE_ADAPTER
     if config.algo == "sft":
         sequences, used, info = sft_rows(ledger, policy, config, live, session_ids)
@@ -480,36 +493,102 @@ def train(
                 guard_result = step_guard(
                     policy, turns, current, config, step, loaded[-1] if loaded else None
                 )
-            step_log = _adding(log, guard_fields(guard_result))
             used_set.update(s.id for s in sessions)
-            if config.algo == "grpo":
-                summary = _grpo_update(
-                    policy, optimizer, turns, sessions, config, step, step_log, dropped, sampling
-                )
-            else:
-                summary = _opsd_update(
-                    policy, teacher.model, optimizer, turns, sessions, config, step, step_log
-                )
-            if online and step < config.steps:
-                name, _, canary = _publish(
-                    ledger, policy, config, out_dir, parent, run_id, sorted(used_set), summary,
-                    guard_result, server_url, compare_to=current,
-                )  # fmt: skip
-                _served(log, step, config, name, canary, server_url, loaded)
-                policy.parent = parent = current = name  # the guard scores its turns as ours
-                names = {name}  # each online step trains on its own fresh episodes only
-        used = sorted(used_set)
-    name, folder, canary = _publish(
-        ledger, policy, config, out_dir, parent, run_id, used, summary, guard_result, server_url,
-        compare_to=current if online else None,
-    )  # fmt: skip
+
+            update = functools.partial(
+                _update, policy, optimizer, teacher, (turns, sessions, dropped, sampling), config,
+                step, _adding(log, guard_fields(guard_result)),
+            )  # fmt: skip
+            summary = update(0)
+            if not online:
+                continue
+            version = _publish_moved(
+                ledger, policy, config, out_dir, parent, run_id, sorted(used_set), summary,
+                guard_result, server_url, current, update, step, log,
+            )  # fmt: skip
+            if version is None:
+                stopped = step
+                break
+            name, folder, canary, summary = version
+            _served(log, step, config, name, canary, server_url, loaded)
+            policy.parent = parent = current = name  # the guard scores its turns as ours
+            names = {name}  # each online step trains on its own fresh episodes only
+            published = (name, folder, canary, summary)
+            used = sorted(used_set)  # online: the sessions the newest version learned from
+        if not online:
+            used = sorted(used_set)
     if online:
-        _served(log, config.steps, config, name, canary, server_url, loaded)
+        if published is None:
+            raise NoTrainingSignalError(
+                f"no version moved off {current}: step {stopped}'s update left the canary within "
+                f"{registry.CANARY_THRESHOLD} of it after {config.move_retries + 1} pass(es) over "
+                "its batch; raise the learning rate or the optimiser steps per batch "
+                "(mini_batches, ppo_epochs, move_retries)"
+            )
+        name, folder, canary, summary = published
+        if stopped is not None:
+            summary = {**summary, "stopped_at_step": stopped}
+    else:
+        name, folder, canary = _publish(
+            ledger, policy, config, out_dir, parent, run_id, used, summary, guard_result,
+            server_url, compare_to=None,
+        )  # fmt: skip
     metrics = {**summary, **({"canary": canary} if canary else {})}
     return TrainResult(
         adapter=name, path=folder, metrics_path=log.path, session_ids=used, guard=guard_result,
         metrics=metrics, parent=config.parent, algo=config.algo, loaded=server_url is not None,
     )  # fmt: skip
+
+
+def _update(
+    policy: Policy, optimizer: Any, teacher: Policy | None,
+    batch: tuple[list[TurnRecord], list[SessionRecord], int, dict[str, Any]], config: TrainConfig,
+    step: int, log: Progress, retry: int,
+) -> dict[str, Any]:  # fmt: skip
+    """One pass over step `step`'s batch; `retry` > 0: once more, its version had not moved."""
+    turns, sessions, dropped, sampling = batch
+    if retry:
+        log = _adding(log, {"move_retry": retry})
+    if config.algo == "grpo":
+        return _grpo_update(
+            policy, optimizer, turns, sessions, config, step, log, dropped, sampling
+        )
+    return _opsd_update(policy, teacher.model, optimizer, turns, sessions, config, step, log)
+
+
+def _publish_moved(
+    ledger: Ledger, policy: Policy, config: TrainConfig, out_dir: Path, parent: str | None,
+    run_id: str, session_ids: list[str], summary: dict[str, Any], guard_result: dict,
+    server_url: str, current: str, update: Callable[[int], dict[str, Any]], step: int,
+    log: Progress,
+) -> tuple[str, Path, dict | None, dict[str, Any]] | None:  # fmt: skip
+    """Online step `step`'s version, published once it moved off `current`; None if it never did.
+
+    An update too small for the canary to tell from its parent is not a broken run: the batch
+    gets another pass (the clip bounds how far), up to `move_retries`. Returns the version's
+    name, folder, canary and the metrics of its last pass.
+    """
+    for retry in range(config.move_retries + 1):
+        if retry:
+            summary = update(retry)
+        try:
+            name, folder, canary = _publish(
+                ledger, policy, config, out_dir, parent, run_id, session_ids, summary,
+                guard_result, server_url, compare_to=current,
+            )  # fmt: skip
+            return name, folder, canary, summary
+        except NotMovedError as e:
+            left = config.move_retries - retry
+            logger.warning(f"step {step}: {e}; {left} more pass(es) over its batch")
+            log({
+                "step": step, "total_steps": config.steps, "not_moved": True,
+                "move_retry": retry, "canary/moved_max_abs_diff": e.moved.get("max_abs_diff"),
+            })  # fmt: skip
+    logger.warning(
+        f"step {step} of {config.steps}: no version moved off {current} after "
+        f"{config.move_retries + 1} pass(es); the run ends at its last version that moved"
+    )
+    return None
 
 
 def _adding(log: Progress, fields: dict[str, Any]) -> Progress:
