@@ -5,6 +5,9 @@ gate's arms, the cycle's stages, the service's jobs), and logs "Task exception w
 retrieved ... Event loop is closed"; the child here runs a loop after the simulation and
 collects garbage in it, as such a process would."""
 
+import contextlib
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from pipecat_rl.ledger import Ledger
 from pipecat_rl.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +75,49 @@ def test_a_simulation_closes_its_clients_in_its_own_loop(tmp_path):
     assert "[None, None]" in child.stdout, child.stdout  # both episodes ran to their end
     for sign in ("Traceback", "Task exception was never retrieved", "Event loop is closed"):
         assert sign not in child.stderr, child.stderr[-3000:]
+
+
+def _finished(db: Path) -> int:
+    """Sessions the child has ended so far (read beside its writes: SQLite's WAL allows it)."""
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+        try:
+            return conn.execute(
+                "SELECT count(*) FROM sessions WHERE ended_at IS NOT NULL"
+            ).fetchone()[0]
+        except sqlite3.OperationalError:  # the schema is not written yet
+            return 0
+
+
+def test_one_ctrl_c_stops_a_simulation_at_once_and_leaves_no_call_open(tmp_path):
+    """Ctrl-C while calls are in flight: the calls end (`interrupted`, what they recorded kept),
+    nothing more starts, and the command exits 130 — it used to hang in asyncio's shutdown,
+    waiting on the runners of calls that gather had left running."""
+    db = tmp_path / "l.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "from pipecat_rl.cli import main; main()", "simulate",
+         "examples/clinic/scenarios/pool",
+         "--bot", "examples/clinic/expert.py", "--persona", "scripted", "--no-server",
+         "--repeats", "50", "--concurrency", "4", "--ledger", str(db)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _finished(db) < 8:
+            assert child.poll() is None and time.monotonic() < deadline, "no call finished"
+            time.sleep(0.2)  # polling the ledger: the child has no event to wait on
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    with Ledger(db) as ledger:
+        sessions = ledger.sessions(limit=10_000)
+    assert len(sessions) < 21 * 50  # it stopped
+    assert all(s.ended_at is not None for s in sessions)  # none left open
+    interrupted = [s for s in sessions if s.outcome == "interrupted"]
+    assert interrupted, "the calls in flight were not ended as interrupted"
+    assert all("stopped before this call ended" in s.metadata["error"] for s in interrupted)
+    assert {s.outcome for s in sessions} <= {"pass", "fail", "interrupted"}

@@ -14,6 +14,7 @@ data (outcome "error" with its reason), never a crash of the run.
 """
 
 import asyncio
+import contextlib
 import hashlib
 import statistics
 import tempfile
@@ -194,6 +195,29 @@ async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
     if not done:
         task.cancel()
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
+
+
+async def _stop_cancelled(
+    pair: LocalTransportPair, episode: Episode, persona: PipelineWorker | None,
+    persona_task: asyncio.Task | None, bot_task: asyncio.Task | None, handle: Any,
+) -> None:  # fmt: skip
+    """End a cancelled episode's call and pipelines, and flush what its recorder holds.
+
+    Left running, the bot's and the caller's runners would be cancelled only by
+    `asyncio.run`'s own shutdown, with the call never ended, and that shutdown waits for them:
+    one Ctrl-C would hang the process instead of stopping it.
+    """
+    pair.end("error")
+    for worker in episode.workers:
+        await worker.cancel()
+    if bot_task is not None:
+        await _stop(bot_task, [])
+    if persona is not None:
+        await persona.cancel()
+    if persona_task is not None:
+        await _stop(persona_task, [])
+    if handle is not None:
+        await handle.flush()
 
 
 def persona_endpoint(
@@ -385,7 +409,7 @@ async def run_episode(
         pair = LocalTransportPair(
             max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
         )
-    caller_llm = None
+    caller_llm = persona = persona_task = bot_task = handle = None
     try:
         llm_persona = config.persona == "llm" and not scenario.scripted
         endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None
@@ -426,6 +450,18 @@ async def run_episode(
             result.error = episode.refused[0]
         elif episode.errors or persona_errors:
             result.error = "; ".join(episode.errors + [f"persona {e}" for e in persona_errors])
+    except asyncio.CancelledError:  # Ctrl-C, a cancelled job: end this call, then stop
+        await _stop_cancelled(pair, episode, persona, persona_task, bot_task, handle)
+        await episode.close_clients()
+        if caller_llm is not None:
+            await close_llm_client(caller_llm)
+        world.close()
+        result.outcome = Outcome.INTERRUPTED
+        result.error = "interrupted: the run was stopped before this call ended"
+        result.end_reason, result.transcript = pair.end_reason, list(pair.transcript)
+        with contextlib.suppress(LedgerError):  # a write that fails leaves it open: resumable
+            _write(ledger, info, result)
+        raise
     except Exception as e:  # a broken episode is data, not a crash of the run
         logger.exception(f"episode {scenario.id}#{repeat} failed")
         result.error = f"{type(e).__name__}: {e}"
@@ -738,9 +774,13 @@ async def simulate(
     with simulation_environment(config.llm_url, setup_files()):
         if jobs:
             await preflight(bot, jobs[0][0], config)
-        episodes = await asyncio.gather(*(one(s, r) for s, r in jobs))
+        # A task group, not gather: cancelled (Ctrl-C), gather ends at its first cancelled
+        # child while calls still run, and asyncio's shutdown then hangs on their runners; a
+        # group waits until every call has ended and written itself `interrupted`
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(s, r)) for s, r in jobs]
     return SimulationReport(
-        episodes=list(episodes),
+        episodes=[t.result() for t in tasks],
         heldout_set_id=scenarios.heldout_set_id,
         wall_s=time.monotonic() - started,
         server_gone=gone[0] if gone else None,

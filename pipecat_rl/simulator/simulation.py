@@ -105,15 +105,15 @@ def run(
                 )
                 for policy in policies
             ]  # fmt: skip
-            return await asyncio.gather(
-                *(
-                    simulate(
+            async with asyncio.TaskGroup() as group:  # cancelled, it waits for every call
+                runs = [
+                    group.create_task(simulate(
                         scenarios, bot, c, ledger, on_episode=on_episode, stop=stop,
                         run_one=run_one,
-                    )  # fmt: skip
+                    ))  # fmt: skip
                     for c in configs
-                )
-            )
+                ]
+            return [r.result() for r in runs]
 
     with episode_runner(options) as run_one:
         reports = asyncio.run(both(run_one))
