@@ -15,6 +15,7 @@ PipecatRLError
 ├── ToolError            a world tool failed on purpose: reported to the model, never a crash
 ├── TrainingError        a training run cannot proceed
 │   ├── NoTrainingSignalError  the ledger holds nothing this algorithm can learn from
+│   ├── NotMovedError        an online version's canary is its parent's (retried, then ends RL)
 │   └── GuardError           the trainer and the sampler disagree on logprobs: do not train
 ├── GateError            the gate cannot decide from what it was given
 │   └── GateStopped          its own runs were stopped (a cancelled job): no receipt written
@@ -98,9 +99,9 @@ class NotMovedError(TrainingError):
     version that did move; it names the figures in `moved`.
     """
 
-    def __init__(self, message: str, moved: dict[str, Any]):
+    def __init__(self, message: str, moved: dict[str, Any] | None = None):
         super().__init__(message)
-        self.moved: dict[str, Any] = dict(moved)
+        self.moved: dict[str, Any] = dict(moved or {})
         """The canary's distance to the parent: `parent`, `max_abs_diff`, `ids_differ`."""
 
 
