@@ -6,8 +6,10 @@ what each one is for, in the spirit of verifiers' `Rubric(funcs, weights)`:
 - `authoritative`: decides whether the call passed (`ledger.outcome`: the verifier, else judged
   success). Exactly the parts `ledger.outcome.AUTHORITATIVE_PARTS` names, in that precedence;
   its weight is 1: a pass is a pass.
-- `shaped`: training signal only (tool credit): added to the training reward with its weight,
-  never a pass and never a gate score.
+- `shaped`: training signal only, never a pass and never a gate score: tool credit (its positive
+  side paid only to a call that passed, so extra lookups never pay inside a failing group), a
+  failed call's share of goal checks that held (partial credit, weight 0.5), and the hard checks it
+  broke (weight -1: a forbidden write or transfer costs more than any partial credit earns).
 - `judged`: a judge's named metric (`judge:<m>`): in the training reward with its weight; the
   gate pairs it only when its config names it (`judged_metrics`).
 - `metric`: measured and shown (`metric:<m>`), never in a reward.
@@ -25,7 +27,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipecat_rl.errors import ConfigError
-from pipecat_rl.ledger.outcome import AUTHORITATIVE_PARTS, TOOL_CREDIT, authoritative_score
+from pipecat_rl.ledger.outcome import (
+    AUTHORITATIVE_PARTS,
+    CHECKS_HELD,
+    PASS_SCORE,
+    SHAPED_PARTS,
+    TOOL_CREDIT,
+    VIOLATIONS,
+    authoritative_score,
+)
 
 Role = Literal["authoritative", "shaped", "judged", "metric"]
 
@@ -45,7 +55,7 @@ def _implied_role(name: str) -> Role:
         return "authoritative"
     if name.startswith("judge:"):
         return "judged"
-    if name == TOOL_CREDIT:
+    if name in SHAPED_PARTS:
         return "shaped"
     return "metric"
 
@@ -60,6 +70,8 @@ class Rubric(BaseModel):
             "verifier": Part(role="authoritative"),
             "judge:success": Part(role="authoritative"),
             TOOL_CREDIT: Part(role="shaped", weight=1.0),
+            CHECKS_HELD: Part(role="shaped", weight=0.5),
+            VIOLATIONS: Part(role="shaped", weight=-1.0),
         }
     )
 
@@ -89,7 +101,9 @@ class Rubric(BaseModel):
         """The training reward: the authoritative score plus weighted shaped and judged parts.
 
         None when nothing authoritative decided the call (it cannot be scored against its
-        group). `shaped=False` leaves the shaped parts out (outcome-only training).
+        group). `shaped=False` leaves the shaped parts out (outcome-only training). Tool credit's
+        positive side counts only on a call that passed: in a failed one, more successful
+        lookups would otherwise out-score fewer, and GRPO would learn to call tools for credit.
         """
         score = self.outcome_score(values)
         if score is None:
@@ -98,7 +112,10 @@ class Rubric(BaseModel):
         for name, value in values.items():
             part = self.part(name)
             if part.role == "judged" or (shaped and part.role == "shaped"):
-                total += part.weight * float(value)
+                v = float(value)
+                if name == TOOL_CREDIT and score < PASS_SCORE:
+                    v = min(v, 0.0)
+                total += part.weight * v
         return round(total, 6)
 
     def shown(self, values: Mapping[str, float]) -> float:
@@ -107,7 +124,8 @@ class Rubric(BaseModel):
 
 
 DEFAULT_RUBRIC = Rubric()
-"""Verifier (else judged success) decides; tool credit shapes training at weight 1 (±0.1)."""
+"""Verifier (else judged success) decides; shaping: tool credit at weight 1 (±0.1 per execution,
++ only on a pass), a failed call's checks held at 0.5, each broken hard check at -1."""
 
 
 def load_rubric(path: Path) -> Rubric:

@@ -78,3 +78,28 @@ def test_grpo_advantages_follow_the_configured_rubric():
     assert build_groups(sessions, [], shaped).zero_std_groups == 0
     assert build_groups(sessions, [], flat).zero_std_groups == 1  # weight 0: no signal left
     assert rubric_reward(flat.rubric)(sessions[1]) == 1.0
+
+
+def test_a_failing_group_never_pays_for_extra_tool_calls():
+    # Every run failed; one looked things up five times, one once: no gradient toward more calls.
+    failing = [_session(0, 0.0, 0.1), _session(1, 0.0, 0.5)]
+    assert build_groups(failing, [], TrainConfig(algo="grpo")).zero_std_groups == 1
+    # A failed tool execution still costs a failed call, and a pass keeps its tool credit.
+    assert DEFAULT_RUBRIC.reward({"verifier": 0.0, "tool_credit": -0.2}) == pytest.approx(-0.2)
+    assert DEFAULT_RUBRIC.reward({"verifier": 1.0, "tool_credit": 0.3}) == pytest.approx(1.3)
+
+
+def test_partial_credit_orders_failures_and_a_broken_hard_check_costs_more_than_it_can_earn():
+    def reward(**parts: float) -> float:
+        value = DEFAULT_RUBRIC.reward({"verifier": 0.0, "tool_credit": 0.0, **parts})
+        assert value is not None
+        return value
+
+    closer, further = reward(checks_held=0.75), reward(checks_held=0.25)
+    violated = reward(checks_held=0.9, violations=1.0)
+    assert closer > further > reward(checks_held=0.0) == 0.0
+    assert violated < 0.0 < further  # the forbidden write is worse than doing nothing at all
+    assert max(closer, further) < DEFAULT_RUBRIC.reward({"verifier": 1.0, "checks_held": 0.0})
+    # Training signal only: the outcome and the gate's score stay the verifier's.
+    assert DEFAULT_RUBRIC.outcome_score({"verifier": 0.0, "checks_held": 0.9}) == 0.0
+    assert DEFAULT_RUBRIC.reward({"verifier": 0.0, "checks_held": 0.9}, shaped=False) == 0.0

@@ -35,7 +35,9 @@ async def test_scripted_agent_books_correctly_and_scores_one(tmp_path, no_keys):
     report, ledger = await run([POOL / "routine_booking.yaml"], EXPERT, tmp_path)
     (episode,) = report.episodes
     assert episode.outcome == "pass" and episode.error is None
-    assert episode.reward_parts == {"verifier": 1.0, "tool_credit": 0.3}
+    assert episode.reward_parts == {
+        "verifier": 1.0, "checks_held": 0.0, "violations": 0.0, "tool_credit": 0.3
+    }  # fmt: skip
     assert episode.end_reason == "caller_hung_up" and episode.labels == []
     session = ledger.session(episode.session_id)
     assert (session.source, session.scenario_id, session.split) == (
@@ -46,10 +48,7 @@ async def test_scripted_agent_books_correctly_and_scores_one(tmp_path, no_keys):
     assert (session.seed, session.repeat, session.policy) == (episode.seed, 0, "base")
     assert session.outcome == "pass" and session.reward == pytest.approx(1.3)
     assert session.reward_parts == episode.reward_parts and session.scenario_hash
-    assert {s.name: s.value for s in ledger.scores(session.id)} == {
-        "verifier": 1.0,
-        "tool_credit": 0.3,
-    }
+    assert {s.name: s.value for s in ledger.scores(session.id)} == episode.reward_parts
     calls = [c for c in ledger.tool_calls(session.id) if c.state_diff and "world" in c.state_diff]
     assert [c.name for c in calls] == ["lookup_patient", "find_slots", "book"]
     assert calls[-1].state_diff["world"]["appointments"]["added"][0]["slot_id"] == 11
@@ -98,7 +97,8 @@ async def test_an_agent_that_cannot_do_the_job_scores_zero(tmp_path):
     )
     report, ledger = await run([POOL / "routine_booking.yaml"], str(bot), tmp_path)
     (episode,) = report.episodes
-    assert episode.outcome == "fail" and episode.reward == 0.0
+    assert episode.outcome == "fail" and episode.reward == 0.0  # doing nothing earns nothing
+    assert episode.reward_parts["checks_held"] == 0.0 and episode.reward_parts["violations"] == 0
     assert episode.end_reason == "caller_hung_up" and episode.executions == []
     assert ledger.session(episode.session_id).reward == 0.0
 

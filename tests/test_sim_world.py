@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.rubric import DEFAULT_RUBRIC
 from pipecat_rl.scenarios import load_scenario_file
 from pipecat_rl.scenarios.scenario import AsrNoise
 from pipecat_rl.simulator import World, load_scenarios
@@ -92,13 +93,32 @@ def test_labels_and_reward_parts():
     world.execute("find_slots", {"kind": "routine"})
     evidence = EpisodeEvidence(s, world.executions, world.verify(), [], "agent_hung_up")
     parts = reward_parts(evidence)
-    assert parts == {"verifier": 0.0, "tool_credit": -0.1}
+    goals = [c for c in evidence.checks if not c.check.startswith(("unchanged", "not_exists"))]
+    held = sum(c.passed for c in goals) / len(goals)
+    assert parts == {
+        "verifier": 0.0, "checks_held": round(held, 6), "violations": 0.0, "tool_credit": -0.1
+    }  # fmt: skip
     assert failure_labels(evidence) == [
         "misheard_slot",
         "tool_error",
         "premature_hangup",
         "recovered",
     ]
+
+
+def test_a_transfer_the_scenario_forbids_is_a_broken_hard_check_in_the_reward():
+    s = scenario("out_of_scope")
+    world = World(s)
+    world.execute("transfer", {"reason": "car insurance"})
+    evidence = EpisodeEvidence(s, world.executions, world.verify(), [], "caller_hung_up")
+    parts = reward_parts(evidence)
+    assert parts["verifier"] == 0.0 and parts["violations"] == 1.0
+    assert "unauthorised_write" in failure_labels(evidence)
+    # The successful transfer earns no tool credit in the training reward: the call failed.
+    assert parts["tool_credit"] == 0.1
+    assert DEFAULT_RUBRIC.reward(parts) < 0.0
+    clean = reward_parts(EpisodeEvidence(s, [], World(s).verify(), [], "caller_hung_up"))
+    assert clean == {"verifier": 1.0, "checks_held": 0.0, "violations": 0.0, "tool_credit": 0.0}
 
 
 def test_a_fact_the_agent_did_not_hear_is_a_misheard_slot_even_with_no_tool_call():

@@ -21,10 +21,12 @@ from tests.train_helpers import sample_turn, sequence_logprob, tiny_llama, tiny_
 PROMPT = [1, 5, 9, 11]
 
 
-def _session(sid: str, verifier: float, credit: float = 0.0, scenario: str = "h1"):
+def _session(
+    sid: str, verifier: float, credit: float = 0.0, scenario: str = "h1", held: float = 0.0
+):
     return SessionRecord(
         id=sid, source="simulate", started_at=0.0, ended_at=1.0, scenario_hash=scenario,
-        reward_parts={"verifier": verifier, "tool_credit": credit},
+        reward_parts={"verifier": verifier, "tool_credit": credit, "checks_held": held},
     )  # fmt: skip
 
 
@@ -70,7 +72,7 @@ def test_zero_variance_groups_are_dropped_and_counted():
     sequences, _ = build_sequences(turns)
     sessions = [
         _session("a1", 1.0, 0.1, "A"), _session("a2", 1.0, 0.1, "A"),  # equal under both
-        _session("b1", 0.0, 0.0, "B"), _session("b2", 0.0, 0.2, "B"),  # equal outcome only
+        _session("b1", 0.0, 0.0, "B"), _session("b2", 0.0, 0.2, "B", held=0.5),  # partial credit
     ]  # fmt: skip
     groups = build_groups(sessions, sequences, config)
     assert groups.groups == 2 and groups.zero_std_groups == 1

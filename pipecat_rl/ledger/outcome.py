@@ -16,9 +16,10 @@ succeeded, and `simulate`, the gate and training all read it from here:
    own eval outcome, for scenarios with no world to verify);
 3. else nothing: the session is unverified and has no authoritative score.
 
-`tool_credit` (+0.1 per successful tool execution, -0.1 per failed one) is shaping for training
-only: a call that fails its verifier with five successful lookups has not passed, and the gate
-never pairs a sum that tool credit can inflate.
+`tool_credit` (+0.1 per successful tool execution, -0.1 per failed one), `checks_held` (a failed
+call's share of its goal checks that held) and `violations` (hard checks broken) are shaping for
+training only: a call that fails its verifier with five successful lookups has not passed, and
+the gate never pairs a sum that shaping can inflate.
 
 A live call has no world to verify: its authoritative part is `judge:success`, taken from the
 scores posted for it (`ledger.scores`). Each scorer (`source`: a person, an evaluation platform,
@@ -63,7 +64,17 @@ VERIFIER = "verifier"
 JUDGED_SUCCESS = "judge:success"
 """The reward part written by the judge for the scenario's `success` criterion (0..1)."""
 TOOL_CREDIT = "tool_credit"
-"""The shaped part: training signal only, never a pass and never a gate score."""
+"""Shaped (training signal only, never a pass and never a gate score): +0.1 per successful tool
+execution, -0.1 per failed one. The rubric pays its positive side only to a call that passed."""
+CHECKS_HELD = "checks_held"
+"""Shaped partial credit: a failed call's share of the verifier's goal checks that held (every
+check but the hard ones, which hold by doing nothing; 0 on a pass, which earns the outcome
+itself), so a group whose every run fails still orders its runs by how close each came."""
+VIOLATIONS = "violations"
+"""Shaped, weighed negative: how many hard checks (`unchanged`, `not_exists`: a write or transfer
+the scenario forbids) the call broke."""
+SHAPED_PARTS: tuple[str, ...] = (TOOL_CREDIT, CHECKS_HELD, VIOLATIONS)
+"""The parts the simulator writes for training only."""
 
 AUTHORITATIVE_PARTS: tuple[str, ...] = (VERIFIER, JUDGED_SUCCESS)
 """The parts that can be authoritative, in order of precedence."""

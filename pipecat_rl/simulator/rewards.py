@@ -1,10 +1,12 @@
 """Rewards and failure labels of an episode; every part is kept apart so each can be replaced.
 
-reward = terminal verifier on the world (authoritative, 1 or 0) + shaped tool credit (+0.1 per
-successful tool execution, -0.1 per failed one) + a Pipecat scenario's judged and measured parts
-(`pipecat_metrics`). Tool credit counts every tool execution the recorder saw: the world's tools
-and the bot's own handlers (Flows functions among them) alike (`seen_executions`).
-`reward_parts` and `failure_labels` are plain functions a user can swap for their own.
+reward = terminal verifier on the world (authoritative, 1 or 0) + shaped parts (tool credit: +0.1
+per successful tool execution, -0.1 per failed one; a failed call's share of its goal checks
+that held; the hard checks it broke) + a Pipecat scenario's judged and measured parts (`pipecat_metrics`);
+the rubric (`pipecat_rl.rubric`) weighs them. Tool credit counts every tool execution the
+recorder saw: the world's tools and the bot's own handlers (Flows functions among them) alike
+(`seen_executions`). `reward_parts` and `failure_labels` are plain functions a user can swap
+for their own.
 """
 
 import difflib
@@ -19,7 +21,9 @@ from datetime import datetime
 from pipecat.services.llm_service import LLMService
 
 from pipecat_rl.ledger import ToolCallRecord
+from pipecat_rl.ledger.outcome import CHECKS_HELD, TOOL_CREDIT, VIOLATIONS
 from pipecat_rl.scenarios import Scenario
+from pipecat_rl.scenarios.scenario import GUARDED_CHECKS
 from pipecat_rl.simulator.transport import EndReason, Line
 from pipecat_rl.simulator.world import CheckResult, ToolExecution
 
@@ -111,21 +115,33 @@ def seen_executions(
     return sorted(out, key=lambda e: e.started_at)
 
 
+def broken_hard_checks(checks: Sequence[CheckResult]) -> list[CheckResult]:
+    """The hard checks (a write or transfer the scenario forbids) that did not hold."""
+    return [c for c in checks if c.check.startswith(GUARDED_CHECKS) and not c.passed]
+
+
 def tool_credit(executions: Sequence[ToolExecution]) -> float:
     """+0.1 per successful tool execution, -0.1 per failed one."""
     return round(sum(TOOL_SUCCESS_CREDIT if e.ok else TOOL_FAILURE_CREDIT for e in executions), 6)
 
 
 def reward_parts(evidence: EpisodeEvidence) -> dict[str, float]:
-    """The reward's parts: `verifier` (when there are checks), `tool_credit`, Pipecat's parts.
+    """The reward's parts: `verifier`, `checks_held`, `violations`, `tool_credit`, Pipecat's.
+
+    The first three only where the scenario has checks.
 
     Pipecat's parts (`evidence.judged`) come named: `judge:success`, `judge:<m>`, `metric:<m>`.
     """
     parts: dict[str, float] = {}
-    verifier = verifier_score(evidence.checks)
+    checks = evidence.checks
+    verifier = verifier_score(checks)
     if verifier is not None:
         parts["verifier"] = verifier
-    parts["tool_credit"] = tool_credit(evidence.executions)
+        goals = [c for c in checks if not c.check.startswith(GUARDED_CHECKS)]
+        held = sum(c.passed for c in goals) / len(goals) if goals and not verifier else 0.0
+        parts[CHECKS_HELD] = round(held, 6)
+        parts[VIOLATIONS] = float(len(broken_hard_checks(checks)))
+    parts[TOOL_CREDIT] = tool_credit(evidence.executions)
     parts.update(evidence.judged)
     return parts
 
@@ -203,8 +219,7 @@ def failure_labels(evidence: EpisodeEvidence) -> list[str]:
     repeats = Counter((e.name, json.dumps(e.arguments, sort_keys=True)) for e in failed)
     if any(n >= 2 for n in repeats.values()):
         labels.add(DEAD_LOOP)
-    guarded = [c for c in evidence.checks if c.check.startswith(("unchanged", "not_exists"))]
-    if any(not c.passed for c in guarded):
+    if broken_hard_checks(evidence.checks):
         labels.add(UNAUTHORISED_WRITE)
     verified = verifier_score(evidence.checks)
     if evidence.end_reason == "agent_hung_up" and verified == 0.0:
