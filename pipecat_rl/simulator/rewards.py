@@ -1,12 +1,12 @@
 """Rewards and failure labels of an episode; every part is kept apart so each can be replaced.
 
 reward = terminal verifier on the world (authoritative, 1 or 0) + shaped parts (tool credit: +0.1
-per successful tool execution, -0.1 per failed one; a failed call's share of its goal checks
-that held; the hard checks it broke) + a Pipecat scenario's judged and measured parts
-(`pipecat_metrics`); the rubric (`pipecat_rl.rubric`) weighs them. Tool credit counts every
-tool execution the recorder saw: the world's tools and the bot's own handlers (Flows functions among them) alike
-(`seen_executions`). `reward_parts` and `failure_labels` are plain functions a user can swap
-for their own.
+per successful tool execution, -0.1 per failed one; a failed call's share of its goal checks that
+held; the hard checks it broke) + a Pipecat scenario's judged and measured parts
+(`pipecat_metrics`); the rubric (`pipecat_rl.rubric`) weighs them. Tool credit counts every tool
+execution the recorder saw: the world's tools and the bot's own handlers (Flows functions among
+them) alike (`seen_executions`). `reward_parts` and `failure_labels` are plain functions a user can
+swap for their own.
 """
 
 import difflib
