@@ -39,8 +39,12 @@ async def _simulate(paths, bot, ledger_path, config=AUDIO):
 async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     report, ledger = await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db")
     (episode,) = report.episodes
-    assert episode.error is None and episode.end_reason == "caller_hung_up"
-    assert episode.outcome == "pass"
+    session = ledger.session(episode.session_id)
+    transcript = session.metadata["transcript"]
+    heard = [(x["speaker"], x.get("heard"), x.get("text")) for x in transcript]
+    assert episode.error is None and episode.end_reason == "caller_hung_up", heard
+    # once seen failing on a loaded CI machine; what each side heard is the evidence
+    assert episode.outcome == "pass", (session.metadata.get("checks"), heard)
     assert (
         episode.speech[:2]
         == [
@@ -49,8 +53,6 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
         ]
         or "DeepgramSTTService -> WhisperSTTService" in episode.speech
     )
-    session = ledger.session(episode.session_id)
-    transcript = session.metadata["transcript"]
     callers = [x for x in transcript if x["speaker"] == "caller"]
     agents = [x for x in transcript if x["speaker"] == "agent"]
     assert callers and agents

@@ -25,7 +25,8 @@ def _record(ledger: Ledger, model, scenario: str, repeat: int, verifier: float, 
         id=sid, source="simulate", started_at=float(repeat), ended_at=repeat + 0.5,
         scenario_id=scenario, scenario_hash=f"hash-{scenario}", split="pool", policy="base",
         outcome="pass" if verifier == 1 else "fail",
-        reward_parts={"verifier": verifier, "tool_credit": 0.1 * repeat},
+        reward_parts={"verifier": verifier, "tool_credit": 0.1 * repeat,
+                      "checks_held": 0.0 if verifier == 1 else 0.25 * repeat},
         failure_labels=[] if verifier == 1 else ["tool_error"], metadata=meta,
     )  # fmt: skip
     ledger.write_session(session, [turn])
@@ -60,7 +61,8 @@ def test_grpo_offline_trains_registers_and_logs(ledger, tiny_dir, tmp_path):
                  "sampling_logp_difference/mean", "importance_ratio/max", "grad_norm", "entropy",
                  "num_tokens", "tokens_per_s", "step_time"):  # fmt: skip
         assert name in rows[0], name
-    # shaped credit differs by repeat, so both groups carry gradient; outcome-only, one of two
+    # a failed call's checks held differ by repeat, so both groups carry gradient (tool credit
+    # alone would not: its positive side pays only on a pass); outcome-only, one of two
     assert rows[0]["frac_reward_zero_std/shaped"] == 0.0
     assert rows[0]["frac_reward_zero_std/outcome"] == 0.5
     assert rows[0]["importance_ratio/mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy at step 1
