@@ -5,7 +5,7 @@ import pytest
 from pipecat_rl.errors import ScenarioError
 from pipecat_rl.rubric import DEFAULT_RUBRIC
 from pipecat_rl.scenarios import load_scenario_file
-from pipecat_rl.scenarios.scenario import AsrNoise
+from pipecat_rl.scenarios.scenario import GUARDED_CHECKS, AsrNoise
 from pipecat_rl.simulator import World, load_scenarios
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.rewards import EpisodeEvidence, failure_labels, pass_hat_k, reward_parts
@@ -93,7 +93,7 @@ def test_labels_and_reward_parts():
     world.execute("find_slots", {"kind": "routine"})
     evidence = EpisodeEvidence(s, world.executions, world.verify(), [], "agent_hung_up")
     parts = reward_parts(evidence)
-    goals = [c for c in evidence.checks if not c.check.startswith(("unchanged", "not_exists"))]
+    goals = [c for c in evidence.checks if not c.check.startswith(GUARDED_CHECKS)]
     held = sum(c.passed for c in goals) / len(goals)
     assert parts == {
         "verifier": 0.0, "checks_held": round(held, 6), "violations": 0.0, "tool_credit": -0.1
