@@ -4,6 +4,7 @@ Each episode here is a real-time call of a few seconds, run through Pipecat pipe
 sides (Silero VAD, smart-turn, Whisper tiny.en, Piper), so these tests are `slow`.
 """
 
+import asyncio
 import dataclasses
 import statistics
 import textwrap
@@ -14,6 +15,7 @@ import pytest
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.audio import episode as audio_episode
 from tests import audio_bots
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,8 +81,17 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
 CLINIC_PACK = ROOT / "examples" / "clinic" / "world.py"
 
 
+THANKS_THEN_BYE = (
+    '{when: ".", say: "Thank you very much.", times: 2}',
+    '{when: ".", say: "Goodbye.", end_call: true}',
+)
+
+
 def _scenario(
-    tmp_path: Path, name: str = "delay_probe", opening: str = "I would like to check my booking."
+    tmp_path: Path,
+    name: str = "delay_probe",
+    opening: str = "I would like to check my booking.",
+    rules: tuple[str, ...] = THANKS_THEN_BYE,
 ) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
@@ -94,10 +105,12 @@ def _scenario(
             script:
               opening: OPENING
               rules:
-                - {when: ".", say: "Thank you very much.", times: 2}
-                - {when: ".", say: "Goodbye.", end_call: true}
+            RULES
             """
-        ).replace("NAME", name).replace("OPENING", opening)
+        )
+        .replace("NAME", name)
+        .replace("OPENING", opening)
+        .replace("RULES", "\n".join(f"    - {rule}" for rule in rules))
         # a world to verify (the gate pairs verified runs only): nothing may change in it
         + f"world: {{pack: {CLINIC_PACK}, state: {{patients: [{{id: 1, name: Maria Lopez}}]}}}}\n"
         + "verify:\n  - unchanged: [patients]\n"
@@ -129,6 +142,49 @@ async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no
     delta = {k: stages["slow"][k] - stages["fast"][k] for k in stages["fast"]}
     assert abs(delta["tts_first_audio_ms"] - audio_bots.DELAY_S * 1000) <= 20.0, stages
     assert all(abs(v) <= 20.0 for k, v in delta.items() if k != "tts_first_audio_ms"), stages
+
+
+def _slow_ear(stt_service, delay_s: float):
+    """The persona's STT, answering each segment `delay_s` late (Whisper on a busy machine)."""
+
+    def build(name):
+        service = stt_service(name)
+        run_stt = service.run_stt
+
+        async def late(audio: bytes):
+            await asyncio.sleep(delay_s)
+            async for frame in run_stt(audio):
+                yield frame
+
+        service.run_stt = late
+        return service
+
+    return build
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("ear_delay_s", [0.0, 1.5], ids=["ear", "slow_ear"])
+async def test_a_reply_that_stalls_between_sentences_is_heard_as_one_turn(
+    tmp_path, no_keys, monkeypatch, ear_delay_s
+):
+    # What failed on a loaded CI machine: the caller took a pause inside the agent's greeting
+    # (its TTS starved between sentences, or the caller's Whisper late with the second one) for
+    # the end of the turn, matched no rule on half a greeting and hung up.
+    monkeypatch.setattr(
+        audio_episode, "stt_service", _slow_ear(audio_episode.stt_service, ear_delay_s)
+    )
+    rules = ('{when: "help", say: "Goodbye.", end_call: true}',)
+    scenario = _scenario(tmp_path, "stall_probe", rules=rules)
+    report, _ = await _simulate([scenario], f"{BOTS}:run_bot_stalling", tmp_path / "l.db")
+    (episode,) = report.episodes
+    heard = [(x.speaker, x.heard, x.text) for x in episode.transcript]
+    assert episode.error is None and episode.end_reason == "caller_hung_up", heard
+    callers = [x.text for x in episode.transcript if x.speaker == "caller"]
+    assert callers == ["I would like to check my booking.", "Goodbye."], heard
+    (agent,) = [x for x in episode.transcript if x.speaker == "agent"]
+    assert "one moment" in agent.heard.lower() and "help" in agent.heard.lower(), heard
+    assert agent.text == f"{audio_bots.REPLY} {audio_bots.QUESTION}"
 
 
 async def test_a_keyed_service_without_its_key_is_a_clear_error(tmp_path, no_keys):

@@ -24,7 +24,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.processors.aggregators.llm_response_universal import LLMUserAggregator
 from pipecat.processors.audio.vad_processor import VADProcessor
 from pipecat.processors.frame_processor import FrameProcessor
-from pipecat.services.stt_service import STTService
+from pipecat.services.stt_service import SegmentedSTTService, STTService
 from pipecat.services.tts_service import TTSService
 
 from pipecat_rl.compat import user_aggregator_vad
@@ -127,10 +127,11 @@ def persona_audio_stages(
 
     `recorded` (caller line number -> file) are the turns played from recordings, not spoken.
     """
+    ear = stt_service(choice.stt)
     hearing: list[FrameProcessor] = [
         VADProcessor(vad_analyzer=SileroVADAnalyzer()),
-        stt_service(choice.stt),
-        PersonaHearing(pair),
+        ear,
+        PersonaHearing(pair, text_per_segment=isinstance(ear, SegmentedSTTService)),
     ]
     mouth = tts_service(choice.tts, text_transforms=[("*", read_codes_aloud)])
     speaking: list[FrameProcessor] = [CallerLineTap(pair, recorded), mouth]

@@ -76,6 +76,8 @@ HANG_UP_GRACE_S = 1.0
 """How long the caller stays quiet after asking to hang up before the line drops."""
 HEARING_SETTLE_S = 0.7
 """The caller answers once the agent has been quiet this long after its last transcript."""
+HEARING_PATIENCE_S = 5.0
+"""How long past `HEARING_SETTLE_S` a caller waits out an agent whose reply stalls mid-way."""
 
 Deliver = Callable[[bytes, float], Awaitable[None]]
 
@@ -231,6 +233,8 @@ class AudioTransportPair(LocalTransportPair):
         self.v2v_ms: dict[int, float] = {}
         """Caller line index -> the agent pipeline's own voice-to-voice figure."""
         self.agent_spoken: list[str] = []
+        self._agent_reply_played = asyncio.Event()
+        self._agent_reply_played.set()
         self.caller_speaking = False
         self._caller_quiet_since: float | None = None
         self.audio_seconds = 0.0
@@ -298,6 +302,21 @@ class AudioTransportPair(LocalTransportPair):
             line.heard = f"{line.heard} {text}".strip()
 
     # -- agent side ------------------------------------------------------------------------
+
+    def agent_replying(self, replying: bool) -> None:
+        """The agent's reply began at its output transport (True) or has all been played (False).
+
+        A pause inside a reply (its TTS slower than real time on a busy machine) is not the end of
+        the agent's turn: the caller waits it out (`agent_reply_played`).
+        """
+        if replying:
+            self._agent_reply_played.clear()
+        else:
+            self._agent_reply_played.set()
+
+    async def agent_reply_played(self) -> None:
+        """Return once the agent's current reply (if any) has all been played."""
+        await self._agent_reply_played.wait()
 
     def agent_turn_heard(self, heard: str) -> bool:
         """The caller heard a whole agent turn; False once the call is over (no reply)."""
@@ -647,15 +666,37 @@ class PersonaHearing(FrameProcessor):
     """After the persona's STT: joins what it heard into one agent turn, passed on when it ends.
 
     The agent's turn ends, as a caller judges it, when the agent has been quiet
-    `HEARING_SETTLE_S` after its last transcript (a pause between sentences does not end it).
+    `HEARING_SETTLE_S` after its last transcript (a pause between sentences does not end it),
+    the persona's STT has transcribed all it heard, and the reply the agent was speaking has
+    been played. A busy machine (CI, rollouts beside the call) slows the STT and starves the
+    agent's TTS between sentences; neither is the agent yielding the turn, so both are waited
+    out, for at most `patience_s` (then the caller speaks up, as a person would).
     """
 
-    def __init__(self, pair: AudioTransportPair, settle_s: float = HEARING_SETTLE_S, **kwargs):
+    def __init__(
+        self,
+        pair: AudioTransportPair,
+        *,
+        text_per_segment: bool,
+        settle_s: float = HEARING_SETTLE_S,
+        patience_s: float = HEARING_PATIENCE_S,
+        **kwargs,
+    ):
+        """Hear through `pair`; `text_per_segment`: the STT before answers each VAD segment once.
+
+        Pipecat's `SegmentedSTTService` (Whisper) does: a segment not yet transcribed is text to
+        come, and the turn is not over before it has come.
+        """
         super().__init__(**kwargs)
         self._pair = pair
+        self._text_per_segment = text_per_segment
         self._settle_s = settle_s
+        self._patience_s = patience_s
         self._heard: list[str] = []
         self._speaking = False
+        self._untranscribed = 0
+        self._transcribed = asyncio.Event()
+        self._transcribed.set()
         self._timer: asyncio.Task | None = None
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
@@ -666,14 +707,24 @@ class PersonaHearing(FrameProcessor):
             await self._cancel_timer()
         elif isinstance(frame, VADUserStoppedSpeakingFrame):
             self._speaking = False
+            if self._text_per_segment:
+                self._owe(+1)
             if self._heard:
                 await self._restart_timer()
         if isinstance(frame, TranscriptionFrame):
+            self._owe(-1)
             self._heard.append(frame.text.strip())
             if not self._speaking:
                 await self._restart_timer()
             return
         await self.push_frame(frame, direction)
+
+    def _owe(self, segments: int) -> None:
+        self._untranscribed = max(0, self._untranscribed + segments)
+        if self._untranscribed:
+            self._transcribed.clear()
+        else:
+            self._transcribed.set()
 
     async def _restart_timer(self) -> None:
         await self._cancel_timer()
@@ -686,6 +737,13 @@ class PersonaHearing(FrameProcessor):
 
     async def _settle(self) -> None:
         await asyncio.sleep(self._settle_s)  # cancelled if the agent speaks again meanwhile
+        try:
+            async with asyncio.timeout(self._patience_s):
+                await self._transcribed.wait()
+                await self._pair.agent_reply_played()
+        except TimeoutError:
+            pass  # a segment that yields no text, a reply that never ends: speak up anyway
+        self._owe(-self._untranscribed)
         heard, self._heard = " ".join(h for h in self._heard if h), []
         self._timer = None
         if self._pair.agent_turn_heard(heard):
@@ -734,6 +792,10 @@ class AgentHearingObserver(BaseObserver):
             self._stages.agent("tts_audio", at)
         elif isinstance(frame, LLMTextFrame) and isinstance(data.source, LLMService):
             self._stages.agent("reply", at)
+        if isinstance(frame, LLMFullResponseEndFrame) and isinstance(
+            data.source, BaseOutputTransport
+        ):  # leaves the output once the reply's audio before it has played
+            self._pair.agent_replying(False)
         if frame.id in self._seen:
             return
         if isinstance(frame, TranscriptionFrame) and isinstance(data.source, STTService):
@@ -759,7 +821,11 @@ class AgentHearingObserver(BaseObserver):
             if isinstance(frame, TTSTextFrame) and data.direction == FrameDirection.DOWNSTREAM:
                 self._seen.add(frame.id)
                 self._pair.agent_spoken.append(frame.text)
+            elif isinstance(frame, LLMFullResponseStartFrame):
+                self._seen.add(frame.id)
+                self._pair.agent_replying(True)
             elif isinstance(frame, InterruptionFrame):
                 self._seen.add(frame.id)
+                self._pair.agent_replying(False)
                 if self._bot_speaking:  # its text so far was not all heard: say so
                     self._pair.agent_spoken.append("[interrupted]")
