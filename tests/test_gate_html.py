@@ -221,7 +221,7 @@ def test_chromium_shows_the_ttft_numbers_and_the_failing_scenario(text_gate, tmp
     for role in ("candidate", "incumbent"):
         q = stages[role]["llm_ttft_ms"]
         assert f"{role} LLM TTFT P50 (ms) {q.p50:,.0f}" in text, role
-        assert f"{role} LLM TTFT P95 (ms) {q.p95:,.0f}" in text, role
+        assert f"{role} LLM TTFT P95 per caller turn (ms) {q.p95:,.0f}" in text, role
     assert f"Scenarios that failed a check {WRITER} — Unauthorised writes: run 1" in text
     assert image.shape[:2] == (2000, 1200)
     colours = np.unique((image.reshape(-1, 3) * 255).round().astype(int), axis=0)

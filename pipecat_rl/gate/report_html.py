@@ -207,10 +207,11 @@ def _llm_rows(measure: str) -> Callable[[GateReceipt], Rows]:
             [f"incumbent {label} P50 (ms)", _ms(c.incumbent), "", ""],
         ]
         if measure in STAGES:
-            out += [
-                [f"{role} {label} P95 (ms)", _ms(r.latency.stages[role][measure].p95), "", ""]
+            out += [  # the pipeline stage: one per caller turn, its tool rounds included
+                [f"{role} {label} P95 per caller turn (ms)",
+                 _ms(r.latency.stages[role][measure].p95), "tool rounds included", ""]
                 for role in ("candidate", "incumbent")
-            ]
+            ]  # fmt: skip
         ratio = c.ratio
         return [
             *out,
