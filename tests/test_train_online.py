@@ -203,6 +203,11 @@ def vllm(tiny_dir, monkeypatch):
         yield server
 
 
+NO_KL_CAP = 1e9
+"""`retry_max_kl` where the retries themselves are tested: at lr 0.1 a tiny model's second pass
+runs far from its sampler, which the default cap would (rightly) stop."""
+
+
 def _online(tiny_dir, tmp_path, **update) -> tuple[TrainConfig, Rollouts]:
     config = TrainConfig(
         algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path / "adapters", group_size=2,
@@ -306,7 +311,7 @@ def test_a_version_that_did_not_move_trains_its_batch_again_and_takes_its_number
     vllm, tiny_dir, tmp_path, stuck
 ):
     stuck.left = {1: 1}  # step 1's first version is "not moved" once
-    config, rollouts = _online(tiny_dir, tmp_path, steps=2)
+    config, rollouts = _online(tiny_dir, tmp_path, steps=2, retry_max_kl=NO_KL_CAP)
     rows: list[dict] = []
     with Ledger(tmp_path / "l.db") as ledger:
         result = train(ledger, config, server_url=vllm.url, rollouts=rollouts, progress=rows.append)
@@ -326,7 +331,7 @@ def test_a_step_whose_version_never_moves_ends_the_run_at_the_last_that_did(
     vllm, tiny_dir, tmp_path, stuck
 ):
     stuck.left = {2: 3}  # step 2's version never moves (1 + 2 retries)
-    config, rollouts = _online(tiny_dir, tmp_path, move_retries=2)
+    config, rollouts = _online(tiny_dir, tmp_path, move_retries=2, retry_max_kl=NO_KL_CAP)
     with Ledger(tmp_path / "l.db") as ledger:
         result = train(ledger, config, server_url=vllm.url, rollouts=rollouts)
         adapters = ledger.adapters()
@@ -336,6 +341,25 @@ def test_a_step_whose_version_never_moves_ends_the_run_at_the_last_that_did(
     assert len(stuck.refused) == 3 and set(vllm.listed) == {v1}
     assert all(s.split("-seed")[1].split("-")[0] == str(config.seed * 1000 + 1)
                for s in result.session_ids)  # fmt: skip  # what v1 learned from, not step 2's
+
+
+def test_a_further_pass_that_overfits_its_batch_ends_the_run_at_the_last_version_that_moved(
+    vllm, tiny_dir, tmp_path, stuck
+):
+    stuck.left = {2: 3}  # step 2's version never moves; its first further pass overfits
+    config, rollouts = _online(tiny_dir, tmp_path, move_retries=2, retry_max_kl=1e-9)
+    rows: list[dict] = []
+    with Ledger(tmp_path / "l.db") as ledger:
+        result = train(ledger, config, server_url=vllm.url, rollouts=rollouts, progress=rows.append)
+        adapters = ledger.adapters()
+    (v1,) = [a.name for a in adapters]
+    assert result.adapter == v1 and result.metrics["stopped_at_step"] == 2
+    assert len(stuck.refused) == 1  # no third pass, no second look at an overfit version
+    (overfit,) = [r for r in rows if r.get("overfit")]
+    assert overfit["step"] == 2 and overfit["move_retry"] == 1
+    second = [r["kl"] for r in rows if r.get("move_retry") == 1 and "policy_loss" in r]
+    assert second and overfit["kl/max"] == max(second) > config.retry_max_kl
+    assert not any(r.get("move_retry") == 2 for r in rows)
 
 
 CLINIC = Path(__file__).resolve().parent.parent / "examples" / "clinic"

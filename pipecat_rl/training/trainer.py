@@ -472,6 +472,7 @@ def train(
     loaded: list[str] = []  # versions this run loaded, oldest first (never the run's start)
     published: tuple[str, Path, dict | None, dict[str, Any]] | None = None  # online: the newest
     stopped: int | None = None  # online: the step whose version never moved
+    why_stopped = ""
     current = config.parent or BASE_ADAPTER
     if config.algo == "sft":
         sequences, used, info = sft_rows(ledger, policy, config, live, session_ids)
@@ -506,8 +507,8 @@ def train(
                 ledger, policy, config, out_dir, parent, run_id, sorted(used_set), summary,
                 guard_result, server_url, current, update, step, log,
             )  # fmt: skip
-            if version is None:
-                stopped = step
+            if isinstance(version, str):
+                stopped, why_stopped = step, version
                 break
             name, folder, canary, summary = version
             _served(log, step, config, name, canary, server_url, loaded)
@@ -520,10 +521,9 @@ def train(
     if online:
         if published is None:
             raise NoTrainingSignalError(
-                f"no version moved off {current}: step {stopped}'s update left the canary within "
-                f"{registry.CANARY_THRESHOLD} of it after {config.move_retries + 1} pass(es) over "
-                "its batch; raise the learning rate or the optimiser steps per batch "
-                "(mini_batches, ppo_epochs, move_retries)"
+                f"no version moved off {current}: step {stopped}'s update {why_stopped}; raise "
+                "the learning rate or the optimiser steps per batch (mini_batches, ppo_epochs, "
+                "move_retries)"
             )
         name, folder, canary, summary = published
         if stopped is not None:
@@ -550,9 +550,17 @@ def _update(
     if retry:
         log = _adding(log, {"move_retry": retry})
     if config.algo == "grpo":
-        return _grpo_update(
-            policy, optimizer, turns, sessions, config, step, log, dropped, sampling
+        kls: list[float] = []
+
+        def logged(metrics: dict[str, Any]) -> None:
+            if metrics.get("kl") is not None:
+                kls.append(metrics["kl"])
+            log(metrics)
+
+        summary = _grpo_update(
+            policy, optimizer, turns, sessions, config, step, logged, dropped, sampling
         )
+        return {**summary, "kl/max": max(kls, default=0.0)}
     return _opsd_update(policy, teacher.model, optimizer, turns, sessions, config, step, log)
 
 
@@ -561,16 +569,29 @@ def _publish_moved(
     run_id: str, session_ids: list[str], summary: dict[str, Any], guard_result: dict,
     server_url: str, current: str, update: Callable[[int], dict[str, Any]], step: int,
     log: Progress,
-) -> tuple[str, Path, dict | None, dict[str, Any]] | None:  # fmt: skip
-    """Online step `step`'s version, published once it moved off `current`; None if it never did.
+) -> tuple[str, Path, dict | None, dict[str, Any]] | str:  # fmt: skip
+    """Online step `step`'s version, published once it moved off `current`; why not, if never.
 
     An update too small for the canary to tell from its parent is not a broken run: the batch
-    gets another pass (the clip bounds how far), up to `move_retries`. Returns the version's
-    name, folder, canary and the metrics of its last pass.
+    gets another pass (the clip bounds how far), up to `move_retries`, unless a pass overfits it
+    (GRPO's KL to the sampler over `retry_max_kl`). Returns the version's name, folder, canary
+    and the metrics of its last pass.
     """
     for retry in range(config.move_retries + 1):
         if retry:
             summary = update(retry)
+            kl = summary.get("kl/max")
+            if kl is not None and kl > config.retry_max_kl:
+                logger.warning(
+                    f"step {step}: pass {retry + 1} over its batch took the KL to the sampler to "
+                    f"{kl:g} > retry_max_kl={config.retry_max_kl:g} (it overfits the batch); the "
+                    "run ends at its last version that moved"
+                )
+                log({
+                    "step": step, "total_steps": config.steps, "overfit": True,
+                    "move_retry": retry, "kl/max": kl,
+                })  # fmt: skip
+                return f"overfit its batch on pass {retry + 1} (KL to the sampler {kl:g})"
         try:
             name, folder, canary = _publish(
                 ledger, policy, config, out_dir, parent, run_id, session_ids, summary,
@@ -588,7 +609,10 @@ def _publish_moved(
         f"step {step} of {config.steps}: no version moved off {current} after "
         f"{config.move_retries + 1} pass(es); the run ends at its last version that moved"
     )
-    return None
+    return (
+        f"left the canary within {registry.CANARY_THRESHOLD} of it after "
+        f"{config.move_retries + 1} pass(es) over its batch"
+    )
 
 
 def _adding(log: Progress, fields: dict[str, Any]) -> Progress:
