@@ -341,3 +341,42 @@ def test_a_call_that_ends_just_before_the_process_exits_is_still_written(tmp_pat
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     with Ledger(path) as ledger:
         assert ledger.session("last").outcome == "completed"
+
+
+async def test_a_call_given_up_before_its_pipeline_started_still_ends_its_session(tmp_path):
+    """A worker cancelled while a processor is still setting up (a caller gone while the bot
+    connects; the simulator's pre-flight) never fires `on_pipeline_finished`: the session still
+    ends, cancelled, and the file's writer thread stops."""
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineWorker
+    from pipecat.processors.frame_processor import FrameProcessor
+    from pipecat.workers.runner import WorkerRunner
+
+    path = tmp_path / "ledger.db"
+    connecting = asyncio.Event()
+
+    class NeverConnects(FrameProcessor):
+        async def setup(self, setup):
+            await super().setup(setup)
+            connecting.set()
+            await asyncio.Event().wait()  # until the worker gives up on it
+
+    async with serve_fake_openai(["Hello"], vllm=True) as url:
+        recorder = RLRecorder(path, call_id="call-gone", token_ids=True)  # attached at once
+        worker = PipelineWorker(Pipeline([recorder, NeverConnects(), vllm_llm(url)]))
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        run = asyncio.create_task(runner.run())
+        try:
+            await asyncio.wait_for(connecting.wait(), 30)
+            assert recorder.recorder is not None and _writer_threads(path)
+            await worker.cancel()
+            await asyncio.wait_for(run, 30)
+        finally:
+            run.cancel()
+    for thread in _writer_threads(path):
+        await asyncio.to_thread(thread.join, 10)
+    assert not _writer_threads(path)
+    with Ledger(path) as ledger:
+        (session,) = ledger.sessions()
+        assert session.id == "call-gone" and session.outcome == "cancelled"

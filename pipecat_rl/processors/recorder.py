@@ -137,6 +137,8 @@ class RecorderObserver(BaseObserver):
         self._clock_offset: float | None = None
         self._policy = session.policy
         self._ended = False
+        self._opened = False
+        """Whether the session's row was handed to the writer (attaching ran to its end)."""
         self._latency = UserBotLatencyObserver()
         self._latency.add_event_handler("on_latency_measured", self._on_latency_measured)
         self._events: set[asyncio.Task] = set()
@@ -185,6 +187,7 @@ class RecorderObserver(BaseObserver):
         worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
         record = self.session.record(self.session_id)
         self._submit(lambda ledger: ledger.add_session(record), f"session {self.session_id}")
+        self._opened = True
 
     async def flush(self) -> None:
         """Wait until everything this recorder has seen is in the ledger."""
@@ -446,10 +449,23 @@ class RecorderObserver(BaseObserver):
             self.errors += 1
             logger.error(f"pipecat-rl: recorder failed to close the session: {e}")
 
+    async def cleanup(self) -> None:
+        """The worker is done: a session whose pipeline never started still ends (cancelled).
+
+        Pipecat fires no `on_pipeline_finished` for a worker cancelled before its `StartFrame`
+        reached the end (a caller gone while the bot set up, the simulator's pre-flight); without
+        this its session would stay open and its ledger writer would never stop.
+        """
+        await super().cleanup()
+        self._end(cancelled=True)
+
     def _end(self, *, cancelled: bool) -> None:
         if self._ended:
             return
         self._ended = True
+        if not self._opened:  # given up while attaching: no session row to end
+            self._writer.release()
+            return
         if self._user_turn is not None:
             self._write_latency(self._user_turn)
         session_id, policy, ended_at = self.session_id, self._policy, time.time()
