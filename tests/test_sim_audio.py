@@ -58,8 +58,10 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     callers = [x for x in transcript if x["speaker"] == "caller"]
     agents = [x for x in transcript if x["speaker"] == "agent"]
     assert callers and agents
-    # The agent's STT heard every caller line (Whisper text, not the persona's own).
-    assert all(x["heard"].strip() for x in callers)
+    # The agent's STT heard every caller line it answered (Whisper text, not the persona's own);
+    # the hang-up line ("Thank you.") can still be in its STT when the caller drops the line.
+    answered_lines = max(x["answers"] for x in agents)
+    assert answered_lines >= 1 and all(x["heard"].strip() for x in callers[:answered_lines])
     assert "real person" in callers[0]["heard"].lower()
     # The agent's spoken text (its TTS) and what the caller's Whisper made of it.
     assert "bright smile" in agents[0]["text"].lower() and agents[0]["heard"].strip()
@@ -144,11 +146,11 @@ async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no
     assert all(abs(v) <= 20.0 for k, v in delta.items() if k != "tts_first_audio_ms"), stages
 
 
-def _slow_ear(stt_service, delay_s: float):
+def _slow_ear(persona_ear, delay_s: float):
     """The persona's STT, answering each segment `delay_s` late (Whisper on a busy machine)."""
 
     def build(name):
-        service = stt_service(name)
+        service = persona_ear(name)
         run_stt = service.run_stt
 
         async def late(audio: bytes):
@@ -172,7 +174,7 @@ async def test_a_reply_that_stalls_between_sentences_is_heard_as_one_turn(
     # (its TTS starved between sentences, or the caller's Whisper late with the second one) for
     # the end of the turn, matched no rule on half a greeting and hung up.
     monkeypatch.setattr(
-        audio_episode, "stt_service", _slow_ear(audio_episode.stt_service, ear_delay_s)
+        audio_episode, "persona_ear", _slow_ear(audio_episode.persona_ear, ear_delay_s)
     )
     rules = ('{when: "help", say: "Goodbye.", end_call: true}',)
     scenario = _scenario(tmp_path, "stall_probe", rules=rules)

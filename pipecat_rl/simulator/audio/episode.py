@@ -8,10 +8,10 @@ are; only when the pipeline has no VAD at all (a bot that relied on Deepgram's e
 Pipecat's `VADProcessor` with Silero put in front of the stand-in Whisper, which cuts segments
 on VAD events.
 
-Persona side (`persona_audio_stages`): Silero VAD -> STT -> `PersonaHearing` before the
-persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes and long
-numbers character by character, as a caller does (`spoken`). A scripted scenario's recorded
-turns (`audio:`) are played instead of being spoken (`recordings`).
+Persona side (`persona_audio_stages`): Silero VAD -> STT (`persona_ear`) -> `PersonaHearing`
+before the persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes
+and long numbers character by character, as a caller does (`spoken`). A scripted scenario's
+recorded turns (`audio:`) are played instead of being spoken (`recordings`).
 """
 
 from collections.abc import Iterable, Mapping
@@ -37,10 +37,10 @@ from pipecat_rl.simulator.audio.services import (
     OFFLINE_TTS,
     SttName,
     TtsName,
+    persona_ear,
     piper_voice_dir,
     require_key,
     stand_in_stt,
-    stt_service,
     tts_service,
     whisper_model_dir,
 )
@@ -127,7 +127,7 @@ def persona_audio_stages(
 
     `recorded` (caller line number -> file) are the turns played from recordings, not spoken.
     """
-    ear = stt_service(choice.stt)
+    ear = persona_ear(choice.stt)
     hearing: list[FrameProcessor] = [
         VADProcessor(vad_analyzer=SileroVADAnalyzer()),
         ear,

@@ -61,6 +61,8 @@ PIPECAT_DEFAULTS = EmbeddedSpeech()
 """The stand-ins as Pipecat's services build them by default."""
 WINDOWED = EmbeddedSpeech(whisper_window_s=10.0)
 """The agent's Whisper on a 10 s window: a faster STT final, at the cost above."""
+PERSONA_WINDOW_S = 10.0
+"""The persona's Whisper window (`persona_ear`): its turn-taking waits out pauses itself."""
 
 
 _EMBEDDED: ContextVar[EmbeddedSpeech | None] = ContextVar("embedded_speech", default=None)
@@ -125,6 +127,23 @@ def stand_in_stt(name: SttName) -> STTService:
     from pipecat_rl.simulator.audio.whisper import WindowedWhisperSTTService
 
     return WindowedWhisperSTTService(model_dir=whisper_model_dir(), window_s=window_s)
+
+
+def persona_ear(name: SttName) -> STTService:
+    """The persona caller's STT: with the embedded Whisper, one bounded decode per segment.
+
+    Pipecat's `WhisperSTTService` decodes each segment on Whisper's 30 s window with
+    faster-whisper's temperature fallback: a segment cut mid-word, or noise, costs up to six
+    decodes (measured 1.9-3.9 CPU-s against 0.5-0.7 for a clean sentence), and a caller whose
+    ear falls that far behind on a busy machine answers late or not at all. The caller's ear is
+    the simulator's, not the bot's, so it takes the windowed service (`whisper`): one decode on
+    a window sized to the segment, its length capped by the segment's duration.
+    """
+    if name != "whisper":
+        return stt_service(name)
+    from pipecat_rl.simulator.audio.whisper import WindowedWhisperSTTService
+
+    return WindowedWhisperSTTService(model_dir=whisper_model_dir(), window_s=PERSONA_WINDOW_S)
 
 
 def piper_tts(**kwargs) -> TTSService:

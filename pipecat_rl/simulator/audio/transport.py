@@ -719,6 +719,11 @@ class PersonaHearing(FrameProcessor):
             return
         await self.push_frame(frame, direction)
 
+    async def cleanup(self):
+        """The call is over: an agent turn still settling is not heard."""
+        await super().cleanup()
+        await self._cancel_timer()
+
     def _owe(self, segments: int) -> None:
         self._untranscribed = max(0, self._untranscribed + segments)
         if self._untranscribed:
