@@ -59,3 +59,22 @@ def test_the_agent_samples_with_the_episode_seed_unless_the_bot_set_one():
     point_llm(seeded, episode)
     assert compat.llm_settings(unseeded).seed == 1234  # what every request will carry
     assert compat.llm_settings(seeded).seed == 7  # the bot's own choice stands
+
+
+def test_the_agent_reply_cap_reaches_the_request_of_chat_and_responses_services():
+    """`--max-tokens` caps what each service actually sends; a bot's own cap stands."""
+    from pipecat.services.openai.responses.llm import OpenAIResponsesLLMService
+
+    url = "http://127.0.0.1:9/v1"
+    episode = Episode(world=None, llm_url=url, model="cand", max_tokens=32)
+    chat = OpenAILLMService(api_key="k", base_url=url)
+    responses = OpenAIResponsesLLMService(api_key="k")
+    own = OpenAIResponsesLLMService(
+        api_key="k", settings=OpenAIResponsesLLMService.Settings(max_completion_tokens=7)
+    )
+    for llm in (chat, responses, own):
+        point_llm(llm, episode)
+    assert compat.llm_settings(chat).max_tokens == 32
+    # The Responses API's only cap is `max_output_tokens`, which Pipecat fills from this field.
+    assert responses._build_response_params({"input": []})["max_output_tokens"] == 32
+    assert own._build_response_params({"input": []})["max_output_tokens"] == 7

@@ -315,7 +315,12 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
         getattr(settings, "max_completion_tokens", None), int
     )
     if episode.max_tokens and not capped:
-        settings.max_tokens = episode.max_tokens
+        if isinstance(processor, _RESPONSES):
+            # A Responses service sends only `max_completion_tokens` (as `max_output_tokens`):
+            # `max_tokens` there caps nothing, and an uncapped greeting can run for minutes.
+            settings.max_completion_tokens = episode.max_tokens
+        else:
+            settings.max_tokens = episode.max_tokens
     if episode.temperature is not None:
         settings.temperature = episode.temperature
     unseeded = hasattr(settings, "seed") and not isinstance(settings.seed, int)
