@@ -56,7 +56,7 @@ class TrainConfig(BaseModel):
     rank: int = Field(default=16, ge=1)
     alpha: int = 32
     lr: float | None = None
-    """None picks per algorithm: 2e-3 for SFT, 1e-4 for GRPO, 2e-5 for OPSD."""
+    """None picks per algorithm: 2e-3 for SFT, 1e-4 for GRPO and OPSD."""
     temperature: float = 1.0
     """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
     max_seq_len: int = 4096
@@ -119,7 +119,10 @@ class TrainConfig(BaseModel):
         # 0.11 (2e-5: 0.023, below its 0.05 threshold) and the clip engages on 1-3% of tokens.
         # SFT at 4 sequences a step (benchmarks/sft_schedule.py, the clinic's demonstrations):
         # best held-aside loss 0.19 at epoch 3 with 2e-3, 0.24 at 6 with 1e-3, 0.35 at 9 with 3e-4
-        return {"sft": 2e-3, "grpo": 1e-4}.get(self.algo, 2e-5)
+        # OPSD on the clinic from the SFT candidate (docs/results/rl-from-sft-opsd/): at 2e-5
+        # each pass over a step's batch moved the canary 0.009-0.010, linearly (0.009, 0.019,
+        # 0.029 after three), so no version ever left its parent; the LoRA-scale GRPO value.
+        return {"sft": 2e-3}.get(self.algo, 1e-4)
 
 
 class TrainResult(BaseModel):
