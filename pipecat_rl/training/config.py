@@ -122,7 +122,7 @@ class TrainConfig(BaseModel):
         # OPSD on the clinic from the SFT candidate (docs/results/rl-from-sft-opsd/): at 2e-5
         # each pass over a step's batch moved the canary 0.009-0.010, linearly (0.009, 0.019,
         # 0.029 after three), so no version ever left its parent; at 1e-4 one pass moved it 0.052.
-        return {"sft": 2e-3}.get(self.algo, 1e-4)
+        return 2e-3 if self.algo == "sft" else 1e-4
 
 
 class TrainResult(BaseModel):
