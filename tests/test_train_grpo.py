@@ -17,11 +17,15 @@ from pipecat_rl.training.grpo import (
     equal_reward_groups,
     grpo_step,
     grpo_update,
-    mini_batches,
     sequence_scores,
     trained_reward,
 )
-from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, build_sequences
+from pipecat_rl.training.rows import (
+    TrainableTurn,
+    TrainingSequence,
+    build_sequences,
+    mini_batches,
+)
 from pipecat_rl.training.sft import optimizer_for
 from tests.train_helpers import sample_turn, tiny_policy
 

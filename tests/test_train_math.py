@@ -12,7 +12,7 @@ from pipecat_rl.training.advantage import group_advantages, outcome_reward, shap
 from pipecat_rl.training.config import LORA_TARGETS, TrainConfig
 from pipecat_rl.training.grpo import build_groups, grpo_step
 from pipecat_rl.training.loss import forward_topk_kl_loss, grpo_loss, reverse_kl, reverse_kl_loss
-from pipecat_rl.training.opsd import OPSDRow, opsd_row, opsd_step
+from pipecat_rl.training.opsd import OPSDRow, opsd_row, opsd_step, opsd_update
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.rows import Sampling, TrainableTurn, build_sequences
 from pipecat_rl.training.sft import optimizer_for
@@ -213,6 +213,34 @@ def test_opsd_raises_the_hinted_answer_without_the_hint(kind):
     assert 0.3 < before < 0.7  # without the hint the incumbent cannot tell A from B
     assert p_a() > 0.85, (before, p_a())
     assert metrics["num_tokens"] == 8
+
+
+def test_an_opsd_pass_takes_one_optimiser_step_per_mini_batch():
+    """The trainer's pass: `mini_batches` steps over the step's rows, each logged, and the pass's
+    divergence weighted by each step's loss tokens."""
+    student, teacher, (hint, question, a, b) = _opsd_fixture()
+    config = TrainConfig(algo="opsd", lr=3e-2, opsd_top_k=4, mini_batches=3)
+    optimizer = optimizer_for(student, config.learning_rate())
+    rows = [
+        OPSDRow("s", [1, question, *said], [False, False, *[True] * len(said)],
+                [1, hint, question, *said], [False, False, False, *[True] * len(said)])
+        for said in ([a], [b], [a, b], [b], [a])
+    ]  # fmt: skip
+    probe = copy.deepcopy(student)  # the first step's divergence, measured on an untouched copy
+    first = opsd_step(probe, teacher, optimizer_for(probe, 0.0), rows[:2], config)
+    logged: list[dict] = []
+    summary = opsd_update(student, teacher, optimizer, rows, config, on_step=logged.append)
+    assert [(m["optimizer_step"], m["optimizer_steps"]) for m in logged] == [(1, 3), (2, 3), (3, 3)]
+    assert [m["hinted_turns"] for m in logged] == [2, 2, 1]
+    assert [m["num_tokens"] for m in logged] == [2, 3, 1]
+    assert {int(state["step"]) for state in optimizer.state.values()} == {3}  # three updates
+    assert logged[0]["kl"] == pytest.approx(first["kl"], abs=1e-6)  # measured before its update
+    assert logged[1]["kl"] != pytest.approx(logged[0]["kl"], abs=1e-3)
+    assert summary["hinted_turns"] == 5 and summary["num_tokens"] == 6
+    for key in ("kl", "kl/forward_topk", "kl/reverse", "distill_loss"):
+        mean = sum(m[key] * m["num_tokens"] for m in logged) / 6
+        assert summary[key] == pytest.approx(mean, abs=1e-5)
+    assert summary["grad_norm"] == logged[-1]["grad_norm"]
 
 
 def _divergence(student, teacher, rows, top_k: int) -> tuple[float, float]:

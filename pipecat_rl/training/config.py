@@ -71,8 +71,8 @@ class TrainConfig(BaseModel):
     ppo_epochs: int = Field(default=1, ge=1)
     """GRPO: passes over each batch (TRL's `num_iterations`); each pass costs a full backward."""
     mini_batches: int = Field(default=4, ge=1)
-    """GRPO: optimiser steps per pass, each on its share of the batch (the clip engages from
-    the second step on: the ratio is against the policy that started the batch)."""
+    """GRPO and OPSD: optimiser steps per pass, each on its share of the batch (GRPO's clip
+    engages from the second step on: the ratio is against the policy that started the batch)."""
     clip_low: float = 0.8
     clip_high: float = 1.28
     importance_sampling_cap: float = Field(default=3.0, gt=0)

@@ -28,7 +28,7 @@ from pipecat_rl.training.advantage import (
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import grpo_loss
 from pipecat_rl.training.policy import Policy, TokenScores, score
-from pipecat_rl.training.rows import TrainingSequence, sequences_tokens
+from pipecat_rl.training.rows import TrainingSequence, mini_batches, sequences_tokens
 from pipecat_rl.training.sft import grad_norm
 
 LossFn = Callable[..., tuple[torch.Tensor, Any]]
@@ -214,18 +214,6 @@ def old_policy(policy: Policy, seq: TrainingSequence, config: TrainConfig) -> Ol
     with torch.no_grad():
         scores = sequence_scores(policy, seq)
     return OldPolicy(scores.logprobs, sampler_space(scores, config) - _aligned(seq))
-
-
-def mini_batches(sequences: Sequence[TrainingSequence], n: int) -> list[list[TrainingSequence]]:
-    """`sequences` in `n` contiguous near-equal parts (fewer when there are fewer sequences)."""
-    n = max(1, min(n, len(sequences)))
-    size, extra = divmod(len(sequences), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + size + (i < extra)
-        out.append(list(sequences[start:end]))
-        start = end
-    return out
 
 
 def grpo_update(

@@ -9,7 +9,7 @@ forward KL with a tail bucket over the whole distribution.
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from pipecat_rl.ledger import SessionRecord, TurnRecord
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import forward_topk_kl_loss, reverse_kl, reverse_kl_loss
 from pipecat_rl.training.policy import Policy, score
-from pipecat_rl.training.rows import TrainableTurn
+from pipecat_rl.training.rows import TrainableTurn, mini_batches
 from pipecat_rl.training.sft import grad_norm
 
 
@@ -147,3 +147,46 @@ def opsd_step(
         "tokens_per_s": round(sum(len(r.student_ids) for r in rows) / max(elapsed, 1e-9), 1),
         "step_time": round(elapsed, 3),
     }
+
+
+DIVERGENCES = ("distill_loss", "kl", "kl/forward_topk", "kl/reverse")
+"""Per-token metrics of an optimiser step, averaged over a pass by its steps' loss tokens."""
+
+
+def opsd_update(
+    student: Policy,
+    teacher: Any,
+    optimizer: torch.optim.Optimizer,
+    rows: Sequence[OPSDRow],
+    config: TrainConfig,
+    *,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One pass over a step's rows in `mini_batches` optimiser steps, as GRPO takes its batch.
+
+    One step a pass barely moved the canary on the clinic (0.052 at 1e-4, its threshold 0.05)
+    for a pass that costs minutes of scoring; the steps share that scoring. `on_step` gets each
+    step's row; returns the pass: its divergences weighted by each step's loss tokens (each
+    measured before its own update), the last step's grad norm, the time of all.
+    """
+    batches = mini_batches(rows, config.mini_batches)
+    steps = []
+    for index, batch in enumerate(batches, start=1):
+        metrics = {
+            "optimizer_step": index,
+            "optimizer_steps": len(batches),
+            "hinted_turns": len(batch),
+            **opsd_step(student, teacher, optimizer, batch, config),
+        }
+        if on_step is not None:
+            on_step(metrics)
+        steps.append(metrics)
+    tokens = sum(m["num_tokens"] for m in steps)
+    weighted = {
+        key: round(sum(m[key] * m["num_tokens"] for m in steps) / max(tokens, 1), 6)
+        for key in DIVERGENCES
+    }
+    return {
+        **steps[-1], **weighted, "hinted_turns": len(rows), "num_tokens": tokens,
+        "step_time": round(sum(m["step_time"] for m in steps), 3),
+    }  # fmt: skip

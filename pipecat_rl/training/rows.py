@@ -9,7 +9,7 @@ masked.
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -193,3 +193,21 @@ def build_sequences(
 def sequences_tokens(sequences: Sequence[TrainingSequence]) -> int:
     """Loss-carrying tokens over `sequences` (the batch's normaliser)."""
     return sum(s.num_loss_tokens for s in sequences)
+
+
+Item = TypeVar("Item")
+
+
+def mini_batches(items: Sequence[Item], n: int) -> list[list[Item]]:
+    """`items` in `n` contiguous near-equal parts (fewer when there are fewer items).
+
+    One optimiser step each, for GRPO's sequences and OPSD's rows alike.
+    """
+    n = max(1, min(n, len(items)))
+    size, extra = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (i < extra)
+        out.append(list(items[start:end]))
+        start = end
+    return out

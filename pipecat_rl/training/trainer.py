@@ -44,7 +44,7 @@ from pipecat_rl.training import registry
 from pipecat_rl.training.config import TrainConfig, TrainResult
 from pipecat_rl.training.grpo import build_groups, dynamic_sampling, grpo_update
 from pipecat_rl.training.guard import run_guard
-from pipecat_rl.training.opsd import opsd_row, opsd_step, session_hint
+from pipecat_rl.training.opsd import opsd_row, opsd_update, session_hint
 from pipecat_rl.training.policy import Policy, load_policy, save_adapter
 from pipecat_rl.training.rows import TrainableTurn, build_sequences
 from pipecat_rl.training.sft import optimizer_for, train_sft
@@ -297,9 +297,10 @@ def _opsd_update(
             "OPSD has no judged turns with a hint (caller's next line, failed checks, labels or "
             "a scorer's explanation) sampled by the starting policy; simulate under it first"
         )
-    metrics = {"hinted_turns": len(rows), **opsd_step(student, teacher, optimizer, rows, config)}
-    log({"step": step, "total_steps": config.steps, **metrics})
-    return metrics
+    return opsd_update(
+        student, teacher, optimizer, rows, config,
+        on_step=lambda metrics: log({"step": step, "total_steps": config.steps, **metrics}),
+    )  # fmt: skip
 
 
 def ledger_turns(turns: list[TurnRecord], session_id: str) -> list[TurnRecord]:
