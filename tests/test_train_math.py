@@ -12,7 +12,7 @@ from pipecat_rl.training.advantage import group_advantages, outcome_reward, shap
 from pipecat_rl.training.config import LORA_TARGETS, TrainConfig
 from pipecat_rl.training.grpo import build_groups, grpo_step
 from pipecat_rl.training.loss import forward_topk_kl_loss, grpo_loss, reverse_kl, reverse_kl_loss
-from pipecat_rl.training.opsd import OPSDRow, opsd_row, opsd_step, opsd_update
+from pipecat_rl.training.opsd import OPSDRow, opsd_row, opsd_step, opsd_update, prefix_pairs
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.rows import Sampling, TrainableTurn, build_sequences
 from pipecat_rl.training.sft import optimizer_for
@@ -241,6 +241,48 @@ def test_an_opsd_pass_takes_one_optimiser_step_per_mini_batch():
         mean = sum(m[key] * m["num_tokens"] for m in logged) / 6
         assert summary[key] == pytest.approx(mean, abs=1e-5)
     assert summary["grad_norm"] == logged[-1]["grad_norm"]
+
+
+@pytest.mark.parametrize("kind", ["forward_topk", "reverse"])
+def test_opsd_scores_rows_that_share_a_prefix_as_it_would_one_by_one(kind):
+    """A step's turns share the system prompt and tools: scored in prefix batches, the loss, the
+    divergences and every gradient are those of scoring each row alone, for far fewer tokens."""
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(1, 64, (n,), generator=gen).tolist()
+
+    shared, hint, rows = ids(80), ids(3), []
+    for tail, sampled in ((ids(3), ids(4)), (ids(6), ids(2)), (ids(1), ids(5))):
+        prompt = shared + tail
+        hinted = prompt[:-1] + hint + prompt[-1:]  # before the generation header, as `opsd_row`
+        asked, told = [False] * len(prompt), [False] * len(hinted)
+        rows.append(OPSDRow("s", prompt + sampled, asked + [True] * len(sampled),
+                            hinted + sampled, told + [True] * len(sampled)))  # fmt: skip
+    student, teacher = tiny_policy(seed=0), tiny_llama(seed=1).eval().requires_grad_(False)
+    config = TrainConfig(algo="opsd", opsd_loss=kind, opsd_top_k=4, max_grad_norm=1e9)
+    (pair,) = prefix_pairs(rows, config)
+    assert [b.prefix_len for b in pair] == [80, 80] and len(pair[1].sequences) == 3
+
+    reference, n, expected = copy.deepcopy(student), 11, 0.0
+    for r in rows:  # one by one, as the trainer scored them before
+        s = score(reference.model, r.student_ids, r.student_mask, keep_logits=True)
+        t = score(teacher, r.teacher_ids, r.teacher_mask, keep_logits=True)
+        if kind == "forward_topk":
+            loss = forward_topk_kl_loss(s.logits, t.logits, num_tokens=n, top_k=4)
+        else:
+            loss = reverse_kl_loss(s.logprobs, t.logprobs, num_tokens=n)
+        loss.backward()
+        expected += loss.item()
+    metrics = opsd_step(student, teacher, optimizer_for(student, 0.0), rows, config)  # lr 0
+    assert metrics["num_tokens"] == n
+    assert metrics["distill_loss"] == pytest.approx(expected, abs=1e-5)
+    grads = [(p.grad, q.grad) for p, q in zip(student.model.parameters(),
+             reference.model.parameters(), strict=True) if p.requires_grad]  # fmt: skip
+    assert grads and all(torch.allclose(a, b, atol=1e-5) for a, b in grads)
+    assert any(float(a.abs().max()) > 1e-4 for a, _ in grads)
+    one_by_one = sum(len(r.student_ids) + len(r.teacher_ids) for r in rows)
+    assert metrics["computed_tokens"] < 0.5 * one_by_one
 
 
 def _divergence(student, teacher, rows, top_k: int) -> tuple[float, float]:

@@ -39,9 +39,11 @@ class TrainConfig(BaseModel):
     min_improvement: float = Field(default=0.01, ge=0.0, lt=1.0)
     """SFT: a held-aside loss counts as improved only if this much (relative) below the best."""
     batch_sequences: int = Field(default=4, ge=1)
-    """SFT: sequences per optimiser step; those sharing a prefix compute it once."""
+    """SFT: sequences per optimiser step; those sharing a prefix compute it once. OPSD: rows per
+    forward within a step's mini-batch, shared prefixes computed once."""
     batch_tokens: int = Field(default=4096, ge=1)
-    """SFT: most token positions one step runs (the prefix once, every suffix padded): memory."""
+    """SFT and OPSD: most token positions one forward runs (the prefix once, every suffix
+    padded): memory."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """SFT: bf16 autocast where the CPU has native bf16 (AVX512-BF16, AMX), else fp32 (auto)."""
     group_size: int = Field(default=4, ge=2)

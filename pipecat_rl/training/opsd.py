@@ -18,8 +18,9 @@ import torch
 from pipecat_rl.ledger import SessionRecord, TurnRecord
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import forward_topk_kl_loss, reverse_kl, reverse_kl_loss
-from pipecat_rl.training.policy import Policy, score
-from pipecat_rl.training.rows import TrainableTurn, mini_batches
+from pipecat_rl.training.policy import Policy
+from pipecat_rl.training.prefix import PrefixBatch, batch_scores, common_prefix_len, prefix_batches
+from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, mini_batches
 from pipecat_rl.training.sft import grad_norm
 
 
@@ -95,6 +96,28 @@ def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int
     return " ".join(parts) or None
 
 
+def prefix_pairs(rows: Sequence[OPSDRow], config: TrainConfig) -> list[tuple[PrefixBatch, ...]]:
+    """`rows` in shared-prefix batches, the student's side and the teacher's alike.
+
+    The turns of one step share the system prompt, the tools and each call's earlier turns
+    (~90% of their tokens on the clinic); scored one by one, a pass ran every prompt whole for a
+    loss on a few percent of it. The teacher's rows carry the hint near their end, after the
+    shared part, so the student's batches, row for row, share the teacher's prefixes too.
+    """
+    student = [TrainingSequence(r.session_id, r.student_ids, r.student_mask, []) for r in rows]
+    teacher_of = {
+        id(seq): TrainingSequence(r.session_id, r.teacher_ids, r.teacher_mask, [])
+        for seq, r in zip(student, rows, strict=True)
+    }
+    pairs = []
+    for batch in prefix_batches(
+        student, max_sequences=config.batch_sequences, max_tokens=config.batch_tokens
+    ):
+        teacher = tuple(teacher_of[id(seq)] for seq in batch.sequences)
+        pairs.append((batch, PrefixBatch(teacher, common_prefix_len(teacher))))
+    return pairs
+
+
 def opsd_step(
     student: Policy,
     teacher: Any,
@@ -106,6 +129,8 @@ def opsd_step(
 
     Both divergences of the student from the teacher are measured on every step, before its
     update (`kl/forward_topk`, `kl/reverse`: per loss token), whichever one it trains on (`kl`).
+    Rows are scored in shared-prefix batches (`prefix_pairs`): the same loss and gradient as
+    one by one, each shared prefix run once.
     """
     started = time.monotonic()
     num_tokens = sum(sum(r.student_mask) for r in rows)
@@ -114,10 +139,12 @@ def opsd_step(
     teacher.eval()
     total, forward_kl, reverse = 0.0, 0.0, 0.0
     use_forward = config.opsd_loss == "forward_topk"
-    for row in rows:
-        s = score(student.model, row.student_ids, row.student_mask, keep_logits=True)
+    computed = 0
+    for student_batch, teacher_batch in prefix_pairs(rows, config):
+        s = batch_scores(student.model, student_batch, keep_logits=True)
         with torch.no_grad():
-            t = score(teacher, row.teacher_ids, row.teacher_mask, keep_logits=True)
+            t = batch_scores(teacher, teacher_batch, keep_logits=True)
+        computed += student_batch.computed_tokens + teacher_batch.computed_tokens
         if use_forward:
             loss = forward_topk_kl_loss(
                 s.logits, t.logits, num_tokens=num_tokens, top_k=config.opsd_top_k
@@ -144,6 +171,7 @@ def opsd_step(
         "kl/reverse": round(reverse / max(num_tokens, 1), 6),
         "grad_norm": round(norm, 6),
         "num_tokens": num_tokens,
+        "computed_tokens": computed,
         "tokens_per_s": round(sum(len(r.student_ids) for r in rows) / max(elapsed, 1e-9), 1),
         "step_time": round(elapsed, 3),
     }
@@ -188,5 +216,6 @@ def opsd_update(
     }
     return {
         **steps[-1], **weighted, "hinted_turns": len(rows), "num_tokens": tokens,
+        "computed_tokens": sum(m["computed_tokens"] for m in steps),
         "step_time": round(sum(m["step_time"] for m in steps), 3),
     }  # fmt: skip

@@ -130,9 +130,11 @@ class BatchScores:
     """[n] entropy at each loss position (detached)."""
     sizes: tuple[int, ...]
     """Loss tokens per sequence (`logprobs.split(sizes)` gives each sequence's)."""
+    logits: torch.Tensor | None = None
+    """[n, vocab] at the loss positions, when asked for (OPSD's distribution losses)."""
 
 
-def batch_scores(model: Any, batch: PrefixBatch) -> BatchScores:
+def batch_scores(model: Any, batch: PrefixBatch, *, keep_logits: bool = False) -> BatchScores:
     """Per-token logprobs of each sequence's loss tokens, the shared prefix run once.
 
     Equal to `policy.score` on each sequence alone. The decoder's hidden states are gathered at
@@ -163,4 +165,7 @@ def batch_scores(model: Any, batch: PrefixBatch) -> BatchScores:
     logprobs = selective_logprobs(logits, torch.cat(targets))
     with torch.no_grad():
         entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-    return BatchScores(logprobs=logprobs, entropy=entropy, sizes=tuple(sizes))
+    return BatchScores(
+        logprobs=logprobs, entropy=entropy, sizes=tuple(sizes),
+        logits=logits if keep_logits else None,
+    )  # fmt: skip
