@@ -99,10 +99,11 @@ def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int
 def prefix_pairs(rows: Sequence[OPSDRow], config: TrainConfig) -> list[tuple[PrefixBatch, ...]]:
     """`rows` in shared-prefix batches, the student's side and the teacher's alike.
 
-    The turns of one step share the system prompt, the tools and each call's earlier turns
-    (~90% of their tokens on the clinic); scored one by one, a pass ran every prompt whole for a
-    loss on a few percent of it. The teacher's rows carry the hint near their end, after the
-    shared part, so the student's batches, row for row, share the teacher's prefixes too.
+    The turns of one step share the system prompt, the tools and each call's earlier turns;
+    scored one by one, a pass ran every prompt whole for a loss on ~3% of its tokens (the
+    clinic: 2.7x fewer positions and 2.4x faster shared, `benchmarks/opsd_prefix.py`). The
+    teacher's rows carry the hint near their end, after the shared part, so the student's
+    batches, row for row, share the teacher's prefixes too.
     """
     student = [TrainingSequence(r.session_id, r.student_ids, r.student_mask, []) for r in rows]
     teacher_of = {
