@@ -204,10 +204,11 @@ def vllm(tiny_dir, monkeypatch):
 
 
 NO_KL_CAP = 1e9
-STEP_KEYS = {"step", "move_retry", "not_moved", "overfit", "kl/max", "version", "reward",
-             "frac_reward_zero_std", "canary/moved_max_abs_diff"}  # fmt: skip
 """`retry_max_kl` where the retries themselves are tested: at lr 0.1 a tiny model's second pass
 runs far from its sampler, which the default cap would (rightly) stop."""
+STEP_KEYS = {"step", "move_retry", "not_moved", "overfit", "kl/max", "version", "reward",
+             "frac_reward_zero_std", "canary/moved_max_abs_diff"}  # fmt: skip
+"""What the 3-online-step test prints of each step row, so a failure says how each step went."""
 
 
 def _online(tiny_dir, tmp_path, **update) -> tuple[TrainConfig, Rollouts]:

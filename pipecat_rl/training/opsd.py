@@ -155,9 +155,12 @@ def opsd_step(
         loss.backward()
         total += loss.item()
         with torch.no_grad():
-            forward_kl += float(
-                forward_topk_kl_loss(s.logits, t.logits, num_tokens=1, top_k=config.opsd_top_k)
-            )
+            if use_forward:  # the loss is the divergence, over the step's loss tokens
+                forward_kl += loss.item() * num_tokens
+            else:
+                forward_kl += float(
+                    forward_topk_kl_loss(s.logits, t.logits, num_tokens=1, top_k=config.opsd_top_k)
+                )
             reverse += float(reverse_kl(s.logits, t.logits).sum())
     norm = grad_norm(student)
     torch.nn.utils.clip_grad_norm_(
