@@ -12,9 +12,10 @@ hint before the header. Both arms compute the same top-k forward KL loss and its
 - `ours`: `opsd.opsd_step` (`prefix_pairs` + `batch_scores`), the default `batch_sequences` and
   `batch_tokens`.
 
-With `LEDGER POLICY [N]`, the rows are instead the first N (16) hinted turns that POLICY sampled
-in that ledger, built as the trainer builds them (`session_hint`, `opsd_row`, in ledger order, so
-a call's turns sit together as in a step's mini-batch).
+With `LEDGER POLICY [N [WHERE]]`, the rows are instead the first N (16) hinted turns that POLICY
+sampled in that ledger, built as the trainer builds them (`session_hint`, `opsd_row`, in ledger
+order, so a call's turns sit together as in a step's mini-batch), the hint in the system message
+or before the reply as WHERE says (`system`, the default, or `turn`: `TrainConfig.opsd_hint`).
 
 The arms alternate in every round, in a rotating order, in one process; each arm's time is the
 median of `ROUNDS` rounds. lr 0, so every round sees the same weights. Prints JSON.
@@ -65,11 +66,13 @@ def rows(vocab: int) -> list[OPSDRow]:
     return out
 
 
-def recorded_rows(ledger_path: str, policy: str, n: int, tokenizer) -> list[OPSDRow]:
-    """The first `n` hinted turns `policy` sampled in the ledger, as the trainer builds them."""
+def recorded_rows(
+    ledger_path: str, policy: str, n: int, tokenizer, where: str
+) -> list[OPSDRow]:
+    """The first `n` hinted turns `policy` sampled in the ledger, as the trainer builds them,
+    the hint placed `where` (`TrainConfig.opsd_hint`)."""
     from pipecat_rl.ledger import Ledger
     from pipecat_rl.training.opsd import opsd_row, session_hint
-    from pipecat_rl.training.rows import TrainableTurn
 
     out: list[OPSDRow] = []
     with Ledger(ledger_path) as ledger:
@@ -81,7 +84,7 @@ def recorded_rows(ledger_path: str, policy: str, n: int, tokenizer) -> list[OPSD
                 sampled = bool(turn.completion_token_ids)
                 hint = session_hint(session, turns, turn.index) if sampled else None
                 if hint:
-                    out.append(opsd_row(TrainableTurn.from_turn(turn), tokenizer, hint))
+                    out.append(opsd_row(turn, tokenizer, hint, where))
                 if len(out) == n:
                     return out
     return out
@@ -113,9 +116,11 @@ def main() -> dict:
     student = load_policy(config)
     teacher = load_policy(config, trainable=False).model.eval().requires_grad_(False)
     optimizer = optimizer_for(student, 0.0)
+    where = "turn"  # the synthetic rows' hint sits before the reply
     if len(sys.argv) > 2:
         n = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-        batch = recorded_rows(sys.argv[1], sys.argv[2], n, student.tokenizer)
+        where = sys.argv[4] if len(sys.argv) > 4 else "system"
+        batch = recorded_rows(sys.argv[1], sys.argv[2], n, student.tokenizer, where)
     else:
         batch = rows(student.model.get_base_model().config.vocab_size)
     pairs = prefix_pairs(batch, config)
@@ -139,6 +144,7 @@ def main() -> dict:
         "threads": torch.get_num_threads(),
         "load_average_1m": {"before": load_before, "after": round(os.getloadavg()[0], 2)},
         "rows": len(batch) if len(sys.argv) < 3 else f"{len(batch)} recorded under {sys.argv[2]}",
+        "hint": where,
         "loss_tokens": sum(sum(r.student_mask) for r in batch),
         "tokens_scored": {"one_by_one": whole, "ours": computed},
         "forward_batches": len(pairs),

@@ -54,6 +54,7 @@ class FakeTraining:
             out_dir: Path = Path("adapters")
             seed: int = 0
             rubric: object = None
+            opsd_hint: str = "system"
 
         @dataclass
         class TrainResult:
@@ -285,11 +286,12 @@ def test_explained_failures_become_drafts_for_review(tmp_path):
 
 def test_rl_after_a_warm_start_runs_on_the_warm_starts_own_contested_set(tmp_path, world):
     clinic, training, vllm = world
-    train = {"warm_start": "always", "grpo_steps": 1, "refilter_repeats": 4}
+    train = {"warm_start": "always", "grpo_steps": 1, "refilter_repeats": 4, "opsd_hint": "turn"}
     config = loop(tmp_path, clinic, vllm, stop_after="train", train=train)
     run_cycle(config)
     sft, (grpo, rollouts) = training.calls[0][0], training.calls[1]
     assert (sft.algo, sft.holdout, grpo.algo, grpo.parent) == ("sft", 0.0, "grpo", "cand-sft-1")
+    assert sft.opsd_hint == grpo.opsd_hint == "turn"  # the loop's trainer settings reach each run
     (refiltered,) = [e for e in read_events(config) if e["event"] == "refiltered"]
     assert refiltered["policy"] == "cand-sft-1" and refiltered["repeats"] == 4
     assert [s.id for s in rollouts.scenarios] == refiltered["contested"] == ["routine_booking"]

@@ -135,9 +135,9 @@ def test_a_day_of_live_calls_trains_on_exactly_the_trusted_ones(tmp_path, tiny_d
     hints: list[tuple[str, int, str]] = []
     opsd_row = trainer_module.opsd_row
 
-    def spy(turn, tok, hint):
+    def spy(turn, tok, hint, where):
         hints.append((turn.session_id, turn.index, hint))
-        return opsd_row(turn, tok, hint)
+        return opsd_row(turn, tok, hint, where)
 
     monkeypatch.setattr(trainer_module, "opsd_row", spy)
     with Ledger(path) as ledger:
@@ -407,9 +407,9 @@ async def test_a_day_in_production_trains_on_its_scored_and_judged_calls_then_ga
         hints: list[tuple[str, int, str]] = []
         opsd_row = trainer_module.opsd_row
 
-        def spy(turn, tok, hint):
+        def spy(turn, tok, hint, where):
             hints.append((turn.session_id, turn.index, hint))
-            return opsd_row(turn, tok, hint)
+            return opsd_row(turn, tok, hint, where)
 
         monkeypatch.setattr(trainer_module, "opsd_row", spy)
         trained = await asyncio.to_thread(

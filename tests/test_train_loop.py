@@ -11,7 +11,6 @@ from pipecat_rl.gate.lineage import ledger_lineage
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
 from pipecat_rl.training import TrainConfig, train
 from pipecat_rl.training.opsd import opsd_row, session_hint
-from pipecat_rl.training.rows import TrainableTurn
 from tests.train_helpers import sample_turn
 
 pytestmark = pytest.mark.slow  # trains a tiny model many times (~45 s on 2 cores), no vLLM
@@ -94,30 +93,52 @@ def test_opsd_offline_distils_from_hinted_teacher(ledger, tiny_dir, tmp_path):
 
 
 def test_hint_goes_into_the_teachers_prompt_only(smollm2_dir):
+    """By default the hint joins the system message (re-rendered with the request's tools, the
+    recorded ids after it); `turn`, or a prompt without a system message, gets it as an extra
+    user message before the reply. The student's row is the recorded turn either way."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    tools = [{"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"slot_id": {"type": "integer"}}}}}]  # fmt: skip
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    first = TurnRecord(session_id="s", index=0, adapter="base", created_at=0, request={
-        "messages": messages})  # fmt: skip
     later = TurnRecord(session_id="s", index=1, adapter="base", created_at=0, request={
         "messages": [*messages, {"role": "assistant", "content": "Hello."},
                      {"role": "user", "content": "Book me for Tuesday."}]})  # fmt: skip
-    session = SessionRecord(id="s", source="simulate", started_at=0, failure_labels=["timeout"])
+    failed = {"check": "exists appointments where slot_id=12", "passed": False, "detail": "0 rows"}
+    session = SessionRecord(id="s", source="simulate", started_at=0, failure_labels=["timeout"],
+                            metadata={"checks": [failed]})  # fmt: skip
+
+    def turn(messages: list[dict]) -> TurnRecord:
+        rendered = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True
+        )
+        prompt = list(rendered["input_ids"])
+        return TurnRecord(session_id="s", index=0, adapter="base", created_at=0,
+                          request={"messages": messages, "tools": tools},
+                          prompt_token_ids=prompt, completion_token_ids=[28, 2],
+                          logprobs=[0.0, 0.0], token_exact=True)  # fmt: skip
+
+    first = turn(messages)
     hint = session_hint(session, [first, later], 0)
     assert "Book me for Tuesday." in hint and "timeout" in hint
-    prompt = list(tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True)["input_ids"])  # fmt: skip
-    turn = TrainableTurn(
-        session_id="s", index=0, prompt_ids=prompt, sampled_ids=[28, 2], sampler_logprobs=[0, 0],
-        adapter="base", sampling={"temperature": 1.0},
-    )  # fmt: skip
-    row = opsd_row(turn, tokenizer, hint)
-    assert row.student_ids == [*prompt, 28, 2]
-    teacher = tokenizer.decode(row.teacher_ids)
-    assert teacher.endswith("<|im_start|>assistant\n" + tokenizer.decode([28, 2]))
-    assert "<|im_start|>user\n" + hint + "<|im_end|>\n<|im_start|>assistant\n" in teacher
+    assert "exists appointments where slot_id=12 (0 rows)" in hint  # what failed, and how
+    reply = tokenizer.decode([28, 2])
+    row = opsd_row(first, tokenizer, hint)
+    assert row.student_ids == [*first.prompt_token_ids, 28, 2]
     assert hint not in tokenizer.decode(row.student_ids)
+    told = {"role": "system", "content": "Be brief.\n\n" + hint}
+    expected = tokenizer.apply_chat_template(
+        [told, messages[1]], tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    assert tokenizer.decode(row.teacher_ids) == expected + reply
+    assert row.teacher_mask.count(True) == 2 and row.teacher_mask[-2:] == [True, True]
+
+    before_reply = "<|im_start|>user\n" + hint + "<|im_end|>\n<|im_start|>assistant\n" + reply
+    no_system = turn(messages[1:])
+    for hinted in (opsd_row(first, tokenizer, hint, "turn"), opsd_row(no_system, tokenizer, hint)):
+        teacher = tokenizer.decode(hinted.teacher_ids)
+        assert teacher.endswith(before_reply) and teacher.count(hint) == 1
 
 
 def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):

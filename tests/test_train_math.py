@@ -7,7 +7,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from pipecat_rl.ledger import SessionRecord
+from pipecat_rl.ledger import SessionRecord, TurnRecord
 from pipecat_rl.training.advantage import group_advantages, outcome_reward, shaped_reward
 from pipecat_rl.training.config import LORA_TARGETS, TrainConfig
 from pipecat_rl.training.grpo import build_groups, grpo_step
@@ -326,10 +326,13 @@ def test_opsd_lowers_both_divergences_on_rows_built_from_recorded_turns(
     hint = "The caller's next line will be: 'My name is Ada Lovelace.'"
     named, asking = (tokenizer.encode(text) for text in ("Hello Ada Lovelace!", "Who is it?"))
 
+    request = {"messages": messages, "model": "base", "temperature": 1.0}
+
     def row(sampled: list[int]) -> OPSDRow:
-        turn = TrainableTurn(
-            session_id="s", index=0, prompt_ids=prompt, sampled_ids=sampled,
-            sampler_logprobs=[0.0] * len(sampled), adapter="base", sampling=Sampling(),
+        turn = TurnRecord(
+            session_id="s", index=0, adapter="base", created_at=0.0, request=request,
+            prompt_token_ids=prompt, completion_token_ids=sampled,
+            logprobs=[0.0] * len(sampled), token_exact=True,
         )  # fmt: skip
         return opsd_row(turn, tokenizer, hint)
 
@@ -341,7 +344,7 @@ def test_opsd_lowers_both_divergences_on_rows_built_from_recorded_turns(
         (hinted.student_ids, hinted.student_mask),  # without it: the name or a question
         (plain.student_ids, plain.student_mask),
     ]
-    for _ in range(40):
+    for _ in range(80):  # the hint sits in the system message, far from the reply
         optimizer.zero_grad()
         sum(-score(incumbent, ids, mask).logprobs.sum() for ids, mask in examples).backward()
         optimizer.step()
@@ -350,9 +353,9 @@ def test_opsd_lowers_both_divergences_on_rows_built_from_recorded_turns(
     student = Policy(get_peft_model(incumbent, lora), tokenizer, Path("tiny"), None)
 
     def rows(seed: int, n: int = 4) -> list[OPSDRow]:
-        turns = [sample_turn(student.model, prompt, len(named), seed=seed * 100 + i)
-                 for i in range(n)]  # fmt: skip
-        return [opsd_row(TrainableTurn.from_turn(t), tokenizer, hint) for t in turns]
+        turns = [sample_turn(student.model, prompt, len(named), seed=seed * 100 + i,
+                             request=request) for i in range(n)]  # fmt: skip
+        return [opsd_row(t, tokenizer, hint) for t in turns]
 
     held_out = rows(seed=99, n=8)
     assert "Ada Lovelace" in tokenizer.decode(held_out[0].teacher_ids)
@@ -366,11 +369,11 @@ def test_opsd_lowers_both_divergences_on_rows_built_from_recorded_turns(
     logged = opsd_step(student, teacher, optimizer, first, config)  # measured before its update
     assert (logged["kl/forward_topk"], logged["kl/reverse"]) == pytest.approx(measured, abs=1e-5)
     assert logged["kl"] == logged["kl/forward_topk" if kind == "forward_topk" else "kl/reverse"]
-    for seed in range(1, 10):
+    for seed in range(1, 20):
         opsd_step(student, teacher, optimizer, rows(seed, n=8), config)
     after = _divergence(student, teacher, held_out, config.opsd_top_k)
     assert before[0] > 0.05 and before[1] > 0.05, before  # the hint changes what it says
-    assert after[0] < 0.5 * before[0] and after[1] < 0.5 * before[1], (before, after)
+    assert after[0] < 0.6 * before[0] and after[1] < 0.6 * before[1], (before, after)
 
 
 def test_distillation_losses_are_zero_when_student_equals_teacher():

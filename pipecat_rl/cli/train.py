@@ -103,6 +103,13 @@ def train_command(
         Literal["forward_topk", "reverse"],
         typer.Option("--opsd-loss", help="OPSD: top-k forward KL, or sampled-token reverse KL."),
     ] = "forward_topk",
+    opsd_hint: Annotated[
+        Literal["system", "turn"],
+        typer.Option(
+            "--opsd-hint",
+            help="OPSD: the teacher's hint in the system message, or before the reply.",
+        ),
+    ] = "system",
     parent: Annotated[
         str | None, typer.Option("--parent", help="Adapter to continue from (default: base).")
     ] = None,
@@ -158,7 +165,7 @@ def train_command(
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
-            out_dir=out, seed=seed, opsd_loss=opsd_loss,
+            out_dir=out, seed=seed, opsd_loss=opsd_loss, opsd_hint=opsd_hint,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

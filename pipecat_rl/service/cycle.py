@@ -473,7 +473,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     earlier = cycle.log.read()  # an interrupted attempt of this stage: what it finished
     finished = {e["algo"]: e["run"] for e in earlier if e["event"] == "train_run_finished"}
     common = dict(base_model=c.model, rank=t.rank, alpha=t.alpha, lr=t.lr, seed=c.seed,
-                  out_dir=c.out / "adapters", rubric=c.rubric)  # fmt: skip
+                  out_dir=c.out / "adapters", rubric=c.rubric, opsd_hint=t.opsd_hint)  # fmt: skip
 
     def progress(row: dict[str, Any]) -> None:
         cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})

@@ -104,6 +104,8 @@ class TrainSettings(_Part):
     """None: the trainer's per-algorithm default (`TrainConfig.learning_rate`)."""
     temperature: float = Field(default=1.0, ge=0)
     """Sampling temperature for GRPO/OPSD exploration."""
+    opsd_hint: Literal["system", "turn"] = "system"
+    """Where OPSD's teacher reads its hint (`TrainConfig.opsd_hint`)."""
     step_s: float = Field(default=3.5, gt=0)
     """Expected seconds per optimiser step (2 CPU cores, SmolLM2): the budget check uses it."""
     episode_s: float = Field(default=20.0, gt=0)

@@ -105,6 +105,10 @@ class TrainConfig(BaseModel):
     # OPSD
     opsd_loss: Literal["forward_topk", "reverse"] = "forward_topk"
     opsd_top_k: int = 20
+    opsd_hint: Literal["system", "turn"] = "system"
+    """Where the teacher reads its hint: appended to the system message (the conversation as
+    the student saw it), or as an extra user message before the reply (`turn`; on SmolLM2-135M
+    that teacher answers another turn: docs/results/rl-from-sft-opsd/)."""
     # guard
     guard_mean_threshold: float = 0.02
     guard_max_threshold: float = 0.5

@@ -2,10 +2,11 @@
 
 For a judged turn, the hint (the caller's next line, the verifier's failed checks, the failure
 labels, and on a live call its deciding scorer's explanation, `metadata.verdict` as
-`Ledger.post_score` writes it) goes into the teacher's prompt as an extra user message just before
-the generation header; the teacher is the incumbent, frozen, in eval mode; both score the
-student's own sampled ids. Two losses (`loss.py`): per-sampled-token reverse KL (cheap) and top-k
-forward KL with a tail bucket over the whole distribution.
+`Ledger.post_score` writes it) goes into the teacher's prompt: appended to the system message by
+default, so the teacher continues the same conversation knowing more (`opsd_hint: turn` puts it
+in an extra user message before the reply instead); the teacher is the incumbent, frozen, in eval
+mode; both score the student's own sampled ids. Two losses (`loss.py`): per-sampled-token
+reverse KL (cheap) and top-k forward KL with a tail bucket over the whole distribution.
 """
 
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from loguru import logger
 
 from pipecat_rl.ledger import SessionRecord, TurnRecord
 from pipecat_rl.training.config import TrainConfig
@@ -54,18 +56,55 @@ def hint_block(tokenizer: Any, hint: str) -> tuple[list[int], int]:
     return hinted[len(plain) :], len(header) - len(plain)
 
 
-def opsd_row(turn: TrainableTurn, tokenizer: Any, hint: str) -> OPSDRow:
-    """The student's row and the teacher's hinted row of one sampled turn."""
+def _turn_hinted(prompt: list[int], tokenizer: Any, hint: str) -> list[int]:
     block, header = hint_block(tokenizer, hint)
-    prompt = turn.prompt_ids
     cut = len(prompt) - header
-    teacher_prompt = [*prompt[:cut], *block, *prompt[cut:]]
-    n = len(turn.sampled_ids)
+    return [*prompt[:cut], *block, *prompt[cut:]]
+
+
+def _system_hinted(turn: TurnRecord, tokenizer: Any, hint: str) -> list[int] | None:
+    """The turn's prompt with `hint` appended to its system message.
+
+    None when the template does not render that message (with the request's tools) as the
+    prompt's start: there is no system message to hint in.
+    """
+    messages = turn.request.get("messages") or []
+    if not messages or messages[0].get("role") != "system":
+        return None
+    system, tools = messages[0], turn.request.get("tools") or None
+    content = system.get("content")
+    if not isinstance(content, str):
+        return None
+    head = _ids(tokenizer.apply_chat_template([system], tools=tools, tokenize=True))
+    prompt = list(turn.prompt_token_ids or ())
+    if prompt[: len(head)] != head:
+        return None
+    told = {**system, "content": f"{content}\n\n{hint}"}
+    return [*_ids(tokenizer.apply_chat_template([told], tools=tools, tokenize=True)),
+            *prompt[len(head) :]]  # fmt: skip
+
+
+def opsd_row(turn: TurnRecord, tokenizer: Any, hint: str, where: str = "system") -> OPSDRow:
+    """The student's row and the teacher's hinted row of one sampled turn.
+
+    `where`: `system` appends the hint to the system message, re-rendered with the request's
+    tools and followed by the recorded prompt's own ids; where the prompt has no system message
+    the template renders as its start, or with `turn`, the hint is an extra user message before
+    the generation header.
+    """
+    row = TrainableTurn.from_turn(turn)
+    prompt = row.prompt_ids
+    teacher_prompt = _system_hinted(turn, tokenizer, hint) if where == "system" else None
+    if teacher_prompt is None:
+        if where == "system":
+            logger.debug(f"{turn.session_id}#{turn.index}: no system message to hint in")
+        teacher_prompt = _turn_hinted(prompt, tokenizer, hint)
+    n = len(row.sampled_ids)
     return OPSDRow(
         session_id=turn.session_id,
-        student_ids=[*prompt, *turn.sampled_ids],
+        student_ids=[*prompt, *row.sampled_ids],
         student_mask=[False] * len(prompt) + [True] * n,
-        teacher_ids=[*teacher_prompt, *turn.sampled_ids],
+        teacher_ids=[*teacher_prompt, *row.sampled_ids],
         teacher_mask=[False] * len(teacher_prompt) + [True] * n,
     )
 
@@ -85,7 +124,7 @@ def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int
     if failed:
         parts.append(
             "These checks on the clinic's records failed at the end of this call: "
-            + "; ".join(str(c.get("detail") or c.get("check") or c) for c in failed)
+            + "; ".join(_check_text(c) for c in failed)
             + "."
         )
     if session.failure_labels:
@@ -96,14 +135,23 @@ def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int
     return " ".join(parts) or None
 
 
+def _check_text(check: dict[str, Any]) -> str:
+    """A failed check as the teacher reads it: what was checked, then what was found."""
+    what, found = check.get("check"), check.get("detail")
+    if what and found:
+        return f"{what} ({found})"
+    return str(what or found or check)
+
+
 def prefix_pairs(rows: Sequence[OPSDRow], config: TrainConfig) -> list[tuple[PrefixBatch, ...]]:
     """`rows` in shared-prefix batches, the student's side and the teacher's alike.
 
     The turns of one step share the system prompt, the tools and each call's earlier turns;
     scored one by one, a pass ran every prompt whole for a loss on ~3% of its tokens (the
     clinic: 2.7x fewer positions and 2.4x faster shared, `benchmarks/opsd_prefix.py`). The
-    teacher's rows carry the hint near their end, after the shared part, so the student's
-    batches, row for row, share the teacher's prefixes too.
+    teacher's rows are batched row for row with the student's: hinted before the reply
+    (`opsd_hint: turn`) they share the same prefixes; hinted in the system message, only what
+    precedes the hint, since each turn's hint differs.
     """
     student = [TrainingSequence(r.session_id, r.student_ids, r.student_mask, []) for r in rows]
     teacher_of = {

@@ -291,7 +291,7 @@ def _opsd_update(
             continue  # only judged turns have a hint worth distilling
         hint = session_hint(session, ledger_turns(turns, t.session_id), t.index)
         if hint:
-            rows.append(opsd_row(TrainableTurn.from_turn(t), student.tokenizer, hint))
+            rows.append(opsd_row(t, student.tokenizer, hint, config.opsd_hint))
     if not rows:
         raise NoTrainingSignalError(
             "OPSD has no judged turns with a hint (caller's next line, failed checks, labels or "
