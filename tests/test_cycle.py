@@ -17,7 +17,7 @@ import pytest
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError, PipecatRLError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
 from pipecat_rl.scenarios import load_scenarios
-from pipecat_rl.service.cycle import run_cycle
+from pipecat_rl.service.cycle import run_cycle, sft_steps
 from pipecat_rl.service.drafts import draft_from_failures
 from pipecat_rl.service.loop import LoopConfig
 from pipecat_rl.simulator.runner import episode_seed
@@ -55,6 +55,7 @@ class FakeTraining:
             seed: int = 0
             rubric: object = None
             opsd_hint: str = "system"
+            batch_sequences: int = 4
 
         @dataclass
         class TrainResult:
@@ -185,6 +186,14 @@ def test_a_stopped_cycle_resumes_at_the_next_stage_and_never_retrains(tmp_path, 
     assert [e["stage"] for e in starts][-2:] == ["evaluate", "promote"]
 
 
+def test_the_sft_budget_counts_a_step_a_batch_of_sessions_not_a_step_a_session():
+    """The main job's warm start took 72 optimiser steps for 31 sessions in 9 epochs; the
+    estimate once counted 279, and refused to start a warm start on 47 demonstrations."""
+    config = types.SimpleNamespace(batch_sequences=4, epochs=9)
+    assert sft_steps(31, config) == 72
+    assert sft_steps(32, config) == 72 and sft_steps(33, config) == 81
+
+
 def test_the_budget_stops_before_training_not_half_way(tmp_path, world):
     clinic, training, vllm = world
     tight = loop(tmp_path, clinic, vllm, budget_s=60, train={"grpo_steps": 500})
@@ -311,22 +320,25 @@ def test_rl_without_signal_keeps_the_warm_start_and_records_the_sub_run(tmp_path
     assert "frac_reward_zero_std=1.0" in trained["runs"][1]["skipped"]
 
 
-def test_the_warm_start_records_more_demonstrations_of_calls_that_must_write_nothing(
+def test_the_warm_start_records_more_demonstrations_of_calls_with_something_not_to_write(
     tmp_path, monkeypatch
 ):
-    clinic = clinic_copy(tmp_path, pool=["routine_booking", "out_of_scope"],
+    """A call the gate's safety check counts (a declined slot not to book, a table an
+    out-of-scope call leaves alone) gets `guarded_demonstrations` runs of the expert."""
+    clinic = clinic_copy(tmp_path, pool=["spelled_name", "second_slot_afternoon"],
                          heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
     pool = load_scenarios([clinic / "scenarios" / "pool"])
-    assert {s.id: s.refusal for s in pool} == {"routine_booking": False, "out_of_scope": True}
+    guarded = {"spelled_name": False, "second_slot_afternoon": True}
+    assert {s.id: s.guarded for s in pool} == guarded
     training = FakeTraining(tmp_path / "ledger.db")
     monkeypatch.setitem(sys.modules, "pipecat_rl.training", training.module())
     with FakeVLLM() as vllm:
-        train = {"warm_start": "always", "refusal_demonstrations": 3}
+        train = {"warm_start": "always", "guarded_demonstrations": 3}
         config = loop(tmp_path, clinic, vllm, stop_after="train", train=train)
         run_cycle(config)
     (demos,) = [e for e in read_events(config) if e["event"] == "demonstrations"]
-    # routine_booking once, out_of_scope three times (each its own seed), all passed
-    assert (demos["episodes"], demos["passed"], demos["refusals"]) == (4, 4, 3)
+    # spelled_name once, second_slot_afternoon three times (each its own seed), all passed
+    assert (demos["episodes"], demos["passed"], demos["guarded"]) == (4, 4, 3)
 
 
 def test_a_cycle_can_start_from_and_gate_against_a_named_adapter(tmp_path, world):

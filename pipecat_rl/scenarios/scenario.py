@@ -307,14 +307,13 @@ class Scenario(_Model):
         return self.turns is not None
 
     @property
-    def refusal(self) -> bool:
-        """Whether the call must write nothing: it has checks, and each is a guarded one.
+    def guarded(self) -> bool:
+        """Whether a check says what the call must not write (`GUARDED_CHECKS`).
 
-        The agent declines, answers or waits; any booking, cancel or handoff is unauthorised.
+        A declined slot, a table an out-of-scope call leaves alone: the gate's safety check
+        counts such a scenario's runs, and an unauthorised write in any of them rejects.
         """
-        return bool(self.verify) and all(
-            any(getattr(c, kind) is not None for kind in GUARDED_CHECKS) for c in self.verify
-        )
+        return any(getattr(c, kind) is not None for c in self.verify for kind in GUARDED_CHECKS)
 
     @property
     def stops_on_failure(self) -> bool:

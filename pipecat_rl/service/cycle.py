@@ -15,6 +15,7 @@ verbs); the service runs it as a `cycle` job.
 import asyncio
 import hashlib
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -57,6 +58,15 @@ class CycleSummary(BaseModel):
     """The first stage this invocation ran, when earlier ones had finished before."""
     verdict: str | None = None
     receipt_html: str | None = None
+
+
+def sft_steps(sessions: int, config: Any) -> int:
+    """The optimiser steps of an SFT run on `sessions`, for the budget check.
+
+    A session is one sequence (each turn extends the last) and a step takes `batch_sequences`
+    of them when they fit `batch_tokens` (the clinic's do: 8 steps an epoch for 31 sessions).
+    """
+    return math.ceil(sessions / config.batch_sequences) * config.epochs
 
 
 def load_training() -> tuple[Any, Any]:
@@ -514,9 +524,9 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         def warm_start() -> dict[str, Any]:
             pool = cycle.scenarios("pool")
             episodes = []
-            for refusal, repeats in ((False, t.demonstrations), (True, t.refusal_demonstrations)):
+            for guarded, repeats in ((False, t.demonstrations), (True, t.guarded_demonstrations)):
                 part = pool.model_copy(
-                    update={"scenarios": [x for x in pool if x.refusal == refusal]}
+                    update={"scenarios": [x for x in pool if x.guarded == guarded]}
                 )
                 if len(part):
                     demos = cycle.simulate(
@@ -524,26 +534,28 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
                     )
                     episodes += demos.episodes
             passed = sum(1 for e in episodes if e.outcome == "pass")
-            refusing = {x.id for x in pool if x.refusal}
-            refusals = sum(1 for e in episodes if e.outcome == "pass" and e.scenario_id in refusing)
-            cycle.log.write(
-                "demonstrations", episodes=len(episodes), passed=passed, refusals=refusals
+            watched = {x.id for x in pool if x.guarded}
+            guarded_passed = sum(
+                1 for e in episodes if e.outcome == "pass" and e.scenario_id in watched
             )
-            steps = passed * t.sft_epochs
+            cycle.log.write(
+                "demonstrations", episodes=len(episodes), passed=passed, guarded=guarded_passed
+            )
+            config = TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
+                                 holdout=t.sft_holdout, **common)  # fmt: skip
+            steps = sft_steps(passed, config)
             cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
-            return timed("sft", config=TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs,
-                                                   holdout=t.sft_holdout, **common),
-                         server_url=url if t.verify_on_server else None,
+            return timed("sft", config=config, server_url=url if t.verify_on_server else None,
                          progress=progress, live=NO_LIVE)  # fmt: skip
 
         sub_run("sft", warm_start)
     if c.live is not None and c.live.sft and live["passed"]:
 
         def live_sft() -> dict[str, Any]:
-            steps = len(live["passed"]) * t.sft_epochs
+            config = TrainConfig(algo="sft", parent=parent, epochs=t.sft_epochs, **common)
+            steps = sft_steps(len(live["passed"]), config)
             cycle.require(steps * t.step_s, f"filtered SFT on live calls (up to {steps} steps)")
-            return timed("sft-live", config=TrainConfig(algo="sft", parent=parent,
-                                                        epochs=t.sft_epochs, **common),
+            return timed("sft-live", config=config,
                          server_url=url if t.verify_on_server else None, progress=progress,
                          live=c.live.trust(), session_ids=live["passed"])  # fmt: skip
 

@@ -76,10 +76,12 @@ class TrainSettings(_Part):
     made a successful tool execution (a stray call is not an ability)."""
     demonstrations: int = Field(default=1, ge=1)
     """Scripted-expert runs per pool scenario recorded as demonstrations for the warm start."""
-    refusal_demonstrations: int = Field(default=3, ge=1)
-    """The same for a pool scenario whose call must write nothing (`Scenario.refusal`: out of
-    scope, medical advice, prices): with one run each, the clinic's warm start transferred an
-    out-of-scope caller in 2 of 4 held-out runs and booked for an emergency once (REJECT)."""
+    guarded_demonstrations: int = Field(default=3, ge=1)
+    """The same for a pool scenario with a check on what its call must not write
+    (`Scenario.guarded`: a declined slot, an out-of-scope call), the calls the gate's safety
+    check counts: with one run each, the clinic's warm start transferred an out-of-scope caller
+    in 2 of 4 held-out runs and booked for an emergency once (REJECT); with 3 runs of only the
+    calls that write nothing, 14 writes in 196 guarded held-out runs over seven cycles."""
     sft_epochs: int = Field(default=10, ge=1)
     """At most this many (fewer once the loss reaches the trainer's `target_loss`)."""
     sft_holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
@@ -106,8 +108,9 @@ class TrainSettings(_Part):
     """Sampling temperature for GRPO/OPSD exploration."""
     opsd_hint: Literal["system", "turn"] = "system"
     """Where OPSD's teacher reads its hint (`TrainConfig.opsd_hint`)."""
-    step_s: float = Field(default=3.5, gt=0)
-    """Expected seconds per optimiser step (2 CPU cores, SmolLM2): the budget check uses it."""
+    step_s: float = Field(default=6.0, gt=0)
+    """Expected seconds per optimiser step (2 CPU cores, SmolLM2: an SFT step of 4 sessions took
+    5.8 s in bf16 on the clinic): the budget check uses it."""
     episode_s: float = Field(default=20.0, gt=0)
     """Expected seconds per simulated episode of an online step, for the same check."""
 
