@@ -519,15 +519,16 @@ def test_end_and_update_session(ledger):
         reward_parts={"verifier": 1.0},
         failure_labels=["timeout"],
         metadata_update={"b": 2},
+        policy="clinic-sft-v1",  # in the same write: no reader sees the end without it
     )
     s = ledger.session("s1")
-    assert (s.ended_at, s.outcome, s.reward) == (1100.0, "pass", 1.1)
+    assert (s.ended_at, s.outcome, s.reward, s.policy) == (1100.0, "pass", 1.1, "clinic-sft-v1")
     assert s.reward_parts == {"verifier": 1.0}
     assert s.failure_labels == ["timeout"]
     assert s.metadata == {"a": 1, "b": 2}
 
     ledger.end_session("s1", ended_at=1200.0)  # None arguments keep stored values
-    assert ledger.session("s1").outcome == "pass"
+    assert (ledger.session("s1").outcome, ledger.session("s1").policy) == ("pass", "clinic-sft-v1")
 
     ledger.update_session("s1", consent=False, excluded_from_training=True)
     s = ledger.session("s1")

@@ -152,12 +152,17 @@ class Sessions(Room):
         reward_parts: Mapping[str, float] | None = None,
         failure_labels: Sequence[str] | None = None,
         metadata_update: Mapping[str, Any] | None = None,
+        policy: str | None = None,
     ) -> None:
         """Record how a session ended; arguments left None keep their stored values.
 
-        `metadata_update` is merged into the stored metadata rather than replacing it.
+        `metadata_update` is merged into the stored metadata rather than replacing it. `policy`
+        (the recorder learns it from the first LLM request) is set in the same write, so no
+        reader sees an ended session without it.
         """
         changes = _ending(ended_at, outcome, reward, reward_parts, failure_labels)
+        if policy is not None:
+            changes["policy"] = policy
         with self._write() as conn:
             self._end(conn, self._get_session(conn, session_id), changes, metadata_update)
 

@@ -476,10 +476,9 @@ class RecorderObserver(BaseObserver):
             # counted when this runs, so every write queued before it is in the count
             counts = {"errors": self.errors, "dropped_writes": writer.dropped(session_id)}
             ledger.end_session(
-                session_id, ended_at=ended_at, outcome=outcome, metadata_update={"recorder": counts}
-            )
-            if policy is not None:
-                ledger.update_session(session_id, policy=policy)
+                session_id, ended_at=ended_at, outcome=outcome,
+                metadata_update={"recorder": counts}, policy=policy,
+            )  # fmt: skip
 
         self._submit(end, f"end of session {session_id}")
         writer.release()
