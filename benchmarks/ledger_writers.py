@@ -43,7 +43,7 @@ def worker(target: str, name: str) -> None:
     """One bot process: open the ledger, say ready, wait for go, record CALLS calls, report."""
     from pipecat_rl.ledger import LatencyRecord, SessionRecord, TurnRecord
     from pipecat_rl.ledger.liveness import writer_identity
-    from pipecat_rl.processors.writer import acquire_writer
+    from pipecat_rl.recording.writer import acquire_writer
 
     writer = acquire_writer(target)
     writer.flush_sync()  # the connection is open before the clock starts

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
-from pipecat_rl.serving import LOGPROBS_MODE, VLLMAdmin, VLLMServer  # noqa: E402
+from pipecat_rl.serving.server import LOGPROBS_MODE, VLLMAdmin, VLLMServer  # noqa: E402
 from pipecat_rl.training.config import TrainConfig  # noqa: E402
 from pipecat_rl.training.policy import load_policy, save_adapter, score  # noqa: E402
 
@@ -86,7 +86,7 @@ def measure(url: str) -> dict:
 async def main(llm_url: str | None) -> dict:
     if llm_url:
         return {"server": llm_url, "space": LOGPROBS_MODE, "arms": measure(llm_url)}
-    from pipecat_rl.models import prepare_model
+    from pipecat_rl.serving.weights import prepare_model
 
     async with VLLMServer(prepare_model("smollm2"), max_loras=2) as server:
         dtype = "float32" if "float32" in " ".join(server.command()) else "auto"

@@ -4,11 +4,11 @@ One vLLM server at a time. A `lora` phase serves the base model and a rank-16 Lo
 projections (random B, so it really computes) and measures both arms side by side: interleaved
 A/B rounds (the order flips every round), the same prompt for both arms, streamed, greedy, a
 fixed 48 tokens. A `merged` phase serves the same adapter merged into the weights
-(`pipecat_rl.merged`) under the adapter's name; a `base` phase serves the base model alone. A
+(`serving.merged`) under the adapter's name; a `base` phase serves the base model alone. A
 merged server cannot also serve the base, so its ratio is against the base arms of the
 neighbouring phases (`--phases lora,base,merged,base`): on a shared, noisy machine, read it
 beside the load averages each phase records. `lora` runs our grouped LoRA ops
-(`pipecat_rl.vllm_cpu_lora`, on by default on CPU); `lora-vllm-ops` is the same server with
+(`pipecat_rl.serving.vllm_cpu_lora`, on by default on CPU); `lora-vllm-ops` is the same server with
 vLLM's own (`PIPECAT_RL_CPU_LORA=0`). Other phase names try vLLM's LoRA settings.
 
 Before any server, the ops alone (vLLM's vs grouped) are timed in this process at SmolLM2's
@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from pipecat_rl.merged import merge_adapter  # noqa: E402
-from pipecat_rl.models import prepare_model  # noqa: E402
-from pipecat_rl.serving import BASE_ALIAS, VLLMServer  # noqa: E402
+from pipecat_rl.serving.merged import merge_adapter  # noqa: E402
+from pipecat_rl.serving.server import BASE_ALIAS, VLLMServer  # noqa: E402
+from pipecat_rl.serving.weights import prepare_model  # noqa: E402
 from pipecat_rl.training.config import LORA_TARGETS  # noqa: E402
 
 ADAPTER = "bench-lora-v1"

@@ -24,8 +24,8 @@ import httpx  # noqa: E402
 from pipecat.frames.frames import TextFrame  # noqa: E402
 
 from pipecat_rl.ledger import Ledger  # noqa: E402
-from pipecat_rl.processors import RLRecorder  # noqa: E402
-from pipecat_rl.serving import free_port  # noqa: E402
+from pipecat_rl.recording import RLRecorder  # noqa: E402
+from pipecat_rl.serving.server import free_port  # noqa: E402
 from tests.recording_helpers import Call, vllm_llm  # noqa: E402
 
 TURNS = 40

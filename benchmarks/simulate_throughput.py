@@ -26,8 +26,8 @@ from openai import AsyncOpenAI
 from openai.resources.chat.completions import AsyncCompletions
 
 from pipecat_rl.ledger import Ledger
-from pipecat_rl.models import prepare_model
-from pipecat_rl.serving import VLLMServer, openai_base_url
+from pipecat_rl.serving.server import VLLMServer, openai_base_url
+from pipecat_rl.serving.weights import prepare_model
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, runner, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import time
 
 from openai import AsyncOpenAI
 
-from pipecat_rl.models import prepare_model
-from pipecat_rl.serving import BASE_ALIAS, VLLMServer
+from pipecat_rl.serving.server import BASE_ALIAS, VLLMServer
+from pipecat_rl.serving.weights import prepare_model
 
 MAX_TOKENS = 64
 PROMPTS = [f"Write a short note about appointment number {i}." for i in range(8)]

@@ -9,24 +9,44 @@ from typing import Any
 
 _EXPORTS = {
     # recording inside a user's pipeline
-    "RLRecorder": "pipecat_rl.processors",
-    "RecorderObserver": "pipecat_rl.processors",
-    "LiveAdapterSelector": "pipecat_rl.processors",
-    "Redactor": "pipecat_rl.processors",
-    "SessionInfo": "pipecat_rl.processors",
-    "recording": "pipecat_rl.processors",
-    "setup_file_path": "pipecat_rl.processors",
-    # the store
+    "RLRecorder": "pipecat_rl.recording",
+    "RecorderObserver": "pipecat_rl.recording",
+    "LiveAdapterSelector": "pipecat_rl.recording",
+    "Redactor": "pipecat_rl.recording",
+    "SessionInfo": "pipecat_rl.recording",
+    "record_session": "pipecat_rl.recording",
+    "setup_file_path": "pipecat_rl.recording",
+    # the store, and the records users read from it
     "Ledger": "pipecat_rl.ledger",
+    "SessionRecord": "pipecat_rl.ledger",
+    "TurnRecord": "pipecat_rl.ledger",
+    "ToolCallRecord": "pipecat_rl.ledger",
+    "LatencyRecord": "pipecat_rl.ledger",
+    "AdapterRecord": "pipecat_rl.ledger",
+    "ScoreIn": "pipecat_rl.ledger",
+    # scoring: what "passed" means, and the reward's parts
+    "SessionOutcome": "pipecat_rl.scoring",
+    "Rubric": "pipecat_rl.scoring",
+    # scenarios and the worlds they run against
+    "Scenario": "pipecat_rl.scenarios",
+    "ScenarioSet": "pipecat_rl.scenarios",
+    "load_scenarios": "pipecat_rl.scenarios",
+    "WorldPack": "pipecat_rl.simulator",
+    "World": "pipecat_rl.simulator",
+    "ToolError": "pipecat_rl.simulator",
+    "ScriptedLLMService": "pipecat_rl.simulator",
+    "ScriptedReply": "pipecat_rl.simulator",
     # serving
     "VLLMServer": "pipecat_rl.serving",
     "VLLMAdmin": "pipecat_rl.serving",
-    "prepare_model": "pipecat_rl.models",
+    "prepare_model": "pipecat_rl.serving",
     # simulation: the one entry point and what it takes
+    "load_bot": "pipecat_rl.simulator",
     "SimulationOptions": "pipecat_rl.simulator",
+    "Server": "pipecat_rl.simulator",
+    "SimulationReport": "pipecat_rl.simulator",
+    "EpisodeResult": "pipecat_rl.simulator",
     "run_simulation": "pipecat_rl.simulator:run",
-    # rewards
-    "Rubric": "pipecat_rl.rubric",
     # training
     "TrainConfig": "pipecat_rl.training",
     "TrainResult": "pipecat_rl.training",
@@ -34,10 +54,19 @@ _EXPORTS = {
     # the gate
     "GateConfig": "pipecat_rl.gate",
     "GateReceipt": "pipecat_rl.gate",
+    "GateRun": "pipecat_rl.gate",
+    "Simulated": "pipecat_rl.gate",
+    "FromLedger": "pipecat_rl.gate",
+    "FromScores": "pipecat_rl.gate",
+    "load_gate_config": "pipecat_rl.gate",
     "evaluate": "pipecat_rl.gate",
     "run_gate": "pipecat_rl.gate",
     "promote": "pipecat_rl.gate",
     "rollback": "pipecat_rl.gate",
+    # the night loop
+    "LoopConfig": "pipecat_rl.loop",
+    "load_loop_config": "pipecat_rl.loop",
+    "run_cycle": "pipecat_rl.loop",
     # errors
     "PipecatRLError": "pipecat_rl.errors",
 }

@@ -102,7 +102,7 @@ class _Service:
     """`pipecat-rl service` on a free loopback port, for the QA team's webhook."""
 
     def __init__(self, out: Path, ledger: Path):
-        from pipecat_rl.serving import free_port
+        from pipecat_rl.serving.server import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -271,8 +271,8 @@ def main() -> None:
     if args.llm_url:
         report.update(day(args, args.llm_url, out))
     else:
-        from pipecat_rl.models import prepare_model
-        from pipecat_rl.serving import VLLMServer
+        from pipecat_rl.serving.server import VLLMServer
+        from pipecat_rl.serving.weights import prepare_model
 
         server = VLLMServer(prepare_model(args.model), max_loras=2,
                             log_path=out / "logs" / "vllm.log")  # fmt: skip

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipecat_rl.models import prepare_model
-from pipecat_rl.serving import VLLMServer
+from pipecat_rl.serving.server import VLLMServer
+from pipecat_rl.serving.weights import prepare_model
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pipecat_rl.serving import free_port
+from pipecat_rl.serving.server import free_port
 
 KNOWN = {"model", "messages", "stream", "stream_options", "temperature", "max_tokens", "tools",
          "tool_choice", "top_p", "seed", "frequency_penalty", "presence_penalty", "logprobs",

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipecat_rl.serving import free_port
+from pipecat_rl.serving.server import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 NODE_FLAGS = (

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 
 from pipecat_rl.service.app import create_app
 from pipecat_rl.service.settings import ServiceSettings
-from pipecat_rl.serving import free_port
+from pipecat_rl.serving.server import free_port
 from tests.test_gate_promote import FakeVLLM as StreamingFakeVLLM
 
 CLINIC = Path(__file__).resolve().parent.parent / "examples" / "clinic"

@@ -16,10 +16,10 @@ import pytest
 
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError, PipecatRLError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
+from pipecat_rl.loop.config import LoopConfig
+from pipecat_rl.loop.cycle import run_cycle, sft_steps
+from pipecat_rl.loop.drafts import draft_from_failures
 from pipecat_rl.scenarios import load_scenarios
-from pipecat_rl.service.cycle import run_cycle, sft_steps
-from pipecat_rl.service.drafts import draft_from_failures
-from pipecat_rl.service.loop import LoopConfig
 from pipecat_rl.simulator.runner import episode_seed
 from tests.service_helpers import CLINIC, FakeVLLM, clinic_copy
 

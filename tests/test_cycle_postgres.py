@@ -13,8 +13,8 @@ import pytest
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, transfer
-from pipecat_rl.service.cycle import run_cycle
-from pipecat_rl.service.loop import load_loop_config
+from pipecat_rl.loop.config import load_loop_config
+from pipecat_rl.loop.cycle import run_cycle
 from tests.test_cycle import loop, read_events, world  # noqa: F401
 from tests.test_ledger import make_session, make_turn
 from tests.test_ledger_postgres import pg_url, postgres_server  # noqa: F401

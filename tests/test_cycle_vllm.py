@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from pipecat_rl.ledger import Ledger
-from pipecat_rl.service.cycle import run_cycle
-from pipecat_rl.service.loop import load_loop_config
+from pipecat_rl.loop.config import load_loop_config
+from pipecat_rl.loop.cycle import run_cycle
 from tests.service_helpers import clinic_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

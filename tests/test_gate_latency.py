@@ -14,10 +14,10 @@ from pipecat_rl.gate.latency import (
     compare_quantiles,
     compare_ratio,
     paired_replicates,
-    quantile,
     woodruff_interval,
 )
 from pipecat_rl.gate.verdict import llm_ratio_check, p95_budget_check
+from pipecat_rl.scoring import quantile
 
 Z95 = 1.6448536269514722
 EFFECTS = (0.3, 0.3, 0.5)  # scenario, session, turn (log-scale SDs)

@@ -29,8 +29,8 @@ from pipecat_rl.cli import app
 from pipecat_rl.errors import GateError, ServingError
 from pipecat_rl.gate import promote, rollback
 from pipecat_rl.ledger import AdapterRecord, Ledger
-from pipecat_rl.processors.live_adapter import LiveAdapterSelector
-from pipecat_rl.serving import VLLMAdmin, free_port
+from pipecat_rl.recording.live_adapter import LiveAdapterSelector
+from pipecat_rl.serving.server import VLLMAdmin, free_port
 from tests.test_gate_receipts import gated_receipt
 
 # --- a stand-in for vLLM ---------------------------------------------------------------------
@@ -267,7 +267,7 @@ async def test_without_a_promotion_the_configured_base_model_serves(vllm, tmp_pa
 
 def test_the_hook_and_the_gate_import_neither_torch_nor_vllm():
     code = (
-        "import sys, pipecat_rl.gate, pipecat_rl.processors.live_adapter;"
+        "import sys, pipecat_rl.gate, pipecat_rl.recording.live_adapter;"
         "heavy = [m for m in ('torch', 'vllm', 'matplotlib') if m in sys.modules];"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

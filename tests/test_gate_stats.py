@@ -16,20 +16,18 @@ from pipecat_rl.gate.latency import (
     cdf_points,
     compare_quantiles,
     compare_ratio,
-    quantile,
     stage_quantiles,
 )
 from pipecat_rl.gate.stats import (
     EXACT_FLIPS_MAX_N,
     cluster_bootstrap,
-    pass_hat_k,
-    pass_k_curve,
     sample_size,
     scenario_deltas,
     sign_flip_p,
     sign_flip_test,
     win_loss_tie,
 )
+from pipecat_rl.scoring import pass_hat_k, pass_k_curve, quantile
 
 # --- paired reward ---------------------------------------------------------------------------
 

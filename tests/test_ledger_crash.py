@@ -22,10 +22,10 @@ from pathlib import Path
 
 from pipecat_rl.ledger import Ledger, SessionRecord
 from pipecat_rl.ledger.liveness import writer_identity
-from pipecat_rl.ledger.outcome import VERDICTS
-from pipecat_rl.service.cycle import Cycle
+from pipecat_rl.loop.config import LoopConfig
+from pipecat_rl.loop.cycle import Cycle
+from pipecat_rl.scoring.outcome import VERDICTS
 from pipecat_rl.service.jobs import recover_interrupted
-from pipecat_rl.service.loop import LoopConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

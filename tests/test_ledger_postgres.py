@@ -171,7 +171,7 @@ def test_a_write_held_off_by_a_stuck_writer_fails_locked_and_the_recorder_counts
 
     from pipecat_rl.errors import LedgerLockedError
     from pipecat_rl.ledger import dialect
-    from pipecat_rl.processors.writer import acquire_writer
+    from pipecat_rl.recording.writer import acquire_writer
 
     monkeypatch.setattr(dialect, "LOCK_TIMEOUT_S", 1)
     with psycopg.connect(pg_url) as stuck:  # a writer stopped inside its transaction
@@ -196,7 +196,7 @@ _WRITER = textwrap.dedent(
     """
     import asyncio, sys
     sys.path.insert(0, {repo!r})
-    from pipecat_rl.processors import RLRecorder
+    from pipecat_rl.recording import RLRecorder
     from tests.fake_openai import serve_fake_openai
     from tests.recording_helpers import Call, vllm_llm
 

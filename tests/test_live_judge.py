@@ -16,8 +16,8 @@ from pipecat_rl.cli.judge import parse_span
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, ScoreIn, SessionRecord, TurnRecord
 from pipecat_rl.ledger.transcript import conversation
+from pipecat_rl.loop.drafts import draft_from_live_failures
 from pipecat_rl.scenarios import load_scenarios
-from pipecat_rl.service.drafts import draft_from_live_failures
 from pipecat_rl.simulator.live_judge import load_judge_rubric
 from tests.fake_openai import serve_fake_openai
 from tests.pipecat_helpers import judge_and_agent

@@ -15,14 +15,14 @@ from transformers import AutoModelForCausalLM
 from pipecat_rl.errors import GateError, ModelError
 from pipecat_rl.gate.promote import rollback
 from pipecat_rl.ledger import AdapterRecord, Ledger
-from pipecat_rl.merged import (
+from pipecat_rl.serving.merged import (
     delta_adapter,
     merge_adapter,
     merged_dir,
     merged_from,
     rank_over_merged,
 )
-from pipecat_rl.serving import BASE_ALIAS, VLLMAdmin, VLLMServer
+from pipecat_rl.serving.server import BASE_ALIAS, VLLMAdmin, VLLMServer
 from pipecat_rl.training.config import LORA_TARGETS, TrainConfig
 from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.policy import Policy

@@ -5,8 +5,8 @@ from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
 from pipecat_rl.ledger import AdapterRecord, Ledger
-from pipecat_rl.merged import merged_dir
-from pipecat_rl.serving import VLLMServer
+from pipecat_rl.serving.merged import merged_dir
+from pipecat_rl.serving.server import VLLMServer
 from tests.test_merged import _adapter
 
 

@@ -8,8 +8,8 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipecat_rl.merged import merge_adapter, rank_over_merged
-from pipecat_rl.serving import VLLMServer
+from pipecat_rl.serving.merged import merge_adapter, rank_over_merged
+from pipecat_rl.serving.server import VLLMServer
 from pipecat_rl.training.config import LORA_TARGETS
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.registry import _canary_ids, load_and_verify, served_canary

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_DATA
 from pipecat_rl.errors import ModelError
-from pipecat_rl.models import MARKER, chat_template, prepare_model
+from pipecat_rl.serving.weights import MARKER, chat_template, prepare_model
 
 pytestmark = pytest.mark.slow  # the first preparation converts a 100 MB GGUF
 

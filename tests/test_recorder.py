@@ -13,7 +13,7 @@ from pipecat.frames.frames import InterruptionFrame, VADUserStoppedSpeakingFrame
 from transformers import AutoTokenizer
 
 from pipecat_rl.ledger import Ledger, LiveTrust, ScoreIn
-from pipecat_rl.processors import RLRecorder, SessionInfo, install, recording, setup_file_path
+from pipecat_rl.recording import RLRecorder, SessionInfo, install, record_session, setup_file_path
 from tests.recording_helpers import Call, DelayedSTT, DelayedTTS, vllm_llm
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -155,7 +155,7 @@ async def test_setup_file_records_a_bot_without_any_pipecat_rl_import(vllm_serve
 async def test_recording_context_labels_every_worker_set_up_inside_it(vllm_server, ledger):
     info = SessionInfo(call_id="episode-7", source="simulate", scenario_id="book", split="pool",
                        seed=3, repeat=1)  # fmt: skip
-    with recording(ledger, info) as handle:
+    with record_session(ledger, info) as handle:
         call = Call([], llm=vllm_llm(vllm_server.url))
         await install(call.worker)
         async with call:
@@ -194,7 +194,7 @@ async def test_other_openai_compatible_servers_record_text_without_token_ids(led
 
 
 async def test_redaction_without_consent_drops_token_ids(vllm_server, ledger):
-    from pipecat_rl.processors import Redactor
+    from pipecat_rl.recording import Redactor
 
     redactor = Redactor(names=["Alice"])
     for call_id, consent in (("no-consent", False), ("consented", True)):

@@ -1,4 +1,4 @@
-from pipecat_rl.processors import Redactor
+from pipecat_rl.recording import Redactor
 
 
 def test_redacts_each_kind_of_pii():

@@ -33,8 +33,8 @@ from pipecat.services.openai.responses.llm import OpenAIResponsesHttpLLMService
 
 from pipecat_rl import compat
 from pipecat_rl.ledger import Ledger
-from pipecat_rl.processors import RLRecorder
-from pipecat_rl.processors.responses_tee import chat_messages, chat_tools
+from pipecat_rl.recording import RLRecorder
+from pipecat_rl.recording.responses_tee import chat_messages, chat_tools
 from tests.fake_openai import serve_fake_openai
 from tests.recording_helpers import Call
 
@@ -545,7 +545,7 @@ async def test_a_websocket_responses_bot_is_recorded_as_text_only_with_a_warning
     from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
     from pipecat.services.openai.responses.llm import OpenAIResponsesLLMService
 
-    from pipecat_rl.processors import install
+    from pipecat_rl.recording import install
 
     llm = OpenAIResponsesLLMService(
         api_key="k",

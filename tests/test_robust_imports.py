@@ -62,7 +62,7 @@ def test_verbs_without_a_pipeline_do_not_import_pipecat(tmp_path, args):
 def test_plotting_is_an_extra_with_a_helpful_error(tmp_path):
     blocked = (
         "import sys; sys.modules['matplotlib'] = None; sys.modules['matplotlib.figure'] = None\n"
-        "import pipecat_rl.processors, pipecat_rl.ledger  # a recording bot needs no plots\n"
+        "import pipecat_rl.recording, pipecat_rl.ledger  # a recording bot needs no plots\n"
         "from pipecat_rl.gate import receipt\n"
         "try:\n"
         "    import pipecat_rl.gate.report_html\n"

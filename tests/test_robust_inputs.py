@@ -22,7 +22,7 @@ from pipecat_rl.gate.config import GateConfig
 from pipecat_rl.ledger import Ledger, SessionRecord
 from pipecat_rl.scenarios import MAX_RUNS, MAX_TURNS
 from pipecat_rl.scenarios.yaml_safe import MAX_NODES
-from pipecat_rl.serving import free_port
+from pipecat_rl.serving.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"

@@ -27,10 +27,10 @@ from pipecat_rl.cli.common import EXIT_FAILURE
 from pipecat_rl.ledger import Ledger, ScoreIn, SessionRecord, TurnRecord
 from pipecat_rl.ledger import store as ledger_store
 from pipecat_rl.ledger.liveness import process_started
-from pipecat_rl.ledger.outcome import UNTRAINABLE_OUTCOMES
-from pipecat_rl.processors import RLRecorder
-from pipecat_rl.processors.llm_tee import LLMCall, tee_llm_service
-from pipecat_rl.serving import free_port
+from pipecat_rl.recording import RLRecorder
+from pipecat_rl.recording.llm_tee import LLMCall, tee_llm_service
+from pipecat_rl.scoring.outcome import UNTRAINABLE_OUTCOMES
+from pipecat_rl.serving.server import free_port
 from tests.fake_openai import serve_fake_openai
 from tests.recording_helpers import Call, vllm_llm
 from tests.robust_helpers import CLINIC, cli_env, long_scenario, recorded_turns, start_fake_vllm
@@ -278,7 +278,7 @@ def test_a_locked_ledger_fails_the_episode_and_the_run(tmp_path, monkeypatch):
     bot = tmp_path / "locking_bot.py"
     bot.write_text(
         "import importlib.util, sqlite3\n"
-        "from pipecat_rl.processors.session import current_recording\n"
+        "from pipecat_rl.recording.session import current_recording\n"
         f"spec = importlib.util.spec_from_file_location('expert', {str(CLINIC / 'expert.py')!r})\n"
         "expert = importlib.util.module_from_spec(spec)\n"
         "import sys; sys.path.insert(0, spec.origin.rsplit('/', 1)[0])\n"
@@ -324,7 +324,7 @@ def test_a_call_that_ends_just_before_the_process_exits_is_still_written(tmp_pat
         f"""
         import time
         from pipecat_rl.ledger import Ledger, SessionRecord
-        from pipecat_rl.processors.writer import acquire_writer
+        from pipecat_rl.recording.writer import acquire_writer
 
         writer = acquire_writer({str(path)!r})
 

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE
 from pipecat_rl.errors import ConfigError, ServingError
-from pipecat_rl.serving import API_KEY_ENV, VLLMAdmin, VLLMServer, free_port, guarded
+from pipecat_rl.serving.server import API_KEY_ENV, VLLMAdmin, VLLMServer, free_port, guarded
 from tests.robust_helpers import (
     CLINIC,
     ROOT,
@@ -61,7 +61,7 @@ def test_the_engine_group_dies_with_a_sigkilled_parent(tmp_path):
     )
     parent = (
         "import subprocess, sys, time\n"
-        "from pipecat_rl.serving import guarded\n"
+        "from pipecat_rl.serving.server import guarded\n"
         f"command, tie = guarded([sys.executable, '-c', {engine!r}])\n"
         "subprocess.Popen(command, **tie)\n"
         "time.sleep(600)\n"

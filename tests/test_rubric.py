@@ -4,7 +4,7 @@ import pytest
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import SessionRecord
-from pipecat_rl.rubric import DEFAULT_RUBRIC, Part, Rubric, load_rubric
+from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Part, Rubric, load_rubric
 from pipecat_rl.training.advantage import rubric_reward
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.grpo import build_groups

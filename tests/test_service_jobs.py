@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from pipecat_rl.ledger import Ledger, SessionRecord
 from pipecat_rl.service.app import create_app
-from pipecat_rl.service.models import GateJob, SimulateJob, TrainJob
+from pipecat_rl.service.bodies import GateJob, SimulateJob, TrainJob
 from pipecat_rl.service.settings import ServiceSettings
 from pipecat_rl.simulator.options import GATE_REPEATS, SimulationOptions
 from pipecat_rl.training.config import TrainConfig

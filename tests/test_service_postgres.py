@@ -84,7 +84,7 @@ def test_unload_adapter_refuses_the_live_adapter_of_a_postgres_ledger(pg_url):  
 def test_the_live_adapter_selector_reads_the_pointer_of_a_postgres_ledger(pg_url):  # noqa: F811
     from pipecat.services.openai.llm import OpenAILLMService
 
-    from pipecat_rl.processors import LiveAdapterSelector
+    from pipecat_rl.recording import LiveAdapterSelector
 
     llm = OpenAILLMService(api_key="none", settings=OpenAILLMService.Settings(model="base"))
     selector = LiveAdapterSelector(llm, ledger=pg_url)

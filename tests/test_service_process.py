@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.service.app import create_app
 from pipecat_rl.service.settings import ServiceSettings
-from pipecat_rl.serving import free_port
+from pipecat_rl.serving.server import free_port
 from tests.service_helpers import clinic_copy
 from tests.test_gate_promote import FakeVLLM, _call, receipt_file
 

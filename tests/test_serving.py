@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from pipecat_rl.cli.common import EXIT_UNAVAILABLE
 from pipecat_rl.errors import ModelError, ServingError
-from pipecat_rl.serving import BASE_ALIAS, VLLMAdmin, VLLMServer
+from pipecat_rl.serving.server import BASE_ALIAS, VLLMAdmin, VLLMServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

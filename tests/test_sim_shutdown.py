@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from pipecat_rl.ledger import Ledger
-from pipecat_rl.serving import free_port
+from pipecat_rl.serving.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

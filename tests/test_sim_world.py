@@ -3,12 +3,12 @@ from pathlib import Path
 import pytest
 
 from pipecat_rl.errors import ScenarioError
-from pipecat_rl.rubric import DEFAULT_RUBRIC
 from pipecat_rl.scenarios import load_scenario_file
 from pipecat_rl.scenarios.scenario import GUARDED_CHECKS, AsrNoise
+from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC
 from pipecat_rl.simulator import World, load_scenarios
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
-from pipecat_rl.simulator.rewards import EpisodeEvidence, failure_labels, pass_hat_k, reward_parts
+from pipecat_rl.simulator.rewards import EpisodeEvidence, failure_labels, reward_parts
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
 
@@ -155,12 +155,6 @@ def test_unauthorised_write_and_dead_loop_labels():
     world.execute("cancel", {"confirmation": "DX-48213-77065"})
     labels = failure_labels(EpisodeEvidence(s, world.executions, world.verify(), [], "max_turns"))
     assert labels == ["tool_error", "dead_loop", "unauthorised_write", "timeout", "recovered"]
-
-
-def test_pass_hat_k():
-    assert pass_hat_k([True, True, True], 3) == 1.0
-    assert pass_hat_k([True, False, True, True], 2) == pytest.approx(0.5)
-    assert pass_hat_k([True], 2) is None
 
 
 def test_asr_noise_is_seeded_and_confuses_spelled_things():

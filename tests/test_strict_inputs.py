@@ -148,7 +148,7 @@ def test_a_scenario_switch_written_as_a_string_is_refused_naming_it(tmp_path):
 
 
 def test_a_loop_switch_written_as_a_string_is_refused_naming_it(tmp_path):
-    from pipecat_rl.service.loop import load_loop_config
+    from pipecat_rl.loop.config import load_loop_config
 
     path = tmp_path / "loop.yaml"
     path.write_text("bot: bot.py\npool: pool\nheldout: heldout\ntrain: {verify_on_server: 'no'}\n")
@@ -157,7 +157,7 @@ def test_a_loop_switch_written_as_a_string_is_refused_naming_it(tmp_path):
 
 
 def test_a_loop_file_of_another_suffix_is_refused_naming_it(tmp_path):
-    from pipecat_rl.service.loop import load_loop_config
+    from pipecat_rl.loop.config import load_loop_config
 
     path = tmp_path / "loop.json"
     path.write_text('{"bot": "bot.py", "pool": "pool", "heldout": "heldout"}')

@@ -99,7 +99,7 @@ def test_adapter_names_are_versioned_and_never_reused(tmp_path: Path):
 
 
 def test_vllm_cpu_serves_in_the_trainers_precision(tmp_path: Path):
-    from pipecat_rl.serving import VLLMServer, running_on_cpu
+    from pipecat_rl.serving.server import VLLMServer, running_on_cpu
 
     (tmp_path / "config.json").write_text("{}")
     command = VLLMServer(tmp_path, port=1).command()
@@ -108,7 +108,7 @@ def test_vllm_cpu_serves_in_the_trainers_precision(tmp_path: Path):
 
 
 def test_the_server_returns_logprobs_in_the_space_the_trainer_scores(tmp_path: Path):
-    from pipecat_rl.serving import VLLMServer
+    from pipecat_rl.serving.server import VLLMServer
 
     (tmp_path / "config.json").write_text("{}")
     command = VLLMServer(tmp_path, port=1).command()

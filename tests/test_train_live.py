@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, LiveTrust, ScoreIn, SessionRecord
+from pipecat_rl.loop.config import LiveSettings, load_loop_config
+from pipecat_rl.loop.cycle import live_calls, run_cycle
 from pipecat_rl.scenarios import Scenario, load_scenarios
 from pipecat_rl.scenarios.scenario import Script, ScriptRule
 from pipecat_rl.service.app import create_app
-from pipecat_rl.service.cycle import live_calls, run_cycle
-from pipecat_rl.service.loop import LiveSettings, load_loop_config
 from pipecat_rl.service.settings import ServiceSettings
 from pipecat_rl.training import TrainConfig, train
 from pipecat_rl.training import trainer as trainer_module

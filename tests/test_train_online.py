@@ -18,7 +18,7 @@ from fastapi import FastAPI, HTTPException, Request
 
 from pipecat_rl.errors import GuardError, NotMovedError, NoTrainingSignalError
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
-from pipecat_rl.serving import VLLMAdmin, free_port
+from pipecat_rl.serving.server import VLLMAdmin, free_port
 from pipecat_rl.simulator import SimulationOptions
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import TrainConfig, train

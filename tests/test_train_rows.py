@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from pipecat_rl.ledger import Ledger, SessionRecord, TurnRecord
-from pipecat_rl.processors.demonstration import render_demonstration
+from pipecat_rl.recording.demonstration import render_demonstration
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 from pipecat_rl.training.rows import TrainableTurn, build_sequences
 
@@ -133,7 +133,7 @@ def test_a_heldout_scenario_copied_into_the_pool_never_trains(tmp_path):
 def test_training_api_imports_without_torch():
     code = (
         "import sys; from pipecat_rl.training import TrainConfig, TrainResult; "
-        "import pipecat_rl.processors.recorder; print('torch' in sys.modules)"
+        "import pipecat_rl.recording.recorder; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

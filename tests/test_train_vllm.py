@@ -9,7 +9,7 @@ import pytest
 from pipecat_rl.errors import GuardError, NoTrainingSignalError
 from pipecat_rl.gate.lineage import ledger_lineage
 from pipecat_rl.ledger import Ledger
-from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.serving.server import VLLMAdmin
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 from pipecat_rl.training import TrainConfig, train
 from pipecat_rl.training.guard import run_guard

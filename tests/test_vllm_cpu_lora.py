@@ -8,8 +8,8 @@ import httpx
 import pytest
 import torch
 
-from pipecat_rl import vllm_cpu_lora
-from pipecat_rl.serving import BASE_ALIAS, VLLMServer
+from pipecat_rl.serving import vllm_cpu_lora
+from pipecat_rl.serving.server import BASE_ALIAS, VLLMServer
 
 lora_ops = pytest.importorskip("vllm.lora.ops.torch_ops.lora_ops")
 
@@ -238,11 +238,11 @@ def test_a_base_request_batched_beside_adapters_gets_the_base_model(vllm_server,
 
 
 def test_the_cpu_server_asks_for_the_grouped_ops_unless_told_not_to(monkeypatch, tmp_path):
-    monkeypatch.setattr("pipecat_rl.serving.running_on_cpu", lambda: True)
+    monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: True)
     monkeypatch.delenv(vllm_cpu_lora.ENV, raising=False)
     assert VLLMServer(tmp_path).environment()[vllm_cpu_lora.ENV] == "1"
     monkeypatch.setenv(vllm_cpu_lora.ENV, "0")
     assert VLLMServer(tmp_path).environment()[vllm_cpu_lora.ENV] == "0"
-    monkeypatch.setattr("pipecat_rl.serving.running_on_cpu", lambda: False)
+    monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: False)
     monkeypatch.delenv(vllm_cpu_lora.ENV)
     assert vllm_cpu_lora.ENV not in VLLMServer(tmp_path).environment()

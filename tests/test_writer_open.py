@@ -12,8 +12,8 @@ import pytest
 
 from pipecat_rl.errors import LedgerError
 from pipecat_rl.ledger import dialect
-from pipecat_rl.processors import RLRecorder
-from pipecat_rl.processors.writer import acquire_writer
+from pipecat_rl.recording import RLRecorder
+from pipecat_rl.recording.writer import acquire_writer
 from tests.fake_openai import serve_fake_openai
 from tests.recording_helpers import Call, vllm_llm
 

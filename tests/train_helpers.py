@@ -7,7 +7,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from pipecat_rl.ledger import TurnRecord
-from pipecat_rl.serving import LOGPROBS_MODE
+from pipecat_rl.serving.server import LOGPROBS_MODE
 from pipecat_rl.training.config import LORA_TARGETS
 from pipecat_rl.training.policy import Policy, loss_positions, selective_logprobs
 

@@ -36,7 +36,7 @@ from pipecat.workers.runner import WorkerRunner
 
 from pipecat_rl import LiveAdapterSelector, Redactor, RLRecorder
 from pipecat_rl.scenarios import Scenario
-from pipecat_rl.serving import client_api_key
+from pipecat_rl.serving.server import client_api_key
 from pipecat_rl.simulator.persona import ScriptedPersona, build_persona_worker
 from pipecat_rl.simulator.scripted import ScriptedLLMService
 from pipecat_rl.simulator.transport import Line, LocalTransportPair

@@ -5,7 +5,7 @@ it). No verb shows a traceback unless run with -vv (`CLIGroup`). Verbs import Pi
 they build a pipeline, so `ledger`, `llm` and `models` start fast.
 
 Each module here is named after the verb group it registers, so some share a name with the
-module that does the work (`cli/models.py` calls `pipecat_rl/models.py`, `cli/cycle.py` runs
+module that does the work (`cli/models.py` calls `serving/weights.py`, `cli/cycle.py` runs
 `service/cycle.py`): the verb module parses flags, calls that one, and prints.
 """
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from pipecat_rl.cli.common import EXIT_OK, cli_errors, config_file, console, print_json, results
 from pipecat_rl.cli.ledger import LedgerOpt
-from pipecat_rl.service.loop import STAGES, load_loop_config
+from pipecat_rl.loop.config import STAGES, load_loop_config
 
 _STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 
@@ -87,7 +87,7 @@ def cycle_command(
             if v is not None
         }
         loop = load_loop_config(config_file(config, "--config"), **overrides)
-        from pipecat_rl.service.cycle import run_cycle
+        from pipecat_rl.loop.cycle import run_cycle
 
         progress = _Progress(enabled=not json_out)
         with progress.live:

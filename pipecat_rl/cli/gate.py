@@ -48,7 +48,7 @@ from pipecat_rl.gate import (
 from pipecat_rl.gate.receipt import ci_text
 from pipecat_rl.ledger import resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, load_scenarios
-from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.serving.server import VLLMAdmin
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.options import GATE_REPEATS, MAX_SEED, SimulationOptions
 

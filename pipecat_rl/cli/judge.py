@@ -17,7 +17,7 @@ from pipecat_rl.cli.common import EXIT_FAILURE, cli_errors, console, print_json
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
-from pipecat_rl.service.loop import span_s
+from pipecat_rl.loop.config import span_s
 
 if TYPE_CHECKING:  # the judge imports Pipecat: only when a judge really runs
     from pipecat_rl.simulator.live_judge import JudgeReport
@@ -86,7 +86,7 @@ def judge_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Judge the live calls of the last --since that nobody scored, as scores from `judge`."""
-    from pipecat_rl.service.drafts import draft_from_live_failures
+    from pipecat_rl.loop.drafts import draft_from_live_failures
     from pipecat_rl.simulator.judge import check_reachable, resolve_endpoint
     from pipecat_rl.simulator.live_judge import judge_live, load_judge_rubric
 

@@ -25,7 +25,7 @@ from pipecat_rl.cli.common import (
     results,
     writable_folder,
 )
-from pipecat_rl.cli.transcript import gate_score, num, print_transcript, when
+from pipecat_rl.cli.transcript import num, print_transcript, shown_score, when
 from pipecat_rl.errors import ConfigError, ScoreRefusedError
 from pipecat_rl.ledger import (
     LEDGER_ENV,
@@ -153,7 +153,7 @@ def sessions(
         table.add_row(
             *(escape(_cell(s, name)) for name in ("id", "started", "source", "scenario",
                                                   "policy", "outcome")),
-            num(gate_score(s.reward_parts)),
+            num(shown_score(s.reward_parts)),
             escape(", ".join(s.failure_labels) or "-"),
         )  # fmt: skip
     print_table(results(), table)

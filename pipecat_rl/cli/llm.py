@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from pipecat_rl import defaults
 from pipecat_rl.cli.common import (
     EXIT_UNAVAILABLE,
     HELP_MARKUP,
@@ -21,7 +22,7 @@ from pipecat_rl.cli.common import (
 )
 from pipecat_rl.cli.ledger import LedgerOpt
 from pipecat_rl.errors import ConfigError
-from pipecat_rl.serving import (
+from pipecat_rl.serving.server import (
     API_KEY_ENV,
     VLLMAdmin,
     VLLMServer,
@@ -63,7 +64,9 @@ def resolve_llm_url(explicit: str | None) -> str:
 
 @llm_app.command("serve")
 def serve(
-    model: Annotated[str, typer.Option(help="Packaged model, HF folder or .gguf.")] = "smollm2",
+    model: Annotated[
+        str, typer.Option(help="Packaged model, HF folder or .gguf.")
+    ] = defaults.MODEL,
     host: Annotated[
         str, typer.Option(help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
@@ -89,14 +92,14 @@ def serve(
     json_out: JsonOption = False,
 ) -> None:
     """Start vLLM with LoRA on loopback, report its URL and models, and run until stopped."""
-    from pipecat_rl.models import prepare_model
+    from pipecat_rl.serving.weights import prepare_model
 
     with cli_errors():
         if not is_loopback(host) and not api_key:
             VLLMServer.refuse_open_bind(host)
         weights, name = prepare_model(model), None
         if merged:
-            from pipecat_rl.merged import merge_adapter, rank_over_merged
+            from pipecat_rl.serving.merged import merge_adapter, rank_over_merged
 
             name, folder = _adapter_to_merge(merged, ledger)
             weights = merge_adapter(folder, weights)
@@ -231,7 +234,9 @@ def models(
 @llm_app.command("chat")
 def chat(
     message: Annotated[str, typer.Argument(help="What the user says.")] = "Hi! What can you do?",
-    model: Annotated[str, typer.Option(help="Model to serve when no server is given.")] = "smollm2",
+    model: Annotated[
+        str, typer.Option(help="Model to serve when no server is given.")
+    ] = defaults.MODEL,
     adapter: Annotated[str, typer.Option(help="Served name to ask: base or an adapter.")] = "base",
     max_tokens: Annotated[int, typer.Option(min=1, max=8192, help="Reply length cap.")] = 48,
     llm_url: Annotated[
@@ -259,7 +264,7 @@ async def _chat(
 ) -> dict:
     from openai import AsyncOpenAI
 
-    from pipecat_rl.models import prepare_model
+    from pipecat_rl.serving.weights import prepare_model
 
     async def ask(base_url: str) -> dict:
         # closed in this loop: a client collected after its loop ended logs tracebacks

@@ -1,11 +1,12 @@
-"""`pipecat-rl models`: prepare packaged or local weights for serving (`pipecat_rl.models`)."""
+"""`pipecat-rl models`: prepare packaged or local weights for serving (`serving.weights`)."""
 
 from typing import Annotated
 
 import typer
 
+from pipecat_rl import defaults
 from pipecat_rl.cli.common import HELP_MARKUP, cli_errors, print_json, results
-from pipecat_rl.models import PACKAGED_MODELS, prepare_model
+from pipecat_rl.serving.weights import PACKAGED_MODELS, prepare_model
 
 models_app = typer.Typer(
     help="Prepare models for serving.", no_args_is_help=True, rich_markup_mode=HELP_MARKUP
@@ -15,8 +16,8 @@ models_app = typer.Typer(
 @models_app.command("prepare")
 def prepare(
     model: Annotated[
-        str, typer.Argument(help="A packaged model name (smollm2), an HF folder or a .gguf file.")
-    ] = "smollm2",
+        str, typer.Argument(help="A packaged model name, an HF folder or a .gguf file.")
+    ] = defaults.MODEL,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Convert a packaged GGUF to a cached HF folder (idempotent) and print its path."""

@@ -9,7 +9,7 @@ from pipecat_rl.cli.common import print_json
 
 def setup_file(json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
     """Print the file that records any bot: PIPECAT_SETUP_FILES=$(pipecat-rl setup-file)."""
-    from pipecat_rl.processors.setup_file import setup_file_path  # imports Pipecat: only here
+    from pipecat_rl.recording.setup_file import setup_file_path  # imports Pipecat: only here
 
     if json_out:
         print_json({"setup_file": str(setup_file_path())})

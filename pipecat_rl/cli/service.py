@@ -5,6 +5,7 @@ from typing import Annotated
 
 import typer
 
+from pipecat_rl import defaults
 from pipecat_rl.cli.common import cli_errors, console
 from pipecat_rl.cli.ledger import LedgerOpt
 from pipecat_rl.cli.llm import LLM_URL_ENV
@@ -38,7 +39,7 @@ def service_command(
             help="The bot's vLLM: promotions load adapters there (else jobs start their own).",
         ),
     ] = None,
-    model: Annotated[str, typer.Option(help="Model an embedded vLLM serves.")] = "smollm2",
+    model: Annotated[str, typer.Option(help="Model an embedded vLLM serves.")] = defaults.MODEL,
     max_body_kb: Annotated[int, typer.Option(min=1, help="Largest request body accepted.")] = 64,
 ) -> None:
     """Serve the job API (simulate, train, gate, promote, rollback, cycle) with OpenAPI at /docs."""

@@ -16,6 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from pipecat_rl import defaults
 from pipecat_rl.cli.common import (
     EXIT_FAILURE,
     EXIT_NO,
@@ -34,6 +35,7 @@ from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, load_scenarios
+from pipecat_rl.scoring import SessionOutcome
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S, MAX_SEED, SimulationOptions
 from pipecat_rl.simulator.world import World
@@ -185,7 +187,7 @@ def simulate_command(
     ] = False,
     model: Annotated[
         str, typer.Option("--model", help="Model the embedded server serves.")
-    ] = "smollm2",
+    ] = defaults.MODEL,
     persona_llm_url: Annotated[
         str | None,
         typer.Option(
@@ -280,7 +282,7 @@ def simulate_command(
             "for them); start the server again and re-run"
         )
         raise typer.Exit(EXIT_UNAVAILABLE)
-    failed = [e for r in reports for e in r.episodes if e.outcome == "error"]
+    failed = [e for r in reports for e in r.episodes if e.outcome == SessionOutcome.ERROR]
     if failed:
         console.print(
             f"[red]{len(failed)} episode(s) could not run[/red]; first: "

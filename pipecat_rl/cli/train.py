@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pipecat_rl import defaults
 from pipecat_rl.cli.common import (
     cli_errors,
     console,
@@ -87,11 +88,11 @@ def train_command(
     group_size: Annotated[
         int, typer.Option("--group-size", min=2, help="GRPO: episodes per scenario.")
     ] = 4,
-    rank: Annotated[int, typer.Option("--rank", min=1, help="LoRA rank.")] = 16,
+    rank: Annotated[int, typer.Option("--rank", min=1, help="LoRA rank.")] = defaults.LORA_RANK,
     lr: Annotated[float | None, typer.Option("--lr", help="Learning rate.")] = None,
     temperature: Annotated[
         float, typer.Option("--temperature", help="GRPO exploration temperature.")
-    ] = 1.0,
+    ] = defaults.TRAIN_TEMPERATURE,
     persona: Annotated[
         Literal["llm", "scripted"],
         typer.Option("--persona", help="Online: LLM persona, or the scenarios' script."),
@@ -113,7 +114,7 @@ def train_command(
     parent: Annotated[
         str | None, typer.Option("--parent", help="Adapter to continue from (default: base).")
     ] = None,
-    model: Annotated[str, typer.Option("--model", help="The served base model.")] = "smollm2",
+    model: Annotated[str, typer.Option("--model", help="The served base model.")] = defaults.MODEL,
     llm_url: Annotated[
         str | None,
         typer.Option(
@@ -164,7 +165,7 @@ def train_command(
         trust = live_trust(live_sources, live_settle)
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
-            group_size=group_size, rank=rank, alpha=2 * rank, lr=lr, temperature=temperature,
+            group_size=group_size, rank=rank, lr=lr, temperature=temperature,
             out_dir=out, seed=seed, opsd_loss=opsd_loss, opsd_hint=opsd_hint,
         )  # fmt: skip
         rollouts = None

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, ToolCallRecord, TurnRecord
-from pipecat_rl.ledger.outcome import authoritative_part, authoritative_score
+from pipecat_rl.scoring import authoritative_part, gate_score
 
 _STAGES = (
     ("endpointing", "endpointing_ms"),
@@ -43,10 +43,10 @@ def num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}".rstrip("0").rstrip(".")
 
 
-def gate_score(parts: dict[str, float]) -> float | None:
-    """The session's score on the gate's scale (its authoritative part), None when unverified."""
+def shown_score(parts: dict[str, float]) -> float | None:
+    """The session's score on the gate's scale (`scoring.gate_score`), None when unverified."""
     try:
-        return authoritative_score(parts)
+        return gate_score(parts, {})
     except ValueError:  # a part out of range is the ledger's problem, not a display's
         return None
 
@@ -177,7 +177,7 @@ def _header(out: Console, s: SessionRecord, store: Ledger) -> None:
     )
     out.print(f"  started {when(s.started_at)}   ended {when(s.ended_at)}")
     decided_by = authoritative_part(s.reward_parts)
-    score = num(gate_score(s.reward_parts)) + (f" ({decided_by})" if decided_by else "")
+    score = num(shown_score(s.reward_parts)) + (f" ({decided_by})" if decided_by else "")
     parts = ", ".join(f"{k} {num(v)}" for k, v in s.reward_parts.items())
     out.print(
         f"  outcome {escape(s.outcome or '-')}   score {escape(score)}"

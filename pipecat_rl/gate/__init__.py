@@ -10,7 +10,7 @@ Modules, in the order data flows:
   cost); `operating` simulates the verdict's error rates (the benchmark's table);
 - `verdict`: one check per rule, then PROMOTE / REJECT / INCONCLUSIVE;
 - `evaluate`: all of the above on one `GateData`, producing the `GateReceipt`;
-- `decide`: `run_gate`, the one gate sequence (evidence → evaluate → receipt written and recorded);
+- `run`: `run_gate`, the one gate sequence (evidence → evaluate → receipt written and recorded);
 - `simulate`: the gate's own paired runs, through `simulator.run`;
 - `receipt`, `report_html`: the receipt as JSON, Markdown and a self-contained HTML page (its
   plots in `report_plots`, the candidate's guard and training curves read by `report_training`);
@@ -19,7 +19,6 @@ Modules, in the order data flows:
 """
 
 from pipecat_rl.gate.config import GateConfig, PriceTable, load_gate_config
-from pipecat_rl.gate.decide import Evidence, FromLedger, FromScores, GateRun, Simulated, run_gate
 from pipecat_rl.gate.evaluate import evaluate
 from pipecat_rl.gate.inputs import (
     GateData,
@@ -37,6 +36,7 @@ from pipecat_rl.gate.lineage import (
 )
 from pipecat_rl.gate.promote import LiveMove, promote, rollback, verify_receipt
 from pipecat_rl.gate.receipt import GateReceipt, load_receipt, render_markdown, write_receipt
+from pipecat_rl.gate.run import Evidence, FromLedger, FromScores, GateRun, Simulated, run_gate
 from pipecat_rl.gate.verdict import EXIT_CODES, Verdict
 
 __all__ = [

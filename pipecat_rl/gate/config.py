@@ -33,7 +33,7 @@ Defaults, and why:
 Every number must be finite, and a switch is a boolean (`true`/`false`), never a string or a
 number: `require_latency: 'no'` is refused, not read as on. A file is read as its suffix says:
 `.json` as JSON only, `.yaml`/`.yml` as YAML. The score the gate pairs is the authoritative one
-(`pipecat_rl.ledger.outcome`: the verifier, else the judged `success`), never the shaped tool
+(`pipecat_rl.scoring.outcome`: the verifier, else the judged `success`), never the shaped tool
 credit; `judged_metrics` may add named judged parts, each a number in [0, 1], so the gate score
 stays in [0, 1]: (authoritative + sum w_i * part_i) / (1 + sum w_i).
 

@@ -58,7 +58,6 @@ from pipecat_rl.gate.stats import (
     MeanInterval,
     binomial_tail,
     outcome,
-    pass_k_curve,
     sample_size,
     scenario_deltas,
     sign_flip_test,
@@ -66,7 +65,7 @@ from pipecat_rl.gate.stats import (
     win_loss_tie,
 )
 from pipecat_rl.gate.verdict import (
-    Check,
+    GateCheck,
     Verdict,
     decide,
     guard_check,
@@ -78,6 +77,7 @@ from pipecat_rl.gate.verdict import (
     unusable_check,
     writes_check,
 )
+from pipecat_rl.scoring import pass_k_curve
 
 ScenarioKey = tuple[str, str | None]
 RunKey = tuple[int, int | None, int]
@@ -133,7 +133,7 @@ def _rewards(runs: tuple[RunResult, ...]) -> np.ndarray:
     return np.array([r.reward for r in runs], dtype=float)
 
 
-def _passed(runs: tuple[RunResult, ...]) -> int:
+def _passes(runs: tuple[RunResult, ...]) -> int:
     return sum(r.passed for r in runs)
 
 
@@ -180,8 +180,8 @@ def _paired(
         ties=outcomes.ties,
         tie_band=outcomes.tie_band,
         pass_k={
-            "candidate": pass_k_curve([(_passed(p.candidate), len(p.candidate)) for p in pairs]),
-            "incumbent": pass_k_curve([(_passed(p.incumbent), len(p.incumbent)) for p in pairs]),
+            "candidate": pass_k_curve([(_passes(p.candidate), len(p.candidate)) for p in pairs]),
+            "incumbent": pass_k_curve([(_passes(p.incumbent), len(p.incumbent)) for p in pairs]),
         },
         sample_size=sample_size(run_diffs, target=config.min_delta),
     )
@@ -298,7 +298,7 @@ def _checks(
     receipt_parts: tuple[PairedStats, RegressionStats, LatencyStats, SafetyStats, RunAccounting],
     candidate: Lineage,
     config: GateConfig,
-) -> tuple[Check, ...]:
+) -> tuple[GateCheck, ...]:
     """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`)."""
     paired, regressions, latency, safety, accounting = receipt_parts
     v2v = latency.v2v_p95  # in audio mode this holds the heard gap (`gated_on`)
@@ -457,8 +457,8 @@ def _rows(
                 regression="untested"
                 if test is None
                 else ("regressed" if test.confirmed else "none"),
-                candidate_passed=_passed(p.candidate),
-                incumbent_passed=_passed(p.incumbent),
+                candidate_passed=_passes(p.candidate),
+                incumbent_passed=_passes(p.incumbent),
                 candidate_unauthorized_writes=sum(r.unauthorized_writes for r in p.candidate),
                 incumbent_unauthorized_writes=sum(r.unauthorized_writes for r in p.incumbent),
             )  # fmt: skip

@@ -8,7 +8,7 @@ Sources, one shape:
 
 A scores file has one JSON object per run::
 
-    {"scenario": "reschedule-01", "policy": "clinic-v3", "run": 0, "reward": 1.0,
+    {"scenario": "reschedule-01", "policy": "policy-v3", "run": 0, "reward": 1.0,
      "v2v_ms": [812.0, 1034.5], "unauthorized_writes": 0}
 
 `run` pairs runs: candidate run r and incumbent run r of a scenario used the same seed. `reward`
@@ -32,7 +32,6 @@ booleans, never strings; a violation names the file, the line and the field. A f
 import hashlib
 import itertools
 import json
-import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +52,14 @@ from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate.cost import Usage
 from pipecat_rl.gate.latency import STAGES
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, TurnRecord
-from pipecat_rl.ledger.outcome import authoritative_part, authoritative_score, score_passed
 from pipecat_rl.scenarios.scenario import GUARDED_CHECKS
+from pipecat_rl.scoring import (
+    SessionOutcome,
+    authoritative_part,
+    gate_score,
+    passed,
+    score_passed,
+)
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 """Failure labels that count as one unauthorised write each."""
@@ -78,30 +83,6 @@ parsed record, so memory follows the runs kept, bounded by this cap: `pipecat-rl
 on a 60 MiB file of 110,000 runs with 24 latencies each peaked at 622 MB resident (baseline
 60 MB) and decided in 53 s on 2 shared cores. Real gates hold hundreds to thousands of lines
 (24 scenarios x 8 repeats x 2 arms is 384); a bigger file is refused before it is read."""
-
-
-def gate_score(parts: Mapping[str, float], judged: Mapping[str, float]) -> float | None:
-    """The score the gate pairs: the authoritative part, averaged with the named judged parts.
-
-    (authoritative + sum w_i * part_i) / (1 + sum w_i), in [0, 1]; None when the run has no
-    authoritative part (unverified). The shaped `tool_credit` is never part of it.
-
-    Raises:
-        ValueError: a part is missing, not finite, or outside [0, 1] (naming it).
-    """
-    score = authoritative_score(parts)
-    if score is None:
-        return None
-    total, weight = score, 1.0
-    for name, w in judged.items():
-        if name not in parts:
-            raise ValueError(f"reward part {name!r}, named by the gate config, is missing")
-        value = parts[name]
-        if not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= 1:
-            raise ValueError(f"reward part {name!r} is {value!r}; it must be a number in [0, 1]")
-        total += w * value
-        weight += w
-    return total / weight
 
 
 class UnauthorizedWrite(BaseModel):
@@ -179,7 +160,7 @@ class RunResult(BaseModel):
                     "gate never decides on tool_credit"
                 )
             score = gate_score(parts, (info.context or {}).get("judged", {}))
-            return {**data, "reward": score, "passed": score_passed(authoritative_score(parts))}
+            return {**data, "reward": score, "passed": passed(parts)}
         reward = data.get("reward")
         if isinstance(reward, int | float) and not isinstance(reward, bool):
             return {**data, "passed": score_passed(float(reward))}
@@ -478,7 +459,7 @@ def load_ledger_runs(
 
 def _unusable(s: SessionRecord) -> str | None:
     """Why a held-out session cannot be paired (a key of `Unusable`), or None if it can."""
-    if s.outcome == "error":
+    if s.outcome == SessionOutcome.ERROR:
         return "harness_errors"
     if authoritative_part(s.reward_parts) is None:
         return "unverified"

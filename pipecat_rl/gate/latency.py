@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from pipecat_rl.gate.stats import Interval, Result, t_quantile
+from pipecat_rl.scoring import P50, P95, quantile
 
 STAGES: tuple[str, ...] = ("endpointing_ms", "stt_ms", "llm_ttft_ms", "tts_ttfb_ms")
 """Pipeline stages a voice-to-voice regression is attributed to, in pipeline order."""
@@ -102,11 +103,6 @@ class RatioComparison(Result):
     clusters: int
     candidate_turns: int
     incumbent_turns: int
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The inverted-CDF q-quantile of `values`."""
-    return float(np.quantile(np.asarray(values, dtype=float), q, method="inverted_cdf"))
 
 
 def woodruff_interval(
@@ -211,7 +207,7 @@ def paired_replicates(
     return out_c, out_i
 
 
-def _percentile(
+def _interval_ends(
     estimate: float, replicates: np.ndarray, level: float, resamples: int, seed: int
 ) -> Interval:
     alpha = 1.0 - level
@@ -261,7 +257,7 @@ def compare_quantiles(
     reps_c, reps_i = paired_replicates(cand, inc, q=q, resamples=resamples, seed=seed)
     return QuantileComparison(
         q=q, candidate=cand_q, incumbent=inc_q,
-        difference=_percentile(
+        difference=_interval_ends(
             cand_q.estimate - inc_q.estimate, reps_c - reps_i, level, resamples, seed
         ),
         clusters=len(cand), candidate_sessions=cand_sessions, incumbent_sessions=inc_sessions,
@@ -290,7 +286,7 @@ def compare_ratio(
     est_c, est_i = quantile(np.concatenate(cand), q), quantile(np.concatenate(inc), q)
     return RatioComparison(
         measure=measure, q=q, candidate=est_c, incumbent=est_i,
-        ratio=_percentile(
+        ratio=_interval_ends(
             max(est_c, _FLOOR_MS) / max(est_i, _FLOOR_MS),
             np.maximum(reps_c, _FLOOR_MS) / np.maximum(reps_i, _FLOOR_MS), level, resamples, seed,
         ),
@@ -303,7 +299,7 @@ def stage_quantiles(values: Sequence[float]) -> StageQuantiles:
     """P50 and P95 of one stage's pooled samples."""
     if not len(values):
         return StageQuantiles(n=0, p50=None, p95=None)
-    return StageQuantiles(n=len(values), p50=quantile(values, 0.5), p95=quantile(values, 0.95))
+    return StageQuantiles(n=len(values), p50=quantile(values, P50), p95=quantile(values, P95))
 
 
 def attribute_regression(
@@ -327,4 +323,4 @@ def cdf_points(values: Sequence[float], points: int = 101) -> list[float]:
     if not len(values):
         return []
     grid = np.linspace(0.0, 1.0, points)
-    return [float(v) for v in np.quantile(np.asarray(values, float), grid, method="inverted_cdf")]
+    return [quantile(values, float(q)) for q in grid]

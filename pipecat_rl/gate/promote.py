@@ -28,7 +28,7 @@ from pipecat_rl.gate.evaluate import recheck
 from pipecat_rl.gate.lineage import LIVE
 from pipecat_rl.gate.receipt import GateReceipt, load_receipt, receipt_sha256
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LivePointer, NotInLedgerError
-from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.serving.server import VLLMAdmin
 
 ServerAction = Literal["loaded", "already_loaded", "base_model", "not_touched"]
 

@@ -31,7 +31,7 @@ from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.regressions import RegressionTest
 from pipecat_rl.gate.safety import SafetyArm, describe
 from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
-from pipecat_rl.gate.verdict import Check, Decision
+from pipecat_rl.gate.verdict import Decision, GateCheck
 from pipecat_rl.ledger import Ledger
 
 SCHEMA_VERSION = 3
@@ -184,7 +184,7 @@ class GateReceipt(_Part):
     scenarios: list[ScenarioRow]
     unauthorized_writes: int
     """By the candidate, over all its runs (paired or not)."""
-    checks: list[Check]
+    checks: list[GateCheck]
     notes: list[str] = Field(default_factory=list)
 
 

@@ -25,7 +25,7 @@ from pipecat_rl.gate.report_plots import (
     svg,
 )
 from pipecat_rl.gate.report_training import Training, lineage_training
-from pipecat_rl.gate.verdict import Check
+from pipecat_rl.gate.verdict import GateCheck
 from pipecat_rl.ledger import Ledger
 
 _VERDICT_COLORS = {"PROMOTE": "#2da44e", "REJECT": "#cf222e", "INCONCLUSIVE": "#bf8700"}
@@ -98,12 +98,12 @@ def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f}"
 
 
-def _quantile(i: QuantileInterval) -> tuple[str, str]:
+def _quantile_cells(i: QuantileInterval) -> tuple[str, str]:
     high = f"{i.high:,.0f}" if i.bounded else "unbounded"
     return f"{i.estimate:,.0f}", f"[{i.low:,.0f}, {high}]"
 
 
-def _names(checks: list[Check]) -> str:
+def _names(checks: list[GateCheck]) -> str:
     return ", ".join(TITLES.get(c.name, c.name) for c in checks)
 
 
@@ -188,11 +188,11 @@ def _p95_rows(r: GateReceipt, *, margin: bool) -> Rows:
             [f"{measure} P95, candidate − incumbent (ms)", f"{d.estimate:+,.0f}",
              f"[{d.low:+,.0f}, {d.high:+,.0f}]", f"upper bound ≤ {r.thresholds.p95_margin_ms:g}"],
         ]  # fmt: skip
-    value, interval = _quantile(v.candidate)
+    value, interval = _quantile_cells(v.candidate)
     return [
         [f"candidate {measure} P95 (ms)", value, interval,
          f"upper bound ≤ {r.thresholds.p95_budget_ms:,.0f}"],
-        [f"incumbent {measure} P95 (ms)", *_quantile(v.incumbent), ""],
+        [f"incumbent {measure} P95 (ms)", *_quantile_cells(v.incumbent), ""],
     ]  # fmt: skip
 
 
@@ -263,7 +263,7 @@ _CHECK_ROWS: dict[str, Callable[[GateReceipt], Rows]] = {
 }
 
 
-def _check_section(r: GateReceipt, c: Check, extra: str = "", detail: str | None = None) -> str:
+def _check_section(r: GateReceipt, c: GateCheck, extra: str = "", detail: str | None = None) -> str:
     """One check: its numbers against its threshold, then the gate's words (or `detail`)."""
     rows = _CHECK_ROWS.get(c.name, lambda _: [])(r)
     table = _table(
@@ -289,7 +289,7 @@ def _incidents(r: GateReceipt) -> str:
     )  # fmt: skip
 
 
-def _guard_section(r: GateReceipt, c: Check, training: Training | None) -> str:
+def _guard_section(r: GateReceipt, c: GateCheck, training: Training | None) -> str:
     """The guard check with the guard's recorded fields, when the ledger has them."""
     if training is None or not training.guard:
         return _check_section(r, c)
@@ -317,7 +317,7 @@ def latency_section(r: GateReceipt) -> str:
         v = lat.v2v_p95
         table = _table(
             ["P95 (ms)", "estimate", "95% interval", "turns / scenarios"],
-            [[role, *_quantile(i), f"{i.turns} / {i.clusters}"]
+            [[role, *_quantile_cells(i), f"{i.turns} / {i.clusters}"]
              for role, i in (("candidate", v.candidate), ("incumbent", v.incumbent))]
             + [["candidate − incumbent", f"{v.difference.estimate:+,.0f}",
                 f"[{v.difference.low:+,.0f}, {v.difference.high:+,.0f}]", str(v.clusters)]],

@@ -19,8 +19,6 @@ intervals resample whole scenarios (a cluster bootstrap), never single runs.
 - `binomial_tail`, `holm`: the exact discordant-pair tests of `gate.regressions` and their
   family-wise control; `binomial_upper_bound`: the upper bound on an unsafe-write rate.
 - `win_loss_tie`: delta_s > band is a win, < -band a loss, otherwise a tie.
-- `pass_hat_k`: tau-bench's unbiased pass^k for one scenario, C(c, k) / C(n, k) with c of n runs
-  passed: the chance that k runs drawn without replacement all pass.
 - `sample_size`: the minimum detectable effect at the current size, and the scenarios or
   repeats that would shrink the interval enough to decide (formulas on the function).
 """
@@ -385,28 +383,6 @@ def win_loss_tie(deltas: Sequence[float], tie_band: float) -> WinLossTie:
     return WinLossTie(
         wins=counts["win"], losses=counts["loss"], ties=counts["tie"], tie_band=tie_band
     )
-
-
-def pass_hat_k(passed: int, n: int, k: int) -> float:
-    """Unbiased pass^k of one scenario with `passed` of `n` runs passing: C(passed,k) / C(n,k)."""
-    if not 0 <= passed <= n or not 1 <= k <= n:
-        raise ValueError(f"need 0 <= passed <= n and 1 <= k <= n, got {passed=}, {n=}, {k=}")
-    return math.comb(passed, k) / math.comb(n, k)
-
-
-def pass_k_curve(passed_of_n: Sequence[tuple[int, int]]) -> dict[int, float]:
-    """A policy's pass^k for k = 1..min(n): the mean over scenarios of `pass_hat_k`.
-
-    Args:
-        passed_of_n: per scenario, (runs passed, runs total).
-    """
-    if not passed_of_n:
-        return {}
-    k_max = min(n for _, n in passed_of_n)
-    return {
-        k: float(np.mean([pass_hat_k(c, n, k) for c, n in passed_of_n]))
-        for k in range(1, k_max + 1)
-    }
 
 
 def sample_size(

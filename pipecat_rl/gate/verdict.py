@@ -52,7 +52,7 @@ SIGN_FLIP_ALPHA = 0.025
 """The one-sided level of the sign-flip test that stands in for a zero-width 95% interval."""
 
 
-class Check(Result):
+class GateCheck(Result):
     """One rule's outcome, with the numbers that decided it."""
 
     name: str
@@ -65,7 +65,7 @@ class Verdict(Result):
 
     decision: Decision
     reason: str
-    checks: tuple[Check, ...]
+    checks: tuple[GateCheck, ...]
 
     @property
     def exit_code(self) -> int:
@@ -110,11 +110,11 @@ def paired_check(
     zero_width: bool,
     n_scenarios: int,
     min_delta: float,
-) -> Check:
+) -> GateCheck:
     """The mean paired delta's t interval (and the sign-flip test) against `min_delta`."""
     name = "paired_reward"
     if interval is None:
-        return Check(
+        return GateCheck(
             name=name,
             status="uncertain",
             detail=f"{n_scenarios} paired scenario(s): an interval over scenarios needs >= 2",
@@ -135,7 +135,7 @@ def paired_check(
             "interval has no width, so it is no evidence on its own"
         )
         if status == "pass":
-            return Check(
+            return GateCheck(
                 name=name, status=status,
                 detail=f"{text}; the exact sign-flip test of those deltas against min_delta "
                 f"{min_delta:g} gives p = 2^-{interval.n} = {zero_width_p(interval.n):.2g}: "
@@ -147,30 +147,32 @@ def paired_check(
             if interval.estimate > min_delta
             else f"they do not exceed min_delta {min_delta:g}"
         )
-        return Check(
+        return GateCheck(
             name=name, status=status,
             detail=f"{text}, and {why}; runs that differ (more repeats, or scenarios the "
             "policies do not both always pass or fail) would decide",
         )  # fmt: skip
     if status == "pass":
-        return Check(name=name, status=status, detail=f"{text}: lower bound clears {min_delta:g}")
+        detail = f"{text}: lower bound clears {min_delta:g}"
+        return GateCheck(name=name, status=status, detail=detail)
     if status == "fail":
         limit = "the incumbent" if min_delta >= 0 else f"the margin {min_delta:g}"
-        return Check(
+        return GateCheck(
             name=name,
             status=status,
             detail=f"{text}: upper bound is below {min(0.0, min_delta):g}, so the candidate is "
             f"surely worse than {limit}",
         )
     if interval.high < min_delta:
-        return Check(
+        return GateCheck(
             name=name,
             status=status,
             detail=f"{text}: the candidate is at best {_signed(interval.high)} better, below "
             f"min_delta {min_delta:g}, and not shown worse; more runs will not make it clear "
             f"{min_delta:g} unless its gain is real",
         )
-    return Check(name=name, status=status, detail=f"{text}: the interval contains {min_delta:g}")
+    detail = f"{text}: the interval contains {min_delta:g}"
+    return GateCheck(name=name, status=status, detail=detail)
 
 
 def smallest_losses(tests: list[RegressionTest]) -> str:
@@ -197,11 +199,11 @@ def smallest_losses(tests: list[RegressionTest]) -> str:
     return "; ".join(parts)
 
 
-def regressions_check(tests: list[RegressionTest], alpha: float, max_regressions: int) -> Check:
+def regressions_check(tests: list[RegressionTest], alpha: float, max_regressions: int) -> GateCheck:
     """Units confirmed worse by the exact discordant-pair tests, against the cap."""
     name = "regressions"
     if not tests:
-        return Check(name=name, status="unavailable", detail="no regression test is configured")
+        return GateCheck(name=name, status="unavailable", detail="no regression test is configured")
     tested = [t for t in tests if t.tested]
     untested = [t for t in tests if not t.tested]
     skipped = (
@@ -212,7 +214,7 @@ def regressions_check(tests: list[RegressionTest], alpha: float, max_regressions
     )
     if not tested:
         most = max(tests, key=lambda t: t.pairs)
-        return Check(
+        return GateCheck(
             name=name,
             status="unavailable",
             detail=f"no regression test can fire: {most.unit} has the most runs ({most.pairs}) "
@@ -229,14 +231,14 @@ def regressions_check(tests: list[RegressionTest], alpha: float, max_regressions
             for t in confirmed[:5]
         )
         status: CheckStatus = "fail" if len(confirmed) > max_regressions else "pass"
-        return Check(
+        return GateCheck(
             name=name,
             status=status,
             detail=f"{len(confirmed)} unit(s) confirmed worse, cap {max_regressions}: {named}; "
             f"{family}; {smallest}{skipped}",
         )
     worst = min(tested, key=lambda t: t.p_value)
-    return Check(
+    return GateCheck(
         name=name,
         status="pass",
         detail=f"no unit confirmed worse ({family}; closest: {worst.unit}, lost {worst.worse} "
@@ -245,8 +247,8 @@ def regressions_check(tests: list[RegressionTest], alpha: float, max_regressions
     )
 
 
-def _text_mode_unavailable(name: str, what: str) -> Check:
-    return Check(
+def _text_mode_unavailable(name: str, what: str) -> GateCheck:
+    return GateCheck(
         name=name,
         status="unavailable",
         detail=f"text mode has no voice, so no {what}; the LLM stages are gated instead",
@@ -259,13 +261,13 @@ def p95_budget_check(
     require: bool,
     measure: str = "v2v",
     text_mode: bool = False,
-) -> Check:
+) -> GateCheck:
     """The candidate's P95 (`measure`: v2v, or the heard gap in audio mode) against the budget."""
     name = "p95_budget"
     if candidate is None:
         if text_mode:
             return _text_mode_unavailable(name, "voice-to-voice P95")
-        return Check(
+        return GateCheck(
             name=name,
             status="uncertain" if require else "unavailable",
             detail=f"no {measure} samples for both policies in 2+ scenarios, so the candidate's "
@@ -277,16 +279,16 @@ def p95_budget_check(
         + f", {candidate.turns} turns in {candidate.clusters} scenarios) vs budget {budget_ms:g} ms"
     )
     if candidate.bounded and candidate.high <= budget_ms:
-        return Check(name=name, status="pass", detail=f"{text}: within it")
+        return GateCheck(name=name, status="pass", detail=f"{text}: within it")
     if candidate.low > budget_ms:
-        return Check(name=name, status="fail", detail=f"{text}: over it")
+        return GateCheck(name=name, status="fail", detail=f"{text}: over it")
     if not candidate.bounded:
-        return Check(
+        return GateCheck(
             name=name,
             status="uncertain",
             detail=f"{text}: too few turns to bound the P95 from above; more sessions would",
         )
-    return Check(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
+    return GateCheck(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
 
 
 def p95_margin_check(
@@ -295,13 +297,13 @@ def p95_margin_check(
     require: bool,
     measure: str = "v2v",
     text_mode: bool = False,
-) -> Check:
+) -> GateCheck:
     """Candidate minus incumbent P95 (`measure`, paired over scenarios) against the margin."""
     name = "p95_vs_incumbent"
     if difference is None:
         if text_mode:
             return _text_mode_unavailable(name, "voice-to-voice P95")
-        return Check(
+        return GateCheck(
             name=name,
             status="uncertain" if require else "unavailable",
             detail=f"no {measure} samples for both policies in 2+ scenarios, so the difference "
@@ -313,20 +315,20 @@ def p95_margin_check(
         f"{margin_ms:g} ms"
     )
     if difference.high <= margin_ms:
-        return Check(name=name, status="pass", detail=f"{text}: within it")
+        return GateCheck(name=name, status="pass", detail=f"{text}: within it")
     if difference.low > margin_ms:
-        return Check(name=name, status="fail", detail=f"{text}: slower than that")
-    return Check(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
+        return GateCheck(name=name, status="fail", detail=f"{text}: slower than that")
+    return GateCheck(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
 
 
 def llm_ratio_check(
     measure: str, comparison: RatioComparison | None, limit: float, require: bool
-) -> Check:
+) -> GateCheck:
     """Candidate / incumbent of one LLM stage's P50 (`measure` in `LLM_MEASURES`) vs `limit`."""
     name = {"llm_ttft_ms": "llm_ttft_ratio", "llm_turn_ms": "llm_turn_ratio"}[measure]
     label = LLM_MEASURES[measure]
     if comparison is None:
-        return Check(
+        return GateCheck(
             name=name,
             status="uncertain" if require else "unavailable",
             detail=f"no {label} samples for both policies in 2+ scenarios",
@@ -338,31 +340,31 @@ def llm_ratio_check(
         f"{r.low:.2g}x-{r.high:.2g}x over {comparison.clusters} paired scenarios)"
     )
     if r.high <= limit:
-        return Check(name=name, status="pass", detail=f"{text}: within the {limit:g}x limit")
+        return GateCheck(name=name, status="pass", detail=f"{text}: within the {limit:g}x limit")
     if r.low > limit:
-        return Check(
+        return GateCheck(
             name=name,
             status="fail",
             detail=f"{text}: above the {limit:g}x limit; find what made it slower (longer "
             "prompts or replies, more tool-call round trips) before promoting it",
         )
-    return Check(
+    return GateCheck(
         name=name,
         status="uncertain",
         detail=f"{text}: the interval straddles the {limit:g}x limit; more runs would decide",
     )
 
 
-def writes_check(candidate: SafetyArm, incumbent: SafetyArm) -> Check:
+def writes_check(candidate: SafetyArm, incumbent: SafetyArm) -> GateCheck:
     """No unauthorised write by the candidate; both policies' counts are stated."""
-    return Check(
+    return GateCheck(
         name="unauthorized_writes",
         status="pass" if candidate.writes == 0 else "fail",
         detail=f"{describe(candidate, 'candidate')}; {describe(incumbent, 'incumbent')}",
     )
 
 
-def unusable_check(shares: dict[str, tuple[int, int, int]], max_share: float) -> Check:
+def unusable_check(shares: dict[str, tuple[int, int, int]], max_share: float) -> GateCheck:
     """Each arm's runs lost to harness errors or missing verdicts, against the allowed share.
 
     Args:
@@ -380,16 +382,16 @@ def unusable_check(shares: dict[str, tuple[int, int, int]], max_share: float) ->
             over.append(role)
     detail = "; ".join(parts) + f" (at most {max_share:.0%} allowed)"
     if over:
-        return Check(
+        return GateCheck(
             name="unusable_runs",
             status="uncertain",
             detail=f"{detail}: the lost runs of the {' and '.join(over)} might have gone either "
             "way; fix what broke them (the sessions' errors say) and run the gate again",
         )
-    return Check(name="unusable_runs", status="pass", detail=detail)
+    return GateCheck(name="unusable_runs", status="pass", detail=detail)
 
 
-def guard_check(candidate: Lineage, require_guard: bool) -> Check:
+def guard_check(candidate: Lineage, require_guard: bool) -> GateCheck:
     """The candidate's training guard (see `lineage` for the states)."""
     status: CheckStatus
     if candidate.guard in ("passed", "not_applicable"):
@@ -399,7 +401,7 @@ def guard_check(candidate: Lineage, require_guard: bool) -> Check:
     else:
         status = "fail"
     suffix = " (--require-guard)" if status == "fail" and candidate.guard == "unavailable" else ""
-    return Check(name="training_guard", status=status, detail=candidate.guard_detail + suffix)
+    return GateCheck(name="training_guard", status=status, detail=candidate.guard_detail + suffix)
 
 
 def _deciding_sample(sample: SampleSize) -> str:
@@ -418,7 +420,7 @@ def _deciding_sample(sample: SampleSize) -> str:
     return " or ".join(options) + f" would decide{mde}"
 
 
-def decide(checks: tuple[Check, ...], sample: SampleSize | None) -> Verdict:
+def decide(checks: tuple[GateCheck, ...], sample: SampleSize | None) -> Verdict:
     """Combine the checks into a verdict.
 
     `sample` is given when the paired interval contains `min_delta` (more runs could decide):

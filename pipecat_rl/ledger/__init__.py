@@ -1,16 +1,16 @@
 """The ledger: one SQLite file holding every session, turn, tool call, latency, score and adapter.
 
 Or one PostgreSQL database (`Ledger("postgresql://...")`, the extra `pipecat-rl[postgres]`) that
-many bot processes write at once: the same rooms and SQL, the differences all in `dialect`.
+many bot processes write at once: the same parts and SQL, the differences all in `dialect`.
 
-Records (`records`) are frozen pydantic models; a session's outcome is one type (`outcome`). The
-store (`store`) is one `Ledger` over rooms of tables (`sessions`, `scores`, `adapters`,
-`receipts`, `queue`) whose schema (`schema`) is versioned and migrated forward on open; what may
+Records (`records`) are frozen pydantic models; a session's outcome is one type
+(`scoring.outcome`, re-exported here as `SessionOutcome`). The store (`store`) is one `Ledger`
+over parts, one per group of tables (`sessions`, `scores`, `adapters`, `receipts`, `queue`), whose
+schema (`schema`) is versioned and migrated forward on open; what may
 train is defined once (`eligibility`), live calls by the scorers it trusts (`LiveTrust`).
 """
 
 from pipecat_rl.ledger.eligibility import LiveTrust
-from pipecat_rl.ledger.outcome import SessionOutcome
 from pipecat_rl.ledger.records import (
     BASE_ADAPTER,
     AdapterRecord,
@@ -33,6 +33,7 @@ from pipecat_rl.ledger.store import (
     ledger_file_missing,
     resolve_ledger_path,
 )
+from pipecat_rl.scoring.outcome import SessionOutcome
 
 __all__ = [
     "BASE_ADAPTER",

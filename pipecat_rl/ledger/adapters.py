@@ -1,4 +1,4 @@
-"""The ledger's adapters room: registered LoRA adapters and the live pointer.
+"""The ledger's adapters part: registered LoRA adapters and the live pointer.
 
 An adapter's name is never reused (vLLM keeps a stale prefix cache under a reloaded name), so a
 name identifies weights. The live pointer is a history of moves: each row says which adapter
@@ -9,8 +9,8 @@ import sqlite3
 import time
 
 from pipecat_rl.errors import LedgerError, NotInLedgerError
+from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.records import BASE_ADAPTER, AdapterRecord, LivePointer
-from pipecat_rl.ledger.room import Room
 from pipecat_rl.ledger.tables import (
     ADAPTERS,
     INSERT_ADAPTER,
@@ -23,7 +23,7 @@ from pipecat_rl.ledger.tables import (
 )
 
 
-class Adapters(Room):
+class Adapters(LedgerCore):
     """Adapters and the live pointer."""
 
     def register_adapter(self, a: AdapterRecord) -> None:

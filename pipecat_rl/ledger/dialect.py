@@ -1,6 +1,6 @@
 """How a PostgreSQL ledger differs from the SQLite one, all in this module.
 
-The rooms write every statement once, in SQLite's dialect, and the migrations are the same list
+The parts write every statement once, in SQLite's dialect, and the migrations are the same list
 for both. On PostgreSQL (`Ledger("postgresql://...")`, for many bot processes on many machines)
 each statement is translated once (`postgres_sql`, cached), and the few SQLite built-ins the
 queries call are defined in the database under their SQLite names (`COMPAT_FUNCTIONS`), so the
@@ -19,12 +19,12 @@ differs:
   SQLite's implicit rowid (the queries order by it); flags stay integer columns, so a bool
   parameter is sent as 0/1;
 - the schema version: `PRAGMA user_version` is the one row of `pipecat_rl_schema`;
-- locking: a SQLite file has one writer at a time (BEGIN IMMEDIATE), and the rooms' read-modify-
+- locking: a SQLite file has one writer at a time (BEGIN IMMEDIATE), and the parts' read-modify-
   write transactions rely on it; on Postgres every write transaction takes one advisory lock
   first, so writes serialise in the same way across every process and machine, while reads run
   beside them on a snapshot (REPEATABLE READ); a write waits for the lock `LOCK_TIMEOUT_S` at
   most, then fails as a SQLite write does after its retries (`LedgerLockedError`);
-- errors: a constraint violation is raised as `sqlite3.IntegrityError` (what the rooms catch,
+- errors: a constraint violation is raised as `sqlite3.IntegrityError` (what the parts catch,
   with SQLite's wording), any other driver error as `LedgerError`.
 
 psycopg 3 and its pool are the optional extra `pipecat-rl[postgres]`; nothing here imports them
@@ -201,7 +201,7 @@ def _param(value: Any) -> Any:
 
 
 class PostgresCursor:
-    """The part of sqlite3's cursor the rooms use, over a psycopg cursor."""
+    """The part of sqlite3's cursor the parts use, over a psycopg cursor."""
 
     def __init__(self, cursor: Any, lastrowid: int | None):
         self._cursor = cursor
@@ -221,7 +221,7 @@ class PostgresCursor:
 
 
 class PostgresConnection:
-    """One Postgres transaction, speaking the part of sqlite3's connection the rooms use."""
+    """One Postgres transaction, speaking the part of sqlite3's connection the parts use."""
 
     def __init__(self, raw: Any, identity_tables: frozenset[str]):
         self._raw = raw

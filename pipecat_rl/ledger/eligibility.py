@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipecat_rl.ledger.outcome import (
+from pipecat_rl.scoring.outcome import (
     HUMAN_SOURCE,
     JUDGE_SOURCE,
     RECORDER_OUTCOMES,

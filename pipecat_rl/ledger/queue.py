@@ -1,6 +1,6 @@
-"""The ledger's queue room: the side service's jobs and the events each emitted.
+"""The ledger's queue part: the side service's jobs and the events each emitted.
 
-The records (`JobRecord`, `JobEventRecord`) and the states live in `ledger.jobs`; this room is the
+The records (`JobRecord`, `JobEventRecord`) and the states live in `ledger.jobs`; this part is the
 queue's behaviour on them. Claiming a job is one transaction, so two workers on one ledger never
 run the same job.
 """
@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from pipecat_rl.errors import LedgerError, NotInLedgerError
+from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.jobs import (
     JOB_COLUMNS,
     TERMINAL_STATES,
@@ -18,11 +19,10 @@ from pipecat_rl.ledger.jobs import (
     JobRecord,
     job_from_row,
 )
-from pipecat_rl.ledger.room import Room
 from pipecat_rl.ledger.tables import dumps
 
 
-class JobQueue(Room):
+class JobQueue(LedgerCore):
     """The service's job queue."""
 
     def add_job(self, kind: str, params: dict[str, Any], *, job_id: str) -> JobRecord:

@@ -1,4 +1,4 @@
-"""The ledger's gate room: every held-out scenario hash ever seen, and the receipts the gate wrote.
+"""The ledger's gate part: every held-out scenario hash ever seen, and the receipts the gate wrote.
 
 A hash once seen held out stays held out, so its content never trains wherever its file later
 sits. A receipt is recorded by the sha256 of its bytes: promotion accepts only a receipt the gate
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pipecat_rl.errors import LedgerError
-from pipecat_rl.ledger.room import Room
+from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.tables import (
     GATE_RECEIPT_COLUMNS,
     INSERT_GATE_RECEIPT,
@@ -21,7 +21,7 @@ from pipecat_rl.ledger.tables import (
 )
 
 
-class Receipts(Room):
+class Receipts(LedgerCore):
     """Held-out hashes and gate receipts."""
 
     def record_heldout_hashes(self, entries: Iterable[tuple[str, str, str | None]]) -> int:

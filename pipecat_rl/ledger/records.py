@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pipecat_rl.ledger.eligibility import token_exact
-from pipecat_rl.ledger.outcome import SessionOutcome
+from pipecat_rl.scoring.outcome import SessionOutcome
 
 Source = Literal["live", "simulate", "gate"]
 """Where a session came from: a real call, a simulated episode, or a gate evaluation run."""

@@ -1,4 +1,4 @@
-"""The ledger's scores room: what the platforms, people and judges that score a call post for it.
+"""The ledger's scores part: what the platforms, people and judges that score a call post for it.
 
 A team's evaluation platform (Coval, Pipecat's evals, a QA queue) scores each call after it ends,
 keyed by its conversation id; the recorder writes the call under that id (`SessionInfo.call_id`),
@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipecat_rl.errors import NotInLedgerError, ScoreRefusedError
+from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.eligibility import (
     DEFAULT_LIVE_TRUST,
     HELDOUT_OR_GATE,
@@ -34,16 +35,15 @@ from pipecat_rl.ledger.eligibility import (
     eligible_session,
     open_session,
 )
-from pipecat_rl.ledger.outcome import (
+from pipecat_rl.ledger.records import SIMULATOR_SCORE_SOURCE, ScoreRecord, SessionRecord
+from pipecat_rl.ledger.tables import PUT_SCORE, SCORES, SESSIONS
+from pipecat_rl.scoring.outcome import (
     SUCCESS_METRIC,
     SessionOutcome,
     authoritative_score,
     deciding_source,
     outcome,
 )
-from pipecat_rl.ledger.records import SIMULATOR_SCORE_SOURCE, ScoreRecord, SessionRecord
-from pipecat_rl.ledger.room import Room
-from pipecat_rl.ledger.tables import PUT_SCORE, SCORES, SESSIONS
 
 MAX_EXPLANATION_CHARS = 4000
 """An explanation is a hint for a teacher and a line in a draft, not a document: longer is cut."""
@@ -79,8 +79,9 @@ class ScoreIn(BaseModel):
     @field_validator("value", mode="before")
     @classmethod
     def _verdict(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip().lower() in ("pass", "fail"):
-            return 1.0 if value.strip().lower() == "pass" else 0.0
+        verdict = value.strip().lower() if isinstance(value, str) else None
+        if verdict in (SessionOutcome.PASS, SessionOutcome.FAIL):
+            return 1.0 if verdict == SessionOutcome.PASS else 0.0
         return value
 
     @field_validator("metric")
@@ -132,18 +133,18 @@ def _cut(explanation: str | None) -> tuple[str | None, bool]:
     return explanation[:MAX_EXPLANATION_CHARS], True
 
 
-class Scores(Room):
+class Scores(LedgerCore):
     """Scores posted for calls, a live call's verdict from them, and live calls by score state."""
 
     @abstractmethod
     def _find_session(self, conn: sqlite3.Connection, session_id: str) -> SessionRecord | None:
-        """The session, or None (the sessions room's)."""
+        """The session, or None (the sessions part's)."""
 
     @abstractmethod
     def _replace_session(
         self, conn: sqlite3.Connection, current: SessionRecord, changes: dict[str, Any]
     ) -> None:
-        """Validate and write changes to a session (the sessions room's)."""
+        """Validate and write changes to a session (the sessions part's)."""
 
     def post_score(self, session_id: str, score: ScoreIn) -> PostedScore:
         """Store `score` for the session `session_id` and update its verdict, in one transaction.

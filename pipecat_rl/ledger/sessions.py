@@ -1,4 +1,4 @@
-"""The ledger's sessions room: sessions and what they hold (turns, tool calls, latencies, scores).
+"""The ledger's sessions part: sessions and what they hold (turns, tool calls, latencies, scores).
 
 A session is written by one process, its writer: the recorder starts it and adds its turns as the
 call runs and ends it when the pipeline stops; for a simulated episode the simulator then writes
@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from pipecat_rl.errors import LedgerError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
+from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.eligibility import (
     DEFAULT_LIVE_TRUST,
     SAMPLED_RULES,
@@ -30,7 +31,6 @@ from pipecat_rl.ledger.eligibility import (
     open_session,
 )
 from pipecat_rl.ledger.liveness import writer_gone
-from pipecat_rl.ledger.outcome import SessionOutcome
 from pipecat_rl.ledger.records import (
     LatencyRecord,
     ScoreRecord,
@@ -38,7 +38,6 @@ from pipecat_rl.ledger.records import (
     ToolCallRecord,
     TurnRecord,
 )
-from pipecat_rl.ledger.room import Room
 from pipecat_rl.ledger.scores import live_score_states
 from pipecat_rl.ledger.tables import (
     INSERT_SESSION,
@@ -66,6 +65,7 @@ from pipecat_rl.ledger.tables import (
     Table,
     dumps,
 )
+from pipecat_rl.scoring.outcome import SessionOutcome
 
 Record = TurnRecord | ToolCallRecord | LatencyRecord | ScoreRecord
 
@@ -90,7 +90,7 @@ def _ending(
     return changes
 
 
-class Sessions(Room):
+class Sessions(LedgerCore):
     """Sessions, turns, tool calls, latencies and scores; the closer; export and stats."""
 
     # -- sessions ------------------------------------------------------------------------------

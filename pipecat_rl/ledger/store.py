@@ -1,14 +1,14 @@
 """The ledger store: one SQLite file in WAL mode that every part of the loop reads and writes.
 
 Or one PostgreSQL database, for many bot processes on many machines: `Ledger("postgresql://...")`
-runs the same rooms, schema and queries; how Postgres differs is all in `dialect`.
+runs the same parts, schema and queries; how Postgres differs is all in `dialect`.
 
 A bot process writes from the recorder's background thread while the CLI, the trainer or the gate
 read from other processes; WAL lets readers and the one writer proceed together. Every write is one
 transaction, so a crash loses at most the write in flight.
 
 This module is the core (opening, migrating, transactions, retries on a busy file) and the one
-`Ledger` facade; the methods of each group of tables live in a room of their own (`sessions`,
+`Ledger` facade; the methods of each group of tables live in a part of their own (`sessions`,
 `scores`, `adapters`, `receipts`, `queue`) that `Ledger` mixes in.
 """
 
@@ -94,7 +94,7 @@ or a postgresql:// URL kept as written (a Path would fold its `//`); refused as 
 
 
 class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
-    """The ledger: one facade over its rooms, on one SQLite connection or a Postgres pool.
+    """The ledger: one facade over its parts, on one SQLite connection or a Postgres pool.
 
     Rooms: `Sessions` (sessions, turns, tool calls, latencies, scores, the closer, export and
     stats), `Scores` (scores posted for a call, a live call's verdict from them), `Adapters`
@@ -107,7 +107,7 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
     pipecat-rl is refused rather than guessed at. Opening also closes, `interrupted`, the sessions
     left open by writers that are gone (`close_dead_sessions`).
 
-    `path` may be a postgresql:// URL: the same rooms run on a pool of connections to it, every
+    `path` may be a postgresql:// URL: the same parts run on a pool of connections to it, every
     write transaction holding the ledger's one write lock (`dialect`), so many processes on
     many machines write one ledger; `path` is then the URL with its password hidden.
     """
@@ -264,7 +264,7 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
         postgres = self._postgres
         if postgres is not None:
             with postgres.transaction(write=write) as pg:
-                yield pg  # type: ignore[misc]  # the part of sqlite3's connection rooms use
+                yield pg  # type: ignore[misc]  # the part of sqlite3's connection parts use
             return
         with self._lock:
             conn = self._conn

@@ -1,6 +1,6 @@
 """Scenarios: the files, their records, their identity and the held-out rule.
 
-A room apart from episodes: loading a scenario imports nothing of the simulator (no judge, no
+A package apart from episodes: loading a scenario imports nothing of the simulator (no judge, no
 world execution, no Pipecat pipeline), so the trainer, the gate and the CLI read scenarios
 cheaply; Pipecat's own scenario parser is imported only for a file with scripted `turns:`.
 

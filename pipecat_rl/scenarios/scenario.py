@@ -135,7 +135,7 @@ GUARDED_CHECKS = ("unchanged", "not_exists")
 unauthorised write (the gate's safety denominator), and a scenario with one is a refusal."""
 
 
-class Check(_Model):
+class VerifyCheck(_Model):
     """One verify check; exactly one of its keys is set."""
 
     exists: Where | None = None
@@ -144,7 +144,7 @@ class Check(_Model):
     count: Count | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Check":
+    def _exactly_one(self) -> "VerifyCheck":
         given = [k for k in ("exists", "not_exists", "unchanged", "count") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(
@@ -272,7 +272,7 @@ class Scenario(_Model):
     trigger_disconnect: StrictBool | None = None
     facts: dict[str, Any] = Field(default_factory=dict)
     world: WorldSpec = Field(default_factory=WorldSpec)
-    verify: list[Check] = Field(default_factory=list)
+    verify: list[VerifyCheck] = Field(default_factory=list)
     faults: list[Fault] = Field(default_factory=list)
     channel: Channel = Field(default_factory=Channel)
     split: Literal["pool", "heldout"] = POOL

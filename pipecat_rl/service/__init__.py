@@ -1,13 +1,13 @@
-"""The side service and the night loop: simulate → train → gate → promote, beside the bot.
+"""The side service: the HTTP face of the loop (`pipecat_rl.loop`), beside the bot.
 
 - `settings`, `security`: configuration, the bearer token, the bind rule, path confinement;
-- `models`: request and response bodies;
+- `bodies`: request and response bodies;
 - `jobs`: the durable job queue's worker, one function per job kind, cooperative cancelling;
 - `routers`: one per resource (jobs, adapters, receipts, live, sessions);
 - `scores`: the bodies of a call's scores (`/sessions/{call_id}/scores`);
-- `drafts`: scenario drafts grown from failed calls, simulated or live, for review;
-- `app`: the FastAPI app; `docs`: its documentation pages, served offline;
-- `cycle`: the night loop's stages, resumable and recorded as JSONL events.
+- `app`: the FastAPI app; `docs`: its documentation pages, served offline.
+
+The night loop itself (`pipecat_rl.loop`) runs without it; the cycle job calls `run_cycle`.
 """
 
 from pipecat_rl.service.settings import ServiceSettings

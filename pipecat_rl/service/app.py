@@ -6,9 +6,9 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.service.bodies import errors
 from pipecat_rl.service.docs import add_docs
 from pipecat_rl.service.jobs import JobWorker
-from pipecat_rl.service.models import errors
 from pipecat_rl.service.routers import adapters, jobs, live, receipts, sessions
 from pipecat_rl.service.security import BodyLimit, check_bind, require_token
 from pipecat_rl.service.settings import ServiceSettings

@@ -35,7 +35,7 @@ from pipecat_rl.ledger import Ledger
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.jobs import TERMINAL_STATES, JobRecord
 from pipecat_rl.ledger.liveness import writer_identity
-from pipecat_rl.service.models import (
+from pipecat_rl.service.bodies import (
     CycleJob,
     GateJob,
     JobRequest,
@@ -167,7 +167,7 @@ def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
     episodes = report.episodes
     return {
         "episodes": len(episodes),
-        "passed": sum(1 for e in episodes if e.outcome == "pass"),
+        "passed": sum(1 for e in episodes if e.passed),
         "errors": report.harness_errors,
         "heldout_set_id": report.heldout_set_id,
         "session_ids": [e.session_id for e in episodes],
@@ -181,12 +181,12 @@ TRAIN_FIELDS = frozenset(
 
 
 def _train(ctx: JobContext, p: TrainJob) -> dict[str, Any]:
-    from pipecat_rl.service.cycle import load_training
+    from pipecat_rl.loop.cycle import load_training
 
     TrainConfig, train = load_training()
     config = TrainConfig(
         base_model=ctx.settings.model, out_dir=ctx.settings.data_dir / "adapters",
-        alpha=2 * p.rank, **p.model_dump(include=TRAIN_FIELDS),  # alpha as `pipecat-rl train`
+        **p.model_dump(include=TRAIN_FIELDS),
     )  # fmt: skip
     rollouts = None
     if p.scenarios and p.bot:
@@ -230,7 +230,7 @@ def _gate(ctx: JobContext, p: GateJob) -> dict[str, Any]:
 
 
 def _admin(ctx: JobContext):
-    from pipecat_rl.serving import VLLMAdmin
+    from pipecat_rl.serving.server import VLLMAdmin
 
     return VLLMAdmin(ctx.settings.llm_url) if ctx.settings.llm_url else None
 
@@ -248,8 +248,8 @@ def _rollback(ctx: JobContext, p: RollbackJob) -> dict[str, Any]:
 
 
 def _cycle(ctx: JobContext, p: CycleJob) -> dict[str, Any]:
-    from pipecat_rl.service.cycle import run_cycle
-    from pipecat_rl.service.loop import load_loop_config
+    from pipecat_rl.loop.config import load_loop_config
+    from pipecat_rl.loop.cycle import run_cycle
 
     overrides = p.model_dump(include={"budget_s", "stop_after"}, exclude_none=True)
     config = load_loop_config(Path(p.config), ledger=ctx.settings.ledger, **overrides)

@@ -8,7 +8,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.service.settings import TOKEN_ENV, ServiceSettings
-from pipecat_rl.serving import is_loopback  # one rule for every server we start
+from pipecat_rl.serving.server import is_loopback  # one rule for every server we start
 
 _bearer = HTTPBearer(auto_error=False)
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipecat_rl import defaults
 from pipecat_rl.ledger.store import LedgerLocation
 
 TOKEN_ENV = "PIPECAT_RL_SERVICE_TOKEN"
@@ -30,7 +31,7 @@ class ServiceSettings(BaseModel):
     port: int = 8765
     llm_url: str | None = None
     """The bot's vLLM: promotions load adapters here before the pointer moves."""
-    model: str = "smollm2"
+    model: str = defaults.MODEL
     """The base model (a packaged name or an HF folder): what train jobs train on, and what an
     embedded vLLM serves when a job needs one and `llm_url` is not set (with `llm_url`, the
     model it serves)."""

@@ -15,7 +15,6 @@ _EXPORTS = {
     "SimulationRunnerArguments": "botloader",
     "load_bot": "botloader",
     "FAILURE_LABELS": "rewards",
-    "pass_hat_k": "rewards",
     "EpisodeResult": "runner",
     "ScenarioSummary": "runner",
     "SimulationConfig": "runner",
@@ -26,7 +25,7 @@ _EXPORTS = {
     "Rollouts": "options",
     "Server": "options",
     "run": "simulation",
-    "Scenario": ".scenarios",  # the scenarios room: pipecat_rl.scenarios
+    "Scenario": ".scenarios",  # pipecat_rl.scenarios
     "ScenarioSet": ".scenarios",
     "load_scenarios": ".scenarios",
     "ScriptedLLMService": "scripted",
@@ -69,7 +68,6 @@ __all__ = [
     "WorldPack",
     "load_bot",
     "load_scenarios",
-    "pass_hat_k",
     "run",
     "run_episode",
     "simulate",

@@ -66,7 +66,7 @@ from pipecat.transports.base_transport import TransportParams
 
 from pipecat_rl import compat
 from pipecat_rl.errors import ConfigError, SimulationError
-from pipecat_rl.serving import client_api_key
+from pipecat_rl.serving.server import client_api_key
 from pipecat_rl.simulator.world import World
 
 PLACEHOLDER_KEYS = (

@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 
 from loguru import logger
 
+from pipecat_rl import defaults
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger
 from pipecat_rl.ledger.store import NotInLedgerError
-from pipecat_rl.serving import VLLMAdmin, VLLMServer, openai_base_url
+from pipecat_rl.serving.server import VLLMAdmin, VLLMServer, openai_base_url
 
 
 @asynccontextmanager
@@ -21,8 +22,8 @@ async def llm_endpoint(
     *,
     ledger: Ledger,
     adapters: Iterable[str] = (),
-    model: str = "smollm2",
-    concurrency: int = 4,
+    model: str = defaults.MODEL,
+    concurrency: int = defaults.CONCURRENCY,
 ) -> AsyncIterator[str]:
     """Yield the `/v1` URL to use, with every name in `adapters` served there."""
     wanted = sorted({a for a in adapters if a and a != BASE_ADAPTER})
@@ -36,7 +37,7 @@ async def llm_endpoint(
         _serve(VLLMAdmin(llm_url), paths)
         yield openai_base_url(llm_url)
         return
-    from pipecat_rl.models import prepare_model
+    from pipecat_rl.serving.weights import prepare_model
 
     server = VLLMServer(
         prepare_model(model), max_num_seqs=max(4, concurrency), max_loras=max(2, len(wanted))

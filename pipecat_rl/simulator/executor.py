@@ -32,7 +32,7 @@ from pipecat_rl.ledger import (
     ToolCallRecord,
     TurnRecord,
 )
-from pipecat_rl.processors.session import new_call_id
+from pipecat_rl.recording.session import new_call_id
 from pipecat_rl.scenarios import Scenario, heldout
 from pipecat_rl.simulator.botloader import BotEntry, load_bot, simulation_environment
 from pipecat_rl.simulator.options import SimulationOptions

@@ -37,7 +37,7 @@ from pipecat.services.openai.llm import OpenAILLMService
 from pipecat_rl import compat
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.scenarios import Scenario
-from pipecat_rl.serving import client_api_key
+from pipecat_rl.serving.server import client_api_key
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S
 from pipecat_rl.simulator.transport import Line
 

@@ -29,12 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, ScoreIn, SessionRecord, TurnRecord
-from pipecat_rl.ledger.outcome import JUDGE_SOURCE, SUCCESS_METRIC
 from pipecat_rl.ledger.scores import METRIC_NAME
 from pipecat_rl.ledger.transcript import conversation
 from pipecat_rl.scenarios import Scenario
 from pipecat_rl.scenarios.scenario import Metric
 from pipecat_rl.scenarios.yaml_safe import load_yaml
+from pipecat_rl.scoring.outcome import JUDGE_SOURCE, SUCCESS_METRIC
 from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, judge_call
 from pipecat_rl.simulator.pipecat_metrics import ScenarioScore, score_scenario
 from pipecat_rl.simulator.transport import Line

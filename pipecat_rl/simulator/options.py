@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl import defaults
+from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 
 if TYPE_CHECKING:  # both import Pipecat; this module must not
     from pipecat_rl.scenarios import ScenarioSet
@@ -65,14 +66,14 @@ class SimulationOptions(BaseModel):
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     repeats: int | None = Field(default=None, ge=1)
     """Runs per scenario; None means each scenario's own `runs`."""
-    concurrency: int = Field(default=4, ge=1)
+    concurrency: int = Field(default=defaults.CONCURRENCY, ge=1)
     """Episodes at once (shared by every policy of one run)."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Caps the agent's replies when its bot sets no max_tokens (None: leave it as it is)."""
     temperature: float | None = Field(default=None, ge=0)
     """Overrides the agent's sampling temperature (None: the bot's own, as deployed)."""
     rubric: Rubric = DEFAULT_RUBRIC
-    """How the stored reward weighs the episode's parts (`pipecat_rl.rubric`)."""
+    """How the stored reward weighs the episode's parts (`pipecat_rl.scoring.rubric`)."""
     executor: Executor = "local"
     """Where episodes run: `local` (one event loop here) or `ray` (one Ray task per episode)."""
     ray_address: str | None = None
@@ -100,7 +101,7 @@ class Server:
 
     url: str | None = None
     """A running OpenAI-compatible server (vLLM); None starts the embedded vLLM for the run."""
-    model: str = "smollm2"
+    model: str = defaults.MODEL
     """The model the embedded server serves (a packaged name or an HF folder)."""
     needed: bool = True
     """False: serve nothing (a scripted persona and a bot that calls no model, e.g. an expert)."""

@@ -32,7 +32,7 @@ from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
 from pipecat_rl.scenarios.scenario import Scenario, Script
-from pipecat_rl.serving import client_api_key
+from pipecat_rl.serving.server import client_api_key
 from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.options import PersonaKind
 from pipecat_rl.simulator.scripted import (

@@ -24,8 +24,8 @@ from typing import Any
 
 from pipecat.evals.simulation_judge import EvalSimulationJudgement
 
-from pipecat_rl.ledger.outcome import JUDGED_SUCCESS
 from pipecat_rl.scenarios.scenario import Metric, Scenario
+from pipecat_rl.scoring.outcome import JUDGED_SUCCESS
 from pipecat_rl.simulator.judge import ToolCallSeen
 from pipecat_rl.simulator.transport import EndReason, Line
 

@@ -3,7 +3,7 @@
 reward = terminal verifier on the world (authoritative, 1 or 0) + shaped parts (tool credit: +0.1
 per successful tool execution, -0.1 per failed one; a failed call's share of its goal checks that
 held; the hard checks it broke) + a Pipecat scenario's judged and measured parts
-(`pipecat_metrics`); the rubric (`pipecat_rl.rubric`) weighs them. Tool credit counts every tool
+(`pipecat_metrics`); the rubric (`scoring.rubric`) weighs them. Tool credit counts every tool
 execution the recorder saw: the world's tools and the bot's own handlers (Flows functions among
 them) alike (`seen_executions`). `reward_parts` and `failure_labels` are plain functions a user can
 swap for their own.
@@ -11,7 +11,6 @@ swap for their own.
 
 import difflib
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -21,9 +20,9 @@ from datetime import datetime
 from pipecat.services.llm_service import LLMService
 
 from pipecat_rl.ledger import ToolCallRecord
-from pipecat_rl.ledger.outcome import CHECKS_HELD, TOOL_CREDIT, VIOLATIONS
 from pipecat_rl.scenarios import Scenario
 from pipecat_rl.scenarios.scenario import GUARDED_CHECKS
+from pipecat_rl.scoring.outcome import CHECKS_HELD, TOOL_CREDIT, VIOLATIONS
 from pipecat_rl.simulator.transport import EndReason, Line
 from pipecat_rl.simulator.world import CheckResult, ToolExecution
 
@@ -283,14 +282,3 @@ def _misheard_then_right(executions: Sequence[ToolExecution], facts: list[object
             if later.name == execution.name and any(_norm(f) in values for f in misheard):
                 return True
     return False
-
-
-def pass_hat_k(outcomes: Sequence[bool], k: int) -> float | None:
-    """pass^k: the chance that k runs drawn from these all pass (unbiased, tau-bench style).
-
-    None when fewer than k runs were made.
-    """
-    n, c = len(outcomes), sum(1 for o in outcomes if o)
-    if k < 1 or n < k:
-        return None
-    return math.comb(c, k) / math.comb(n, k)

@@ -1,7 +1,7 @@
 """Simulated episodes: one persona caller bot against the user's bot, many at once.
 
 An episode builds a fresh world, a transport pair and a persona caller, runs the user's bot on
-the agent side inside `recording(...)` (so the recorder writes its turns token-exactly) and the
+the agent side inside `record_session(...)` (so the recorder writes its turns token-exactly) and the
 simulator's episode context (so its worker is adapted, see `botloader`), watches the call until
 it ends (hang-up, `max_turns`, silence, `max_duration_s`), shuts both bots down, verifies the
 world, scores the scenario's `success` and `metrics` as Pipecat would (`pipecat_metrics`), and
@@ -31,11 +31,18 @@ from pipecat.workers.runner import WorkerRunner
 
 from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
-from pipecat_rl.ledger.outcome import SessionOutcome as Outcome
-from pipecat_rl.ledger.outcome import authoritative_score
-from pipecat_rl.ledger.outcome import outcome as passed_outcome
-from pipecat_rl.processors.session import SessionInfo, new_call_id, recording
+from pipecat_rl.recording.session import SessionInfo, new_call_id, record_session
 from pipecat_rl.scenarios import Scenario, ScenarioSet, heldout, loading
+from pipecat_rl.scoring import (
+    P50,
+    P95,
+    authoritative_score,
+    outcome_passed,
+    pass_hat_k,
+    quantile_or_none,
+)
+from pipecat_rl.scoring import SessionOutcome as Outcome
+from pipecat_rl.scoring import outcome as passed_outcome
 from pipecat_rl.simulator import setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.audio import check_transport
@@ -62,7 +69,6 @@ from pipecat_rl.simulator.pipecat_metrics import score_scenario
 from pipecat_rl.simulator.rewards import (
     EpisodeEvidence,
     failure_labels,
-    pass_hat_k,
     reward_parts,
     seen_executions,
 )
@@ -125,10 +131,8 @@ class EpisodeResult:
 
     @property
     def passed(self) -> bool | None:
-        """Whether the authoritative part passed (`ledger.outcome`); None when it did not run."""
-        if self.outcome in ("unverified", "error", "not_run"):
-            return None
-        return self.outcome == "pass"
+        """Whether the call passed (`scoring.outcome_passed`); None where no verdict was reached."""
+        return outcome_passed(self.outcome)
 
     @property
     def unscored(self) -> dict[str, str]:
@@ -314,7 +318,7 @@ async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig)
     with tempfile.TemporaryDirectory(prefix="pipecat-rl-preflight-") as folder:
         with Ledger(Path(folder) / "preflight.db") as scratch:
             info = SessionInfo(call_id=new_call_id(), source=config.source)
-            with recording(scratch, info) as handle, episode_context(episode):
+            with record_session(scratch, info) as handle, episode_context(episode):
                 runner_args = SimulationRunnerArguments(
                     world=world, llm_url=config.llm_url, model=episode.model,
                     session_id=handle.session_id, body={"scenario": scenario.id, "preflight": True},
@@ -421,7 +425,7 @@ async def run_episode(
             "on_pipeline_error", error_recorder(persona_errors, fatal_only=True)
         )
         persona_task = asyncio.create_task(_run_worker(persona))
-        with recording(ledger, info) as handle, episode_context(episode):
+        with record_session(ledger, info) as handle, episode_context(episode):
             runner_args = SimulationRunnerArguments(
                 world=world,
                 llm_url=config.llm_url,
@@ -613,19 +617,11 @@ class ScenarioSummary:
         return self.passes / self.verified if self.verified else None
 
 
-def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
-
-
 def summarise(episodes: list[EpisodeResult]) -> list[ScenarioSummary]:
     """Per-scenario pass rate, mean reward, latency quantiles, labels and pass^k (k = runs)."""
     by_scenario: dict[str, list[EpisodeResult]] = {}
     for e in episodes:
-        if e.outcome == "not_run":
+        if e.outcome == Outcome.NOT_RUN:
             continue  # never started: no figure to count it in
         by_scenario.setdefault(e.scenario_id, []).append(e)
     out = []
@@ -640,13 +636,15 @@ def summarise(episodes: list[EpisodeResult]) -> list[ScenarioSummary]:
                 runs=len(runs),
                 passes=sum(1 for p in verified if p),
                 verified=len(verified),
-                errors=sum(1 for r in runs if r.outcome == "error"),
+                errors=sum(1 for r in runs if r.outcome == Outcome.ERROR),
                 mean_reward=statistics.fmean(r.reward for r in runs),
                 mean_score=statistics.fmean(scores) if scores else None,
-                latency_p50_ms=_quantile(latencies, 0.5),
-                latency_p95_ms=_quantile(latencies, 0.95),
+                latency_p50_ms=quantile_or_none(latencies, P50),
+                latency_p95_ms=quantile_or_none(latencies, P95),
                 labels=dict(Counter(label for r in runs for label in r.labels)),
-                pass_hat_k=pass_hat_k(verified, len(verified)) if verified else None,
+                pass_hat_k=(
+                    pass_hat_k(sum(verified), len(verified), len(verified)) if verified else None
+                ),
             )
         )
     return out
@@ -671,12 +669,12 @@ class SimulationReport:
     @property
     def harness_errors(self) -> int:
         """Episodes the harness could not run to the end."""
-        return sum(1 for e in self.episodes if e.outcome == "error")
+        return sum(1 for e in self.episodes if e.outcome == Outcome.ERROR)
 
     @property
     def not_run(self) -> int:
         """Episodes never started because the LLM server was gone."""
-        return sum(1 for e in self.episodes if e.outcome == "not_run")
+        return sum(1 for e in self.episodes if e.outcome == Outcome.NOT_RUN)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary (the CLI's --json)."""
@@ -761,7 +759,7 @@ async def simulate(
                     repeat=repeat,
                     heldout_set_id=scenarios.heldout_set_id,
                 )
-                if result.outcome == "error" and not gone and config.llm_url:
+                if result.outcome == Outcome.ERROR and not gone and config.llm_url:
                     reason = await server_gone(config.llm_url)
                     if reason and not gone:
                         gone.append(reason)
@@ -797,7 +795,7 @@ def _not_run(
         repeat=repeat,
         seed=episode_seed(config.seed, scenario.id, repeat),
         session_id="",
-        outcome="not_run",
+        outcome=Outcome.NOT_RUN,
         error=f"not run: {why}",
     )
 
@@ -806,7 +804,7 @@ async def server_gone(llm_url: str) -> str | None:
     """Why the LLM server at `llm_url` cannot serve (None while it answers at all)."""
     import httpx
 
-    from pipecat_rl.serving import VLLMAdmin
+    from pipecat_rl.serving.server import VLLMAdmin
 
     admin = VLLMAdmin(llm_url, timeout=5.0)
     try:
@@ -825,7 +823,7 @@ def setup_files() -> list[Path]:
     """
     files = [Path(setup_file.__file__)]
     try:
-        from pipecat_rl.processors import setup_file_path
+        from pipecat_rl.recording import setup_file_path
     except ImportError:  # recorder not installed in this build: episodes still run, unrecorded
         logger.warning("the pipecat-rl recorder is unavailable: turns will not be recorded")
     else:

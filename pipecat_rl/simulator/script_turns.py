@@ -152,7 +152,7 @@ class TurnsCaller:
 
 
 @dataclass(frozen=True)
-class Check:
+class TurnCheck:
     """One expectation of one turn, scored."""
 
     part: str
@@ -341,21 +341,21 @@ async def score_turns(
     """Every check of every turn run as a reward part, and `judge:success` (all passed)."""
     turns = scenario.parsed_turns or []
     turn_judge = _TurnJudge(judge, judge_timeout_s)
-    checks: list[Check] = []
-    not_run: list[Check] = []
+    checks: list[TurnCheck] = []
+    not_run: list[TurnCheck] = []
     failed_turn: int | None = None
     try:
         for t, turn in enumerate(turns, 1):
             parts = [f"metric:turn{t}.{i}.{e.event}" for i, e in enumerate(turn.expect, 1)]
             if failed_turn is not None:
                 reason = f"not run: turn {failed_turn} failed (stop_on_failure)"
-                not_run += [Check(part=p, passed=None, reason=reason) for p in parts]
+                not_run += [TurnCheck(part=p, passed=None, reason=reason) for p in parts]
                 continue
             ev = turn_evidence(turns, t, transcript, calls)
             conversation = _until_line(transcript, _line_of(turns, t))
             for part, e in zip(parts, turn.expect, strict=True):
                 passed, reason = await _check(e, ev, conversation, turn_judge)
-                checks.append(Check(part=part, passed=passed, reason=reason))
+                checks.append(TurnCheck(part=part, passed=passed, reason=reason))
             if scenario.stops_on_failure and any(c.passed is False for c in checks):
                 failed_turn = t
     finally:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipecat_rl.errors import ScenarioError, ToolError
-from pipecat_rl.scenarios.scenario import Check, Fault, Scenario, Where
+from pipecat_rl.scenarios.scenario import Fault, Scenario, VerifyCheck, Where
 
 ToolFn = Callable[..., Any]
 
@@ -276,7 +276,7 @@ class World:
                 if unknown:
                     raise ScenarioError(f"{where}: unknown column(s) {', '.join(unknown)}")
 
-    def verify(self, checks: list[Check] | None = None) -> list[CheckResult]:
+    def verify(self, checks: list[VerifyCheck] | None = None) -> list[CheckResult]:
         """Run the scenario's checks (or `checks`) against the current state."""
         results = []
         final = self.snapshot()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipecat_rl.ledger import SessionRecord
-from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 
 RewardFn = Callable[[SessionRecord], float | None]
 """A session's training reward (None: not usable, e.g. the scenario verifies nothing)."""

@@ -5,8 +5,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
-from pipecat_rl.serving import LOGPROBS_MODE
+from pipecat_rl import defaults
+from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.serving.server import LOGPROBS_MODE
 
 Algo = Literal["sft", "grpo", "opsd"]
 
@@ -20,7 +21,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     algo: Algo = "sft"
-    base_model: str = "smollm2"
+    base_model: str = defaults.MODEL
     """A packaged model name or an HF folder: the very model the server serves."""
     parent: str | None = None
     """The adapter to continue from (a ledger name), or None to start a fresh LoRA on the base."""
@@ -55,18 +56,20 @@ class TrainConfig(BaseModel):
     min_informative_groups: int | None = Field(default=None, ge=1)
     """GRPO online: resampling stops once this many groups carry reward variance (None: every
     group the step's first round drew)."""
-    rank: int = Field(default=16, ge=1)
-    alpha: int = 32
+    rank: int = Field(default=defaults.LORA_RANK, ge=1)
+    alpha: int | None = Field(default=None, ge=1)
+    """LoRA alpha; None: `defaults.lora_alpha(rank)`, twice the rank."""
     lr: float | None = None
     """None picks per algorithm: 2e-3 for SFT, 1e-4 for GRPO and OPSD."""
-    temperature: float = 1.0
+    temperature: float = defaults.TRAIN_TEMPERATURE
     """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
     max_seq_len: int = 4096
     """Sequences longer than this are split at turn boundaries or dropped (counted)."""
     seed: int = 0
     out_dir: Path | None = None
     """Where adapter folders go (default: <cache>/adapters)."""
-    name_prefix: str = "clinic"
+    name_prefix: str = defaults.ADAPTER_PREFIX
+    """The first part of the adapter's name (`<prefix>-<algo>-v<n>-<hash>`)."""
     threads: int | None = 2
     """torch threads on CPU (None: torch's default)."""
     # GRPO loss
@@ -86,7 +89,7 @@ class TrainConfig(BaseModel):
     shaped_reward: bool = True
     """Train on the rubric's authoritative + shaped parts (True) or the authoritative alone."""
     rubric: Rubric = DEFAULT_RUBRIC
-    """The reward's parts, weights and roles (`pipecat_rl.rubric`): what GRPO's advantage reads."""
+    """The reward's parts, weights and roles (`scoring.rubric`): what GRPO's advantage reads."""
     beta: float = 0.0
     """KL coefficient against the sampler (0: none, as the GRPO references default)."""
     move_retries: int = Field(default=2, ge=0)
@@ -116,6 +119,11 @@ class TrainConfig(BaseModel):
     """At most this many recorded turns are re-scored by the guard."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = LOGPROBS_MODE
     """What the server returns: ours serves processed (after temperature), vLLM's default raw."""
+
+    @property
+    def lora_alpha(self) -> int:
+        """The alpha the adapter trains with: `alpha`, else `defaults.lora_alpha(rank)`."""
+        return self.alpha if self.alpha is not None else defaults.lora_alpha(self.rank)
 
     def learning_rate(self) -> float:
         """The learning rate, defaulted per algorithm."""

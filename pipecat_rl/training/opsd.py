@@ -123,7 +123,7 @@ def session_hint(session: SessionRecord, turns: Sequence[TurnRecord], index: int
     failed = [c for c in session.metadata.get("checks") or [] if not c.get("passed", True)]
     if failed:
         parts.append(
-            "These checks on the clinic's records failed at the end of this call: "
+            "These checks on the world's records failed at the end of this call: "
             + "; ".join(_check_text(c) for c in failed)
             + "."
         )

@@ -29,7 +29,7 @@ class Policy:
 
 def resolve_base(base_model: str | Path) -> Path:
     """The HF folder of the base model (a packaged name is prepared once, never downloaded)."""
-    from pipecat_rl.models import prepare_model
+    from pipecat_rl.serving.weights import prepare_model
 
     return prepare_model(base_model)
 
@@ -57,7 +57,7 @@ def load_policy(
     else:
         lora = LoraConfig(
             r=config.rank,
-            lora_alpha=config.alpha,
+            lora_alpha=config.lora_alpha,
             target_modules=list(LORA_TARGETS),
             lora_dropout=0.0,
             bias="none",

@@ -21,7 +21,7 @@ import httpx
 from pipecat_rl.errors import ServingError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.paths import cache_dir
-from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.serving.server import VLLMAdmin
 
 METADATA = "pipecat-rl-adapter.json"
 """The metadata file in every adapter folder."""

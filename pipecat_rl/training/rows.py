@@ -66,7 +66,7 @@ class TrainableTurn(BaseModel):
         (the served model's), so it needs one.
         """
         if turn.demonstration:
-            from pipecat_rl.processors.demonstration import render_demonstration
+            from pipecat_rl.recording.demonstration import render_demonstration
 
             if tokenizer is None:
                 raise ValueError("a demonstration turn needs the served model's tokenizer")

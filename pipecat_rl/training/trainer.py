@@ -37,8 +37,8 @@ from pipecat_rl.errors import (
 )
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, SessionRecord, TurnRecord
 from pipecat_rl.ledger.eligibility import DEFAULT_LIVE_TRUST
-from pipecat_rl.ledger.outcome import passed
-from pipecat_rl.serving import VLLMAdmin
+from pipecat_rl.scoring.outcome import passed
+from pipecat_rl.serving.server import VLLMAdmin
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
 from pipecat_rl.training.config import TrainConfig, TrainResult
@@ -185,10 +185,6 @@ def guard_fields(result: dict[str, Any]) -> dict[str, Any]:
 # -- rows per algorithm ----------------------------------------------------------------------
 
 
-def _passed(session: SessionRecord) -> bool:
-    return passed(session.reward_parts) is True  # the one definition (`ledger.outcome`)
-
-
 def sft_rows(
     ledger: Ledger, policy: Policy, config: TrainConfig,
     live: LiveTrust = DEFAULT_LIVE_TRUST, session_ids: Sequence[str] | None = None,
@@ -196,12 +192,16 @@ def sft_rows(
     """Sequences of every eligible turn (demonstrations included) of a session that passed."""
     turns = ledger.training_turns(purpose="sft", session_ids=session_ids, live=live)
     sessions = {sid: ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in turns)}
-    passed = {sid for sid, s in sessions.items() if _passed(s)}
-    rows = [TrainableTurn.from_turn(t, policy.tokenizer) for t in turns if t.session_id in passed]
+    passed_ids = {sid for sid, s in sessions.items() if passed(s.reward_parts) is True}
+    rows = [
+        TrainableTurn.from_turn(t, policy.tokenizer)
+        for t in turns
+        if t.session_id in passed_ids
+    ]
     sequences, stats = build_sequences(rows, max_len=config.max_seq_len)
     info = {
         "eligible_sessions": len(sessions),
-        "passed_sessions": len(passed),
+        "passed_sessions": len(passed_ids),
         "demonstration_turns": sum(r.demonstration for r in rows),
         "sequences": stats.sequences,
         "merged_turns": stats.merged,

@@ -3,7 +3,7 @@
 from fastapi import APIRouter, Request
 
 from pipecat_rl.ledger import BASE_ADAPTER
-from pipecat_rl.service.models import AdapterView
+from pipecat_rl.service.bodies import AdapterView
 
 router = APIRouter(prefix="/adapters", tags=["adapters"])
 

@@ -14,7 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from pipecat_rl.ledger import NotInLedgerError
 from pipecat_rl.ledger.jobs import TERMINAL_STATES
-from pipecat_rl.service.models import EventView, JobRequest, JobState, JobView, errors
+from pipecat_rl.service.bodies import EventView, JobRequest, JobState, JobView, errors
 from pipecat_rl.service.security import settings_of
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

@@ -3,7 +3,7 @@
 from fastapi import APIRouter, Request, status
 
 from pipecat_rl.ledger import BASE_ADAPTER
-from pipecat_rl.service.models import (
+from pipecat_rl.service.bodies import (
     JobView,
     LiveMoveRequest,
     LiveView,

@@ -9,7 +9,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from pipecat_rl.errors import GateError
 from pipecat_rl.gate import GateReceipt, load_receipt
-from pipecat_rl.service.models import ReceiptSummary, errors
+from pipecat_rl.service.bodies import ReceiptSummary, errors
 from pipecat_rl.service.security import confine, settings_of
 
 router = APIRouter(prefix="/receipts", tags=["receipts"])

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 from rich.table import Table
 
+from pipecat_rl.scoring import SessionOutcome
 from pipecat_rl.simulator.rewards import DEAD_LOOP, MISHEARD_SLOT, TOOL_ERROR, UNAUTHORISED_WRITE
 
 GAP_LABELS = (MISHEARD_SLOT, TOOL_ERROR, DEAD_LOOP, UNAUTHORISED_WRITE)
@@ -42,7 +43,7 @@ class ChannelGap(BaseModel):
 
 
 def _rate(label: str, episodes: Sequence) -> float | None:
-    ran = [e for e in episodes if e.outcome != "error"]
+    ran = [e for e in episodes if e.outcome != SessionOutcome.ERROR]
     return sum(1 for e in ran if label in e.labels) / len(ran) if ran else None
 
 
@@ -54,8 +55,8 @@ def channel_gap(text: Sequence, audio: Sequence) -> ChannelGap:
         diff = None if t is None or a is None else round(a - t, 6)
         rows.append(LabelGap(label=label, text_rate=t, audio_rate=a, difference=diff))
     return ChannelGap(
-        text_episodes=sum(1 for e in text if e.outcome != "error"),
-        audio_episodes=sum(1 for e in audio if e.outcome != "error"),
+        text_episodes=sum(1 for e in text if e.outcome != SessionOutcome.ERROR),
+        audio_episodes=sum(1 for e in audio if e.outcome != SessionOutcome.ERROR),
         labels=rows,
     )
 

@@ -21,9 +21,10 @@ from typing import Any
 import yaml
 
 from pipecat_rl.errors import ConfigError
-from pipecat_rl.ledger import Ledger, SessionOutcome, SessionRecord
+from pipecat_rl.ledger import Ledger, SessionRecord
 from pipecat_rl.ledger.transcript import conversation
-from pipecat_rl.processors.redaction import Redactor
+from pipecat_rl.recording.redaction import Redactor
+from pipecat_rl.scoring import SessionOutcome
 
 _NAME = re.compile(r"^name:\s*(\S.*)$", re.MULTILINE)
 _SHOWN_LINES = 10
@@ -61,7 +62,7 @@ def draft_from_failures(
         session = ledger.session(sid)
         labels = tuple(sorted(set(session.failure_labels) - {"recovered"}))
         scenario = by_id.get(session.scenario_id or "")
-        if session.outcome != "fail" or not labels or scenario is None:
+        if session.outcome != SessionOutcome.FAIL or not labels or scenario is None:
             continue
         if (scenario.id, labels) in seen or scenario.source_path is None:
             continue

@@ -4,8 +4,7 @@ Fields that name files are plain strings here; before a job is queued the router
 one inside the data directory and checks that it exists (`PATH_FIELDS` says which they are).
 What a simulation or the gate shares with the CLI takes its default from the same place the
 verbs do (`SimulationOptions`, `GATE_REPEATS`), so a request left at its defaults runs what the
-verb would. Each field's docstring is its description in the OpenAPI document. Called
-`models.py` as in FastAPI's own layout; the weights the server serves are `pipecat_rl.models`.
+verb would. Each field's docstring is its description in the OpenAPI document.
 """
 
 from typing import Annotated, Any, ClassVar, Literal
@@ -13,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from pipecat_rl.ledger.jobs import JobEventRecord, JobRecord, JobState
-from pipecat_rl.service.loop import STAGES
+from pipecat_rl.loop.config import STAGES
 from pipecat_rl.simulator.options import GATE_REPEATS, PersonaKind, SimulationOptions
 from pipecat_rl.training.config import Algo, TrainConfig
 
@@ -90,7 +89,7 @@ class TrainJob(_Body):
     group_size: int = _training("group_size", ge=2)
     """GRPO: episodes per scenario per step."""
     rank: int = _training("rank", ge=1)
-    """LoRA rank (alpha is twice it, as `pipecat-rl train` sets it)."""
+    """LoRA rank (alpha is `defaults.lora_alpha(rank)`, as every other way in)."""
     lr: float | None = _training("lr", gt=0)
     """Learning rate (None: the trainer's per-algorithm default)."""
     temperature: float = _training("temperature", ge=0)

@@ -1,7 +1,7 @@
-"""What every room of the ledger relies on from the store's core.
+"""What every part of the ledger relies on from the store's core.
 
 The `Ledger` (in `store`) is one SQLite connection behind a lock, or a Postgres pool (`dialect`),
-with its transactions; each room (`sessions`, `scores`, `adapters`, `receipts`, `queue`) is a
+with its transactions; each part (`sessions`, `scores`, `adapters`, `receipts`, `queue`) is a
 mixin of the methods for its own tables, and reaches the ledger only through the two
 transactions declared here.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 
-class Room(ABC):
+class LedgerCore(ABC):
     """A part of the `Ledger`: its methods run inside the core's transactions."""
 
     path: Path | str
@@ -30,7 +30,7 @@ class Room(ABC):
     def rows(self, sql: str, params: tuple = ()) -> list[Any]:
         """The rows of one read-only statement, in one read transaction.
 
-        For `ledger migrate`'s whole-table reads; the rooms' methods serve everything else.
+        For `ledger migrate`'s whole-table reads; the parts' methods serve everything else.
         """
         with self._read() as conn:
             return conn.execute(sql, params).fetchall()

@@ -115,6 +115,19 @@ def passed(parts: Mapping[str, float]) -> bool | None:
     return None if score is None else score_passed(score)
 
 
+def outcome_passed(stored: str) -> bool | None:
+    """Whether a session with this stored outcome passed; None where no verdict was reached.
+
+    Only `pass` and `fail` are verdicts: a call that was unverified, errored, interrupted, never
+    ran, or is a live call not yet scored has no pass to count, in any table or statistic.
+    """
+    if stored == SessionOutcome.PASS:
+        return True
+    if stored == SessionOutcome.FAIL:
+        return False
+    return None
+
+
 def outcome(parts: Mapping[str, float]) -> SessionOutcome:
     """`pass`, `fail` or `unverified`, by `passed` (a harness error is the caller's to set)."""
     result = passed(parts)

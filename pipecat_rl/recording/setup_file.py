@@ -1,7 +1,7 @@
 """Zero-line recording: `PIPECAT_SETUP_FILES=$(pipecat-rl setup-file) python bot.py`.
 
 Pipecat imports this file and calls `setup_pipeline_worker(worker)` for every PipelineWorker the
-process builds, before its processors start. Inside a `recording()` context (the simulator, the
+process builds, before its processors start. Inside a `record_session()` context (the simulator, the
 gate) the session labels come from the context; otherwise the call is a live one, recorded into
 the ledger named by `PIPECAT_RL_LEDGER` (else ./pipecat-rl.db), with consent taken from
 `PIPECAT_RL_CONSENT` (default 1) and names to redact from `PIPECAT_RL_REDACT_NAMES`.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from loguru import logger
 
-from pipecat_rl.processors.recorder import install
-from pipecat_rl.processors.redaction import Redactor
-from pipecat_rl.processors.session import SessionInfo, current_recording
+from pipecat_rl.recording.recorder import install
+from pipecat_rl.recording.redaction import Redactor
+from pipecat_rl.recording.session import SessionInfo, current_recording
 
 
 def setup_file_path() -> Path:

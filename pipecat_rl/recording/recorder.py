@@ -63,16 +63,16 @@ from pipecat.services.stt_service import STTService
 
 from pipecat_rl import compat
 from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord, resolve_ledger_path
-from pipecat_rl.processors.demonstration import (
+from pipecat_rl.recording.demonstration import (
     DemonstrationSource,
     collect_demonstrations,
     demonstration_sources,
 )
-from pipecat_rl.processors.llm_tee import LLMCall, serves_token_ids, tee_llm_service
-from pipecat_rl.processors.redaction import Redactor
-from pipecat_rl.processors.responses_tee import ResponsesDemonstration, tee_responses_service
-from pipecat_rl.processors.session import SessionInfo, current_recording, new_call_id
-from pipecat_rl.processors.writer import LedgerWriter, acquire_writer
+from pipecat_rl.recording.llm_tee import LLMCall, serves_token_ids, tee_llm_service
+from pipecat_rl.recording.redaction import Redactor
+from pipecat_rl.recording.responses_tee import ResponsesDemonstration, tee_responses_service
+from pipecat_rl.recording.session import SessionInfo, current_recording, new_call_id
+from pipecat_rl.recording.writer import LedgerWriter, acquire_writer
 
 
 @dataclass
@@ -540,7 +540,7 @@ async def install(
     redactor: Redactor | None = None,
     token_ids: bool | None = None,
 ) -> RecorderObserver:
-    """Attach a recorder to `worker` (once); a `recording()` context supplies defaults."""
+    """Attach a recorder to `worker` (once); a `record_session()` context supplies defaults."""
     existing = getattr(worker, "_pipecat_rl_recorder", None)
     if existing is not None:
         if ledger is not None or session is not None:

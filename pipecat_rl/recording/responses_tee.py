@@ -28,8 +28,8 @@ from typing import Any
 from loguru import logger
 
 from pipecat_rl import compat
-from pipecat_rl.processors.demonstration import DemonstrationSource
-from pipecat_rl.processors.llm_tee import LLMCall, _jsonable, _TeeStream, tee_state
+from pipecat_rl.recording.demonstration import DemonstrationSource
+from pipecat_rl.recording.llm_tee import LLMCall, _jsonable, _TeeStream, tee_state
 
 RESCORE_TIMEOUT_S = 60.0
 """How long one re-score may take before its turn is recorded as text only."""

@@ -36,11 +36,11 @@ from pipecat_rl.errors import (
 )
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
-from pipecat_rl.ledger.outcome import passed
 from pipecat_rl.ledger.transfer import snapshot_ledger
+from pipecat_rl.loop.config import NO_LIVE, STAGES, LiveSettings, LoopConfig
+from pipecat_rl.loop.drafts import draft_from_failures
 from pipecat_rl.scenarios.heldout import copies_of_heldout
-from pipecat_rl.service.drafts import draft_from_failures
-from pipecat_rl.service.loop import NO_LIVE, STAGES, LiveSettings, LoopConfig
+from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.simulator.options import Server, SimulationOptions
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -152,8 +152,8 @@ class Cycle:
     def url(self) -> str:
         """The served model's URL, starting the embedded vLLM on first use."""
         if self._url is None:
-            from pipecat_rl.models import prepare_model
-            from pipecat_rl.serving import VLLMServer
+            from pipecat_rl.serving.server import VLLMServer
+            from pipecat_rl.serving.weights import prepare_model
 
             self.log.write("server_starting", model=self.config.model)
             self._server = VLLMServer(
@@ -340,7 +340,7 @@ def canary(url: str) -> dict[str, Any]:
     Raises:
         ServingError: the server does not return them.
     """
-    from pipecat_rl.serving import openai_base_url
+    from pipecat_rl.serving.server import openai_base_url
 
     body = {
         "model": BASE_ADAPTER, "messages": [{"role": "user", "content": "Say hello."}],
@@ -377,7 +377,7 @@ def preflight(cycle: Cycle) -> dict[str, Any]:
         )
     if c.expert_bot is None and c.train.warm_start == "always":
         raise ConfigError("train.warm_start: always needs expert_bot (the demonstrations)")
-    from pipecat_rl.serving import VLLMAdmin
+    from pipecat_rl.serving.server import VLLMAdmin
 
     url = cycle.url()
     models = VLLMAdmin(url).models()
@@ -414,7 +414,7 @@ def filter_pool(cycle: Cycle) -> dict[str, Any]:
     using_tools = sum(1 for e in report.episodes if any(x.error is None for x in e.executions))
     drafts = draft_from_failures(cycle.ledger, [e.session_id for e in report.episodes], pool,
                                  c.drafts_dir, heldout=c.heldout)  # fmt: skip
-    passed = sum(1 for e in report.episodes if e.outcome == "pass")
+    passed = sum(1 for e in report.episodes if e.passed)
     logger.info(f"filter: {len(contested)} contested, {len(solved)} solved, {len(failed)} failed")
     return {
         "episodes": len(report.episodes), "passed": passed, "errors": report.harness_errors,
@@ -483,7 +483,8 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
     earlier = cycle.log.read()  # an interrupted attempt of this stage: what it finished
     finished = {e["algo"]: e["run"] for e in earlier if e["event"] == "train_run_finished"}
     common = dict(base_model=c.model, rank=t.rank, alpha=t.alpha, lr=t.lr, seed=c.seed,
-                  out_dir=c.out / "adapters", rubric=c.rubric, opsd_hint=t.opsd_hint)  # fmt: skip
+                  out_dir=c.out / "adapters", rubric=c.rubric, opsd_hint=t.opsd_hint,
+                  name_prefix=c.adapter_prefix)  # fmt: skip
 
     def progress(row: dict[str, Any]) -> None:
         cycle.log.write("train_progress", **{k: v for k, v in row.items() if k != "event"})
@@ -533,10 +534,10 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
                         part, BASE_ADAPTER, repeats=repeats, bot=c.expert_bot, served=False
                     )
                     episodes += demos.episodes
-            passed = sum(1 for e in episodes if e.outcome == "pass")
+            passed = sum(1 for e in episodes if e.passed)
             watched = {x.id for x in pool if x.guarded}
             guarded_passed = sum(
-                1 for e in episodes if e.outcome == "pass" and e.scenario_id in watched
+                1 for e in episodes if e.passed and e.scenario_id in watched
             )
             cycle.log.write(
                 "demonstrations", episodes=len(episodes), passed=passed, guarded=guarded_passed
@@ -676,7 +677,7 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
 def promote_stage(cycle: Cycle) -> dict[str, Any]:
     """Promote a PROMOTE verdict (automatically, or after approval); anything else stays put."""
     from pipecat_rl.gate import promote
-    from pipecat_rl.serving import VLLMAdmin
+    from pipecat_rl.serving.server import VLLMAdmin
 
     c = cycle.config
     evaluated = cycle.results["evaluate"]

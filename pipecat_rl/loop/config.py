@@ -19,12 +19,13 @@ from pydantic import (
     field_validator,
 )
 
+from pipecat_rl import defaults
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import LiveTrust
 from pipecat_rl.ledger.dialect import is_url
 from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
 from pipecat_rl.ledger.store import LedgerLocation
-from pipecat_rl.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 from pipecat_rl.simulator.options import Executor
 
 STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
@@ -100,11 +101,12 @@ class TrainSettings(_Part):
     grpo_steps: int = Field(default=0, ge=0)
     opsd_steps: int = Field(default=0, ge=0)
     group_size: int = Field(default=4, ge=2)
-    rank: int = Field(default=16, ge=1)
-    alpha: int = Field(default=32, ge=1)
+    rank: int = Field(default=defaults.LORA_RANK, ge=1)
+    alpha: int | None = Field(default=None, ge=1)
+    """None: `defaults.lora_alpha(rank)`, twice the rank, as every other way in."""
     lr: float | None = Field(default=None, gt=0)
     """None: the trainer's per-algorithm default (`TrainConfig.learning_rate`)."""
-    temperature: float = Field(default=1.0, ge=0)
+    temperature: float = Field(default=defaults.TRAIN_TEMPERATURE, ge=0)
     """Sampling temperature for GRPO/OPSD exploration."""
     opsd_hint: Literal["system", "turn"] = "system"
     """Where OPSD's teacher reads its hint (`TrainConfig.opsd_hint`)."""
@@ -178,15 +180,19 @@ class LoopConfig(_Part):
     incumbent: str | None = None
     """The registered adapter the cycle starts from and gates against (default: the live one):
     e.g. an SFT candidate, to measure what RL from it buys on the same held-out set."""
-    model: str = "smollm2"
+    model: str = defaults.MODEL
     """The base model served (a packaged name or an HF folder)."""
+    adapter_prefix: str = Field(
+        default=defaults.ADAPTER_PREFIX, pattern=r"^[a-z0-9][a-z0-9_-]{0,39}$"
+    )
+    """The first part of every adapter the cycle trains (`<prefix>-<algo>-v<n>-<hash>`)."""
     llm_url: str | None = None
     """A running vLLM server; without one the cycle starts the embedded server."""
     bot_llm_url: str | None = None
     """The bot's own vLLM, where a promotion loads the adapter (default: `llm_url`)."""
     persona: Literal["scripted", "llm"] = "scripted"
     """The scenarios' scripted callers (the embedded default), or an LLM persona."""
-    concurrency: int = Field(default=8, ge=1)
+    concurrency: int = Field(default=defaults.LOOP_CONCURRENCY, ge=1)
     executor: Executor = "local"
     """Where the cycle's episodes run: here, or one Ray task each (`simulator.executor`)."""
     ray_address: str | None = None
@@ -194,7 +200,7 @@ class LoopConfig(_Part):
     max_tokens: int | None = Field(default=96, ge=1)
     seed: int = 0
     rubric: Rubric = DEFAULT_RUBRIC
-    """The reward's parts, weights and roles for simulation and training (`pipecat_rl.rubric`)."""
+    """The reward's parts, weights and roles for simulation and training (`scoring.rubric`)."""
     budget_s: float = Field(default=1800.0, gt=0)
     """Wall-time budget of one invocation: a stage that would overrun it does not start."""
     min_free_gb: float = Field(default=1.0, ge=0)

@@ -25,7 +25,7 @@ from loguru import logger
 from pipecat.services.openai.base_llm import BaseOpenAILLMService
 
 from pipecat_rl import compat
-from pipecat_rl.serving import llm_api_key
+from pipecat_rl.serving.server import llm_api_key
 
 _VLLM_PROBES: dict[str, bool] = {}
 

@@ -34,7 +34,7 @@ from pipecat_rl.errors import ConfigError, ModelError, ServingError
 from pipecat_rl.paths import cache_dir
 
 if TYPE_CHECKING:
-    from pipecat_rl.merged import MergedFrom
+    from pipecat_rl.serving.merged import MergedFrom
 
 BASE_ALIAS = "base"
 """Every server also answers to this name for the base model, so a policy can say `base`."""
@@ -144,12 +144,12 @@ class VLLMAdmin:
         return [m["id"] for m in self._cards()]
 
     def merged_policy(self, cards: list[dict] | None = None) -> "MergedFrom | None":
-        """What the served weights were merged from (`pipecat_rl.merged`); None for a base model.
+        """What the served weights were merged from (`serving.merged`); None for a base model.
 
         Read from the model folder the server names (its `root`), so only for a server on this
         machine's file system, which loading an adapter by path already assumes.
         """
-        from pipecat_rl.merged import merged_from
+        from pipecat_rl.serving.merged import merged_from
 
         for card in self._cards() if cards is None else cards:
             if not card.get("parent") and card.get("root"):
@@ -175,7 +175,7 @@ class VLLMAdmin:
             self.unload_adapter(name)
         merged = self.merged_policy(cards)
         if merged is not None:  # trained over the base: over merged weights it undoes them too
-            from pipecat_rl.merged import delta_adapter
+            from pipecat_rl.serving.merged import delta_adapter
 
             folder = delta_adapter(folder, merged)
         self._request(
@@ -211,7 +211,9 @@ def guarded(command: list[str]) -> tuple[list[str], dict]:
     # The signal follows the starting *thread*: ask for it only from the main thread, whose end
     # is the process's; from any other thread the guard's check of its parent does the job.
     signal_too = "1" if threading.current_thread() is threading.main_thread() else "0"
-    guard = [sys.executable, "-m", "pipecat_rl.serving", "--guard", str(os.getpid()), signal_too]
+    guard = [
+        sys.executable, "-m", "pipecat_rl.serving.server", "--guard", str(os.getpid()), signal_too
+    ]
     return [*guard, "--", *command], {"start_new_session": True}
 
 
@@ -300,7 +302,7 @@ class VLLMServer:
         self.served_name = served_name or self.model.name
         self.serves_base = serves_base
         """Whether `model` is the base model, so `base` names it too; False for merged weights
-        (`pipecat_rl.merged`), which are another policy and must never answer as the base."""
+        (`serving.merged`), which are another policy and must never answer as the base."""
         self.host = host
         self.port = port or free_port(host)
         self.max_model_len = max_model_len
@@ -367,7 +369,7 @@ class VLLMServer:
         env.setdefault("DO_NOT_TRACK", "1")
         if running_on_cpu():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gb))
-            # Our vLLM plugin's grouped LoRA ops (pipecat_rl.vllm_cpu_lora); `0` keeps vLLM's.
+            # Our vLLM plugin's grouped LoRA ops (serving.vllm_cpu_lora); `0` keeps vLLM's.
             env.setdefault("PIPECAT_RL_CPU_LORA", "1")
         env.pop("VLLM_API_KEY", None)
         if self.api_key:
@@ -390,7 +392,7 @@ class VLLMServer:
         if not (self.model / "config.json").is_file():
             raise ModelError(
                 f"{self.model} is not a Hugging Face model folder (no config.json); run "
-                "`pipecat-rl models prepare smollm2` or pass a folder with config.json"
+                "`pipecat-rl models prepare` or pass a folder with config.json"
             )
         if _port_in_use(self.host, self.port):
             raise ServingError(

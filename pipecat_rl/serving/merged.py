@@ -23,7 +23,7 @@ from loguru import logger
 from pydantic import BaseModel, ConfigDict
 
 from pipecat_rl.errors import ModelError
-from pipecat_rl.models import MARKER as MODEL_MARKER
+from pipecat_rl.serving.weights import MARKER as MODEL_MARKER
 
 MARKER = "pipecat-rl-merged.json"
 """Written last into a merged folder: what it was merged from. Its absence means unfinished."""

@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipecat_rl.errors import ConfigError
-from pipecat_rl.ledger.outcome import (
+from pipecat_rl.scoring.outcome import (
     AUTHORITATIVE_PARTS,
     CHECKS_HELD,
     PASS_SCORE,
