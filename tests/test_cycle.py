@@ -48,13 +48,14 @@ class FakeTraining:
             holdout: float = 0.15
             group_size: int | None = None
             rank: int = 16
-            alpha: int = 32
+            alpha: int | None = None
             lr: float | None = None
             temperature: float = 1.0
             out_dir: Path = Path("adapters")
             seed: int = 0
             rubric: object = None
             opsd_hint: str = "system"
+            name_prefix: str = "policy"
             batch_sequences: int = 4
 
         @dataclass

@@ -133,3 +133,10 @@ def test_one_alpha_rule_for_the_cli_the_service_and_loop_yaml(tmp_path):
         job = TrainJob(algo="sft", rank=rank)
         assert TrainConfig(rank=job.rank).lora_alpha == want
     assert TrainConfig(rank=32, alpha=16).lora_alpha == 16  # an explicit alpha is kept
+
+
+def test_the_old_recorder_import_path_still_works():
+    from pipecat_rl import RLRecorder
+    from pipecat_rl.processors import RLRecorder as OldPath
+
+    assert OldPath is RLRecorder

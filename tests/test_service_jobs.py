@@ -113,7 +113,7 @@ def test_requests_default_to_what_the_cli_verbs_default_to():
         assert getattr(gate_job, name) == getattr(options, name)
     config = TrainConfig()
     assert jobs[train.train_command].epochs == config.epochs
-    assert config.alpha == 2 * jobs[train.train_command].rank  # alpha as `pipecat-rl train`
+    assert config.lora_alpha == 2 * jobs[train.train_command].rank  # alpha as `pipecat-rl train`
 
 
 # --- the train job: a real run on a tiny model ------------------------------------------------

@@ -79,10 +79,9 @@ Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS)]
 
 MAX_SCORES_BYTES = 64 * 2**20
 """Largest scores file read: 64 MiB. The file is read a line at a time and each run kept as one
-parsed record, so memory follows the runs kept, bounded by this cap: `pipecat-rl gate --scores`
-on a 60 MiB file of 110,000 runs with 24 latencies each peaked at 622 MB resident (baseline
-60 MB) and decided in 53 s on 2 shared cores. Real gates hold hundreds to thousands of lines
-(24 scenarios x 8 repeats x 2 arms is 384); a bigger file is refused before it is read."""
+parsed record, so memory follows the runs kept, bounded by this cap. Real gates hold hundreds
+to thousands of lines (24 scenarios x 8 repeats x 2 arms is 384); a bigger file is a mistake,
+refused before it is read."""
 
 
 class UnauthorizedWrite(BaseModel):

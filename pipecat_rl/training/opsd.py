@@ -147,11 +147,11 @@ def prefix_pairs(rows: Sequence[OPSDRow], config: TrainConfig) -> list[tuple[Pre
     """`rows` in shared-prefix batches, the student's side and the teacher's alike.
 
     The turns of one step share the system prompt, the tools and each call's earlier turns;
-    scored one by one, a pass ran every prompt whole for a loss on ~3% of its tokens (the
-    clinic: 2.7x fewer positions and 2.4x faster shared, `benchmarks/opsd_prefix.py`). The
-    teacher's rows are batched row for row with the student's: hinted before the reply
-    (`opsd_hint: turn`) they share the same prefixes; hinted in the system message, only what
-    precedes the hint, since each turn's hint differs (1.9x on the same turns, not 2.4x).
+    scored one by one, a pass runs every prompt whole for a loss on a few percent of its tokens
+    (`benchmarks/opsd_prefix.py` measures the saving). The teacher's rows are batched row for
+    row with the student's: hinted before the reply (`opsd_hint: turn`) they share the same
+    prefixes; hinted in the system message, only what precedes the hint, since each turn's hint
+    differs.
     """
     student = [TrainingSequence(r.session_id, r.student_ids, r.student_mask, []) for r in rows]
     teacher_of = {
@@ -244,8 +244,8 @@ def opsd_update(
 ) -> dict[str, Any]:
     """One pass over a step's rows in `mini_batches` optimiser steps, as GRPO takes its batch.
 
-    One step a pass barely moved the canary on the clinic (0.052 at 1e-4, its threshold 0.05)
-    for a pass that costs minutes of scoring; the steps share that scoring. `on_step` gets each
+    One optimiser step a pass barely moves the canary for a pass that costs minutes of scoring;
+    the steps share that scoring. `on_step` gets each
     step's row; returns the pass: its divergences weighted by each step's loss tokens (each
     measured before its own update), the last step's grad norm, the time of all.
     """

@@ -1,6 +1,6 @@
 """Shared-prefix batches: sequences that start alike train together, their prefix computed once.
 
-The clinic's system prompt, tool schemas and greeting are ~580 of a ~900-token SFT sequence. A
+A voice agent's system prompt, tool schemas and greeting are most of each SFT sequence. A
 batch runs that common prefix once with the KV cache on, repeats the cache across the batch and
 runs the right-padded suffixes against it. Nothing is detached: the suffixes' gradient reaches the
 prefix's LoRA activations through the cached keys and values, so one batch's gradient is the sum

@@ -1,12 +1,12 @@
 """SFT: filtered behaviour cloning on sequences that passed (demonstrations included).
 
-Sequences that share a prefix (the system prompt, tools and greeting: ~65% of a clinic sequence)
-train together, the prefix computed once per step (`prefix`). A slice of the sessions is held
-aside: its loss after each epoch picks the epoch count, and the run stops once it has not
-improved for `patience` epochs, keeping the best epoch's weights (on the clinic the train loss
-never reached a 0.01 target, so a fixed target paid every epoch; the held-aside loss bottoms out
-after 3-6). AdamW with a cosine schedule over the most steps the run may take; bf16 autocast
-where the CPU computes bf16 natively (1.8x a step here; weights and gradients stay fp32).
+Sequences that share a prefix (the system prompt, tools and greeting: most of a voice agent's
+sequence) train together, the prefix computed once per step (`prefix`). A slice of the sessions
+is held aside: its loss after each epoch picks the epoch count, and the run stops once it has not
+improved for `patience` epochs, keeping the best epoch's weights (a fixed target loss may never
+be reached, and then every epoch is paid). AdamW with a cosine schedule over the most steps the
+run may take; bf16 autocast where the CPU computes bf16 natively (weights and gradients stay
+fp32).
 """
 
 import contextlib

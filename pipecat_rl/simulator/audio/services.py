@@ -52,9 +52,9 @@ class EmbeddedSpeech:
     whisper_window_s: float | None = None
     """Whisper's encoder window for a segment (`whisper.WindowedWhisperSTTService`); None:
     Pipecat's `WhisperSTTService`, which pads every segment to Whisper's 30 s. Not the default:
-    measured, 10 s cuts the STT stage's median from 339 to 137 ms, but a transcript that fast
-    ends the caller's turn inside a comma pause ("..., please."), and 3 of 16 turns then waited
-    out Pipecat's 5 s user-turn-stop timeout (docs/results/audio-heard-gap)."""
+    a short window makes the STT stage faster, but a transcript that fast can end the caller's
+    turn inside a comma pause ("..., please."), and such a turn then waits out Pipecat's
+    user-turn-stop timeout (docs/results/audio-heard-gap has the run)."""
 
 
 PIPECAT_DEFAULTS = EmbeddedSpeech()
@@ -134,7 +134,7 @@ def persona_ear(name: SttName) -> STTService:
 
     Pipecat's `WhisperSTTService` decodes each segment on Whisper's 30 s window with
     faster-whisper's temperature fallback: a segment cut mid-word, or noise, costs up to six
-    decodes (measured 1.9-3.9 CPU-s against 0.5-0.7 for a clean sentence), and a caller whose
+    decodes (several times a clean sentence's CPU), and a caller whose
     ear falls that far behind on a busy machine answers late or not at all. The caller's ear is
     the simulator's, not the bot's, so it takes the windowed service (`whisper`): one decode on
     a window sized to the segment, its length capped by the segment's duration.
