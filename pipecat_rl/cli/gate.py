@@ -8,7 +8,9 @@ Every receipt the gate writes is recorded in the ledger (`--ledger`, else $PIPEC
 else ./pipecat-rl.db), which `promote` checks it against; the scenario hashes of the held-out
 runs it decided on are recorded there too, so they never train. A gate that fails before it
 records anything leaves no new ledger file behind. The verdict goes to stdout; with `--json`
-stdout holds only JSON, a refusal included.
+stdout holds only JSON, a refusal included. A receipt folder that already holds a receipt
+(`--out`, or the default's name taken within the same second) is refused before the gate runs,
+unless `--force` (`cli.output.output_folder`).
 """
 
 import os
@@ -31,6 +33,7 @@ from pipecat_rl.cli.common import (
 from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, executor_fields
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.cli.output import output_folder
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate import (
     Evidence,
@@ -216,6 +219,12 @@ def gate(
     out: Annotated[
         Path | None, typer.Option(help="Folder for receipt.json/.md/.html (default ./receipts/…)")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace the receipt in an --out folder that already holds one."
+        ),
+    ] = False,
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     ray_endpoints: RayEndpointOpt = None,
@@ -238,8 +247,8 @@ def gate(
         )
         if from_ledger and scores is not None:
             raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
-        if out is not None:
-            writable_folder(out, "--out")  # the receipt folder is made in one that exists
+        if out is not None:  # refused before the gate runs, not after
+            output_folder(writable_folder(out, "--out"), "--out", force=force)
         evidence = _evidence(
             scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
             heldout_set=heldout_set, source=source, mode=mode, transport=transport,
@@ -254,7 +263,7 @@ def gate(
         opened = open_ledger(ledger) if from_ledger else new_ledger_kept_if_used(path)
         with opened as store:
             names = [n if scores else resolve_policy(store, n) for n in (candidate, incumbent)]
-            folder = out or _default_out(*names)
+            folder = out or output_folder(_default_out(*names), "the default --out", force=force)
             done = run_gate(store, candidate, incumbent, evidence, settings, folder)
     receipt, paths = done.receipt, done.paths
     _report(receipt, paths["json"].parent, json_out)

@@ -1,6 +1,8 @@
 """`pipecat-rl ledger`: look inside the ledger (stats, sessions, one transcript), export it, score.
 
 `migrate` copies one ledger into another (a SQLite file into Postgres: `ledger.transfer`).
+`export --out` writes through `cli.output`: never over the ledger, atomically, `--force` for
+what would destroy something else.
 
 `score` is the CLI face of the service's `POST /sessions/{call_id}/scores` (`Ledger.post_score`).
 """
@@ -25,6 +27,7 @@ from pipecat_rl.cli.common import (
     results,
     writable_folder,
 )
+from pipecat_rl.cli.output import FORCE_HELP, output_file, written
 from pipecat_rl.cli.transcript import num, print_transcript, shown_score, when
 from pipecat_rl.errors import ConfigError, ScoreRefusedError
 from pipecat_rl.ledger import (
@@ -37,6 +40,7 @@ from pipecat_rl.ledger import (
     resolve_ledger_path,
 )
 from pipecat_rl.ledger.scores import MAX_EXPLANATION_CHARS
+from pipecat_rl.ledger.transfer import OnConflict, is_ledger_file
 
 ledger_app = typer.Typer(
     help="Inspect and export the ledger (sessions, turns, tool calls, latencies, adapters).",
@@ -167,7 +171,6 @@ def _cell(s: SessionRecord, column: str) -> str:
     return str(getattr(s, column) or "-")
 
 
-
 @ledger_app.command("show")
 def show(
     session_id: Annotated[str, typer.Argument(metavar="ID", help="A session id.")],
@@ -195,22 +198,28 @@ def export(
             "--session", help="Export only this session id (repeatable).", show_default=False
         ),
     ] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     ledger: LedgerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Export sessions, each with its turns, tool calls, latencies and scores, one per line.
 
     With --json and --out, prints {"count", "out"} on stdout once the file is written. The
-    folder of --out must exist; the file appears only once the export is complete.
+    folder of --out must exist; the file appears only once the export is complete, and never
+    over the ledger itself (exit 64; a symlink, device, receipt or SQLite file needs --force).
     """
     with cli_errors(json_out and out is not None), open_ledger(ledger) as store:
         if fmt != "jsonl":
             raise ConfigError(f"--format must be jsonl, not {fmt!r}")
         if out is None:
             count = store.export_jsonl(sys.stdout, session_ids=session or None)
-            sys.stdout.flush()
+            sys.stdout.flush()  # a full stdout is an OSError here (exit 74), a closed one 141
         else:
-            count = _export_to(store, writable_folder(out, "--out"), session or None)
+            target = output_file(
+                writable_folder(out, "--out"), "--out", force=force, ledger=store.path
+            )
+            with written(target) as f:
+                count = store.export_jsonl(f, session_ids=session or None)
     if out is not None and json_out:
         print_json({"count": count, "out": str(out)})
     else:
@@ -291,37 +300,49 @@ def migrate(
             show_default=False,
         ),
     ],
+    on_conflict: Annotated[
+        OnConflict,
+        typer.Option(
+            "--on-conflict",
+            help="A session the destination holds with other content: fail (name it, copy "
+            "nothing) or skip it (keep the destination's, copy the rest).",
+        ),
+    ] = "fail",
     json_out: JsonOpt = False,
 ) -> None:
     """Copy a ledger into another, skipping what is there already, then verify every table.
 
-    Run it again after an interruption: a session is copied whole or not at all. Exits non-zero
-    when a source row is missing from the destination afterwards.
+    Run it again after an interruption: a session is copied whole or not at all, and one the
+    destination holds unchanged is skipped. One it holds with other content is a conflict:
+    exit 64 naming it, nothing copied, unless --on-conflict skip. Exits non-zero when a source
+    row is missing from the destination afterwards.
     """
     from pipecat_rl.ledger.transfer import copy_ledger
 
-    with cli_errors(json_out), open_ledger(source) as store, Ledger(dest) as into:
-        tables = copy_ledger(store, into)
-        names = {"from": str(store.path), "to": str(into.path)}
+    with cli_errors(json_out), open_ledger(source) as store:
+        target = resolve_ledger_path(dest)
+        if is_ledger_file(target, store.path) or is_ledger_file(store.path, target):
+            raise ConfigError(
+                f"--from {source} and --to {dest} are the same ledger (or one of its files); "
+                "name another destination"
+            )
+        with Ledger(target) as into:
+            done = copy_ledger(store, into, on_conflict=on_conflict)
+            names = {"from": str(store.path), "to": str(into.path)}
     if json_out:
-        print_json({**names, "tables": tables})
+        print_json({**names, "tables": done.tables, "conflicts": done.conflicts})
         return
     out = results()
     out.print(f"copied {escape(names['from'])} into {escape(names['to'])} (verified):")
-    for table, n in tables.items():
+    for table, n in done.tables.items():
         out.print(f"  {table:<14} {n['copied']} copied, {n['present']} already there")
-
-
-def _export_to(store: Ledger, out: Path, session_ids: list[str] | None) -> int:
-    """Write the export beside `out` and move it into place when whole (no partial file)."""
-    partial = out.with_name(f".{out.name}.partial")
-    try:
-        with partial.open("w", encoding="utf-8") as f:
-            count = store.export_jsonl(f, session_ids=session_ids)
-        partial.replace(out)
-    finally:
-        partial.unlink(missing_ok=True)
-    return count
+    if done.conflicts:
+        console.print(
+            f"[yellow]skipped {len(done.conflicts)} session(s) the destination holds with other "
+            f"content (--on-conflict skip), kept as they are there:[/yellow] "
+            f"{escape(', '.join(done.conflicts))}",
+            soft_wrap=True,
+        )
 
 
 def register(app: typer.Typer) -> None:

@@ -34,6 +34,9 @@ from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
 from pipecat_rl.gate.verdict import Decision, GateCheck
 from pipecat_rl.ledger import Ledger
 
+RECEIPT_FILES = ("receipt.json", "receipt.md", "receipt.html")
+"""The files of a receipt folder, the source of truth first (`write_receipt`)."""
+
 SCHEMA_VERSION = 3
 """Bumped on any change a reader of an older receipt would misread (2: t interval, evidence-based
 regressions, authoritative score, receipt id; 3: exact discordant-pair regression tests, the
@@ -432,11 +435,7 @@ def write_receipt(
             f"the gate computed non-finite values for {', '.join(bad[:5])}; no receipt was "
             "written. This is a bug: report it with the input file."
         )
-    paths = {
-        "json": out_dir / "receipt.json",
-        "md": out_dir / "receipt.md",
-        "html": out_dir / "receipt.html",
-    }
+    paths = {Path(name).suffix[1:]: out_dir / name for name in RECEIPT_FILES}  # json, md, html
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         paths["json"].write_text(receipt.model_dump_json(indent=2) + "\n")

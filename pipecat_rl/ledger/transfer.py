@@ -3,21 +3,25 @@
 `pipecat-rl ledger migrate` copies a SQLite file into Postgres; `snapshot_ledger` copies any
 ledger, as it stands, into a SQLite file. The copy (`copy_ledger`) is idempotent, so an
 interrupted copy is run again: a session is copied with all its records in one transaction and
-skipped whole when the destination has it; adapters, held-out hashes, receipts, jobs and job
-events are keyed and skipped when present; a live-pointer move by its adapter and time. Rows
-take the destination's own ids, so a destination other processes already write to keeps its
-rows. Then every table is counted by its rows' keys: each source row must be in the
-destination, or the copy is an error that names the table.
+skipped whole when the destination holds it with the same content. One the destination holds
+with other content (the same id, other turns or scores) is a conflict: by default the copy stops
+before copying anything and names it; `on_conflict="skip"` keeps the destination's and says so.
+A ledger is never copied into itself, under any spelling of its path (`is_ledger_file`).
+Adapters, held-out hashes, receipts, jobs and job events are keyed and skipped when present; a
+live-pointer move by its adapter and time. Rows take the destination's own ids, so a destination
+other processes already write to keeps its rows. Then every table is counted by its rows' keys:
+each source row must be in the destination, or the copy is an error that names the table.
 """
 
+import os
 import sqlite3
 from collections import Counter
 from contextlib import closing
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pipecat_rl.errors import LedgerError
+from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger.jobs import JOB_COLUMNS
 from pipecat_rl.ledger.store import Ledger
 from pipecat_rl.ledger.tables import (
@@ -47,6 +51,15 @@ KEYS: dict[str, str] = {
 
 _EVENT_COLUMNS = "job_id, seq, at, event, data"
 
+SIDE_FILES = ("-wal", "-shm", "-journal")
+"""What SQLite keeps beside a ledger file: writing over one of them corrupts the ledger."""
+
+OnConflict = Literal["skip", "fail"]
+"""What `copy_ledger` does with a session the destination holds with other content."""
+
+_NAMED = 10
+"""How many conflicting ids a message names before it says how many more."""
+
 
 @dataclass
 class TableCopy:
@@ -56,6 +69,65 @@ class TableCopy:
     copied: int = 0
     present: int = 0
 
+
+@dataclass
+class LedgerCopy:
+    """What `copy_ledger` did: per table, its rows; and the sessions it skipped as conflicts."""
+
+    tables: dict[str, dict[str, int]]
+    """Per table: `source`, `copied`, `present` (a skipped conflict counts as present)."""
+    conflicts: list[str] = field(default_factory=list)
+    """Ids the destination holds with other content, skipped (`on_conflict="skip"`)."""
+
+
+def ledger_files(ledger: Path) -> tuple[Path, ...]:
+    """The files of the SQLite ledger `ledger`: itself, then its side files (`SIDE_FILES`)."""
+    return (ledger, *(ledger.with_name(ledger.name + end) for end in SIDE_FILES))
+
+
+def is_ledger_file(path: Path | str, ledger: Path | str) -> bool:
+    """Whether `path` is the ledger `ledger` or one of its side files, however it is spelled.
+
+    Paths are compared as files, not strings: the same inode (`os.path.samefile`: a hard link,
+    a symlink, `./x.db`, another case on a case-insensitive disk) or the same real path (a side
+    file SQLite has not made yet). Postgres URLs (str) are compared as written.
+    """
+    if not isinstance(path, Path) or not isinstance(ledger, Path):
+        return str(path) == str(ledger)
+    real = os.path.realpath(path)
+    for file in ledger_files(ledger):
+        if real == os.path.realpath(file):
+            return True
+        try:
+            if os.path.samefile(path, file):
+                return True
+        except OSError:  # one of them is not there (yet)
+            continue
+    return False
+
+
+def conflicting_sessions(source: Ledger, dest: Ledger) -> list[str]:
+    """Ids of `source`'s sessions that `dest` holds with other content, oldest first.
+
+    Content is the session with its turns, tool calls, latencies and scores
+    (`session_bundle`), so a session copied before and unchanged since is no conflict.
+    """
+    held = {r[0] for r in dest.rows("SELECT id FROM sessions")}
+    ids = [r[0] for r in source.rows("SELECT id FROM sessions ORDER BY started_at, rowid")]
+    return [
+        sid for sid in ids if sid in held and source.session_bundle(sid) != dest.session_bundle(sid)
+    ]
+
+
+def _conflict_message(source: Ledger, dest: Ledger, ids: list[str]) -> str:
+    named = ", ".join(ids[:_NAMED]) + (
+        f" and {len(ids) - _NAMED} more" if len(ids) > _NAMED else ""
+    )
+    return (
+        f"{len(ids)} session(s) of {source.path} are in {dest.path} with other content: {named}; "
+        "nothing was copied. Pass --on-conflict skip to keep the destination's and copy the "
+        "rest, or compare them first (`pipecat-rl ledger show ID --ledger ...` on each side)"
+    )
 
 
 def _insert_new(dest: Ledger, table: str, columns: str, rows: list[Any], key: str) -> TableCopy:
@@ -111,9 +183,14 @@ def _copy_live_pointer(source: Ledger, dest: Ledger) -> TableCopy:
     return out
 
 
-def _verify(source: Ledger, dest: Ledger) -> None:
+def _verify(source: Ledger, dest: Ledger, skipped: set[str]) -> None:
     for table, key in KEYS.items():
-        wanted = Counter(tuple(r) for r in source.rows(f"SELECT {key} FROM {table}"))
+        of_session = table == "sessions" or key.startswith("session_id")
+        wanted = Counter(
+            tuple(r)
+            for r in source.rows(f"SELECT {key} FROM {table}")
+            if not (of_session and r[0] in skipped)  # a conflict kept the destination's rows
+        )
         held = Counter(tuple(r) for r in dest.rows(f"SELECT {key} FROM {table}"))
         missing = wanted - held
         if missing:
@@ -125,13 +202,28 @@ def _verify(source: Ledger, dest: Ledger) -> None:
             )
 
 
-def copy_ledger(source: Ledger, dest: Ledger) -> dict[str, dict[str, int]]:
+def copy_ledger(source: Ledger, dest: Ledger, on_conflict: OnConflict = "fail") -> LedgerCopy:
     """Copy every row of `source` that `dest` lacks; per table: source, copied, present.
 
-    Raises LedgerError if, after the copy, a source row is not in the destination.
+    A session `dest` holds with other content (`conflicting_sessions`) stops the copy before
+    anything is copied (`on_conflict="fail"`), or is left as `dest` has it and named in the
+    result (`"skip"`): never overwritten, never skipped silently.
+
+    Raises:
+        LedgerError: `source` and `dest` are one ledger, or after the copy a source row is not in
+            the destination.
+        ConfigError: a conflict, with `on_conflict="fail"` (the message names the ids).
     """
-    if str(source.path) == str(dest.path):
-        raise LedgerError(f"the source and the destination are the same ledger {source.path}")
+    if is_ledger_file(dest.path, source.path) or is_ledger_file(source.path, dest.path):
+        raise LedgerError(
+            f"the source {source.path} and the destination {dest.path} are the same ledger; "
+            "name another destination"
+        )
+    if on_conflict not in ("skip", "fail"):
+        raise ConfigError(f"on_conflict must be skip or fail, not {on_conflict!r}")
+    conflicts = conflicting_sessions(source, dest)
+    if conflicts and on_conflict == "fail":
+        raise ConfigError(_conflict_message(source, dest, conflicts))
     report = {table: TableCopy() for table in KEYS}
     _copy_sessions(source, dest, report)
     adapters = source.rows(f"SELECT {ADAPTERS.select()} FROM adapters ORDER BY created_at, name")
@@ -154,8 +246,8 @@ def copy_ledger(source: Ledger, dest: Ledger) -> dict[str, dict[str, int]]:
     report["jobs"] = _insert_new(dest, "jobs", JOB_COLUMNS, jobs, "id")
     events = source.rows(f"SELECT {_EVENT_COLUMNS} FROM job_events ORDER BY job_id, seq")
     report["job_events"] = _insert_new(dest, "job_events", _EVENT_COLUMNS, events, "job_id, seq")
-    _verify(source, dest)
-    return {table: asdict(counts) for table, counts in report.items()}
+    _verify(source, dest, set(conflicts))
+    return LedgerCopy({table: asdict(counts) for table, counts in report.items()}, conflicts)
 
 
 def snapshot_ledger(ledger: Ledger, dest: Path) -> dict[str, int]:
