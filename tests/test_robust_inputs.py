@@ -188,13 +188,13 @@ CASES = [
     (
         "export-out-is-dir",
         lambda f, d: ["ledger", "export", "--out", d, "--ledger", _ledger(d)],
-        EXIT_IO,
-        "directory",
+        EXIT_USAGE,
+        "is a folder",
     ),
     (
         "gate-out-is-a-file",
         lambda f, d: _gate_scores(d) + ["--out", f["a_file"]],
-        EXIT_IO,
+        EXIT_USAGE,
         "a_file",
     ),
     (

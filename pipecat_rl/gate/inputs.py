@@ -20,8 +20,10 @@ it scores ledger sessions (`gate_score`): the shaped tool credit never counts. O
 (each LLM call's time from request to its first token, and to its last), `guarded` (whether the
 run carried a check that something must not change),
 `writes` (its unauthorised writes: `kind`, `check`, `tool`, `call_id`) and `usage`
-(`prompt_tokens`, `completion_tokens`, `stt_seconds`, `tts_seconds`). Other keys are ignored;
-lines of other policies are skipped and counted.
+(`prompt_tokens`, `completion_tokens`, `stt_seconds`, `tts_seconds`). A tool's own data goes
+under `meta` (kept, never read); any other key is refused with the key named (a misspelt
+`unauthorised_writes` must not read as "no writes"), and so is a key given twice. Lines of other
+policies are skipped and counted.
 
 Every number is bounded: rewards and parts finite in [0, 1], latencies finite in
 [0, `MAX_LATENCY_MS`], counts non-negative; `reward` is a number and `passed` / `guarded` are
@@ -29,6 +31,7 @@ booleans, never strings; a violation names the file, the line and the field. A f
 `MAX_SCORES_BYTES` is refused before it is read.
 """
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -60,6 +63,7 @@ from pipecat_rl.scoring import (
     passed,
     score_passed,
 )
+from pipecat_rl.strict import StrictInputError, loads_json
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 """Failure labels that count as one unauthorised write each."""
@@ -76,6 +80,10 @@ MAX_LATENCY_MS = 600_000.0
 """Ten minutes: a longer "latency" is a unit mistake (seconds vs microseconds), not a turn."""
 
 Latency = Annotated[float, Field(ge=0, le=MAX_LATENCY_MS)]
+
+MAX_NAME_CHARS = 200
+"""Longest scenario, policy, hash or session id a scores line may give: names, not documents (a
+megabyte-long name would be printed on every page of the receipt)."""
 
 MAX_SCORES_BYTES = 64 * 2**20
 """Largest scores file read: 64 MiB. The file is read a line at a time and each run kept as one
@@ -106,10 +114,10 @@ class RunResult(BaseModel):
     (`ledger.outcome`) on the authoritative part; `reward_parts` keeps every part as stored.
     """
 
-    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    scenario: str = Field(min_length=1)
-    policy: str = Field(min_length=1)
+    scenario: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    policy: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     run: int = Field(ge=0)
     reward: float = Field(ge=0, le=1, strict=True)
     reward_parts: dict[str, float] = Field(default_factory=dict)
@@ -129,9 +137,11 @@ class RunResult(BaseModel):
     """0 for the first session of this (scenario, policy, run, seed), 1 for the next: a run
     repeated is paired as one more run, never in place of the first."""
     usage: Usage | None = None
-    seed: int | None = None
-    scenario_hash: str | None = None
-    session_id: str | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    scenario_hash: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    session_id: str | None = Field(None, max_length=MAX_NAME_CHARS)
+    meta: dict[str, Any] | None = None
+    """A scoring tool's own data about the run: kept in the file, never read by the gate."""
     # Audio mode: what a caller heard, and the channel the run went down.
     heard_gap_ms: tuple[float, ...] = ()
     """Caller-side heard gaps (audio mode): the figure the P95 checks gate on when present."""
@@ -293,9 +303,13 @@ def load_scores(
         if not line.strip():
             continue
         try:
-            run = RunResult.model_validate(json.loads(line), context={"judged": judged or {}})
+            data = loads_json(line)
+            _known_keys(data)
+            run = RunResult.model_validate(data, context={"judged": judged or {}})
         except json.JSONDecodeError as e:
             raise GateError(f"{path}:{lineno}: not a JSON object ({e.msg}).") from e
+        except StrictInputError as e:
+            raise GateError(f"{path}:{lineno}: {e}.") from e
         except ValidationError as e:
             raise GateError(f"{path}:{lineno}: {_field_error(e)}.") from e
         if run.policy not in (candidate, incumbent):
@@ -326,6 +340,17 @@ def load_scores(
             notes=notes,
         ),
     )
+
+
+def _known_keys(data: Any) -> None:
+    """Refuse a scores line's unknown keys by name, with the field it most likely meant."""
+    if not isinstance(data, dict):
+        return  # the model's own error says a line is an object
+    for key in data:
+        if key not in RunResult.model_fields:
+            close = difflib.get_close_matches(str(key), list(RunResult.model_fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (a tool's own data: `meta`)"
+            raise StrictInputError(f"unknown key {key!r}{hint}")
 
 
 def _scores_lines(path: Path, feed: Callable[[bytes], object]) -> Iterator[tuple[int, str]]:

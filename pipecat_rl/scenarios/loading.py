@@ -32,6 +32,7 @@ from pipecat_rl.scenarios.turns import (
     untimed,
 )
 from pipecat_rl.scenarios.yaml_safe import load_yaml, read_text
+from pipecat_rl.strict import UniqueKeyLoader
 
 _PIPECAT_ONLY = {"scenarios"}
 _SET_BY_THE_LOADER = ("source_path", "parsed_turns")
@@ -39,8 +40,8 @@ _USER_KEYS = {"modality", "speech"}
 _JUDGE_KEYS = {"modality", "eval", "transcription"}
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader reading only plain decimal integers as ints, so "0612" stays a string."""
+class _Loader(UniqueKeyLoader):
+    """A safe loader: only plain decimal integers are ints ("0612" stays a string); no key twice."""
 
 
 _Loader.yaml_implicit_resolvers = {

@@ -10,7 +10,8 @@ turns every one of those into a `ScenarioError` naming the file, the line and th
 - bytes that are not UTF-8;
 - an `!include` cycle, or includes nested deeper than `MAX_INCLUDE_DEPTH`;
 - more than `MAX_NODES` nodes once aliases are expanded, or an alias that contains itself;
-- nesting too deep for the parser.
+- nesting too deep for the parser;
+- a mapping that names one key twice (`strict.UniqueKeyLoader`).
 """
 
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.strict import UniqueKeyLoader
 
 MAX_FILE_BYTES = 1_000_000
 """Largest scenario (or included) file read, in bytes."""
@@ -59,7 +61,7 @@ def read_text(path: Path) -> str:
         ) from e
 
 
-def load_yaml(path: Path, base: type[yaml.SafeLoader] = yaml.SafeLoader) -> tuple[Any, Any]:
+def load_yaml(path: Path, base: type[yaml.SafeLoader] = UniqueKeyLoader) -> tuple[Any, Any]:
     """Load one YAML document with `!include`; returns its data and its node tree (for lines).
 
     Raises:
