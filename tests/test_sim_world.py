@@ -67,6 +67,18 @@ def test_probabilistic_faults_are_seeded(tmp_path):
     assert 0 < sum(pattern(7)) < 20
 
 
+def test_a_fault_on_a_tool_the_world_lacks_is_refused_before_any_call(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        "name: typo\npersona: A caller.\ngoal: Book a checkup.\nsuccess: Booked.\n"
+        f"world: {{pack: {CLINIC.parent / 'world.py'}}}\n"
+        "faults: [{tool: find_slot, kind: timeout, on_call: 1}]\n"  # find_slots, misspelt
+    )
+    s = load_scenario_file(path)[0]
+    with pytest.raises(ScenarioError, match=r"typo.yaml: faults.0: no tool 'find_slot'.*slots"):
+        World(s)
+
+
 def test_tool_errors_bad_arguments_and_unknown_tools_are_failed_executions():
     world = World(scenario("routine_booking"))
     assert "no patient" in world.execute("lookup_patient", {"name": "Nobody"}).error

@@ -263,6 +263,13 @@ class World:
     # -- verify --------------------------------------------------------------------------------
 
     def _check_spec(self, scenario: Scenario) -> None:
+        for i, fault in enumerate(scenario.faults):  # one on another tool would never fire
+            if fault.tool not in self.pack.tools:
+                have = ", ".join(sorted(self.pack.tools)) or "none: the scenario names no pack"
+                raise ScenarioError(
+                    f"{scenario.source_path}: faults.{i}: no tool {fault.tool!r} in the world "
+                    f"(its tools: {have}); a fault fires only on a tool the world runs"
+                )
         tables = set(self.tables())
         for i, check in enumerate(scenario.verify):
             where = f"{scenario.source_path}: verify.{i}"
