@@ -139,7 +139,7 @@ def gate(ledger: Ledger, tmp_path: Path, *args: str, candidate: str = "v2"):
     result = CliRunner().invoke(
         app,
         ["gate", "--from-ledger", "--ledger", str(ledger.path), "--candidate", candidate,
-         "--out", str(tmp_path / "r"), "--json", *args],
+         "--out", str(tmp_path / "r"), "--force", "--json", *args],
     )  # fmt: skip
     return result, (json.loads(result.stdout) if result.stdout.strip() else None)
 
@@ -385,9 +385,12 @@ def test_unauthorised_writes_of_both_arms_over_their_guarded_runs(ledger, tmp_pa
         "book_appointment", "call-7", "scn-06",
     )  # fmt: skip
     assert inc["by_kind"] == {"handoffs": 1} and inc["incidents"][0]["tool"] == "transfer_call"
-    assert 0 < cand["rate_upper_95"] < 0.3
+    # the scenario is the unit: 1 of the 6 guarded scenarios wrote (18 guarded runs)
+    assert (cand["units"], cand["units_with_writes"]) == (6, 1)
+    assert 0.55 < cand["rate_upper_95"] < 0.6 and 0.38 < cand["zero_bound_95"] < 0.4
     detail = check(receipt, "unauthorized_writes")["detail"]
     assert "candidate: 1 unauthorised write(s) in 1 of 18 runs with a guarded check" in detail
+    assert "1 of 6 scenarios (the independent units" in detail
     assert "book_appointment (appointments+slots) in scn-06 run 0" in detail
     assert "incumbent: 1 unauthorised write(s)" in detail and "handoffs 1" in detail
     assert receipt["scenarios"][6]["candidate_unauthorized_writes"] == 1

@@ -53,11 +53,11 @@ def _write(path: Path, *groups: list[dict]) -> Path:
 
 
 def _gate(tmp_path: Path, scores: Path, *args: str):
-    out = tmp_path / "receipt"
+    out = tmp_path / "receipt"  # one folder, replaced by each call (--force): verdicts, not files
     result = CliRunner().invoke(
         app,
         ["gate", "--candidate", "cand", "--incumbent", "inc", "--scores", str(scores),
-         "--out", str(out), "--ledger", str(tmp_path / "ledger.db"), "--json", *args],
+         "--out", str(out), "--force", "--ledger", str(tmp_path / "ledger.db"), "--json", *args],
     )  # fmt: skip
     receipt = json.loads(result.stdout) if result.stdout.strip() else None
     return result, receipt
@@ -99,7 +99,7 @@ def test_promote(tmp_path):
 def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
     scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin, seed=1))
     _, receipt = _gate(tmp_path, scores, "--min-delta", "0.1", "--seed", "5")
-    assert receipt["schema_version"] == 3
+    assert receipt["schema_version"] == 4
     assert receipt["input"]["kind"] == "scores"
     assert receipt["input"]["sha256"] == hashlib.sha256(scores.read_bytes()).hexdigest()
     assert receipt["thresholds"]["min_delta"] == 0.1

@@ -37,12 +37,13 @@ from pipecat_rl.ledger import Ledger
 RECEIPT_FILES = ("receipt.json", "receipt.md", "receipt.html")
 """The files of a receipt folder, the source of truth first (`write_receipt`)."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped on any change a reader of an older receipt would misread (2: t interval, evidence-based
 regressions, authoritative score, receipt id; 3: exact discordant-pair regression tests, the
 sign-flip test, REJECT only on a surely worse candidate, Woodruff P95 intervals and paired
 differences, text-mode LLM latency ratios, both arms' unauthorised writes with a denominator,
-unusable runs counted, runs paired by seed and occurrence)."""
+unusable runs counted, runs paired by seed and occurrence; 4: the unauthorised-write bound takes the
+scenario as its unit). Receipts of schema 3 still load."""
 
 Role = Literal["candidate", "incumbent"]
 
@@ -164,7 +165,7 @@ class ScenarioRow(_Part):
 class GateReceipt(_Part):
     """Everything about one gate decision."""
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[3, 4] = SCHEMA_VERSION
     receipt_id: str
     """Unique per gate run, so two runs of the same data are two receipts."""
     created_at: str
@@ -204,8 +205,8 @@ def load_receipt(path: Path) -> GateReceipt:
         raise GateError(f"cannot read the receipt {file}: {e.strerror}; check the path.") from e
     except ValidationError as e:
         raise GateError(
-            f"{file} is not a gate receipt of schema version {SCHEMA_VERSION} ({e.error_count()} "
-            "problem(s)); re-run `pipecat-rl gate` to produce one."
+            f"{file} is not a gate receipt of schema version 3 or {SCHEMA_VERSION} "
+            f"({e.error_count()} problem(s)); re-run `pipecat-rl gate` to produce one."
         ) from e
 
 

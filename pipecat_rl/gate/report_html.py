@@ -227,6 +227,8 @@ def _writes_rows(r: GateReceipt) -> Rows:
     rows = []
     for role, arm in (("candidate", r.safety.candidate), ("incumbent", r.safety.incumbent)):
         bound = "" if arm.rate_upper_95 is None else f"rate ≤ {arm.rate_upper_95:.1%} (95% bound)"
+        if arm.units and arm.zero_bound_95 is not None:
+            bound += f" over {arm.units} scenarios (zero would bound it at {arm.zero_bound_95:.1%})"
         rows.append([
             f"{role}: writes (runs with one / guarded runs)",
             f"{arm.writes} ({arm.runs_with_writes} / {arm.guarded_runs})", bound,
