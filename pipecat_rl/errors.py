@@ -26,9 +26,13 @@ Outside the tree, on purpose: `JobCancelled`, a `BaseException` as asyncio's `Ca
 so code that records failures as data (`except Exception`) never swallows a cancelled job.
 
 Every message says what to do next. The CLI maps each branch to one exit code
-(`pipecat_rl.cli.common.exit_code_for`).
+(`pipecat_rl.cli.common.exit_code_for`). An error raised inside an asyncio task group reaches
+its caller wrapped in an `ExceptionGroup` whose own message says nothing a user can act on:
+`first_error` is the one place that unwraps it, for the CLI and the service's jobs alike.
 """
 
+import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -132,3 +136,34 @@ class JobCancelled(BaseException):  # noqa: N818 (named as asyncio's CancelledEr
     A BaseException, as asyncio's CancelledError is: code that records a failure as data
     (`except Exception` around an episode, a progress callback) must not swallow it.
     """
+
+
+_CANCELLATIONS = (asyncio.CancelledError, JobCancelled, KeyboardInterrupt)
+"""What a task raises because it was stopped, not because something failed."""
+
+
+def first_error(error: BaseException) -> BaseException:
+    """The error to report for `error`: itself, or the one an exception group stands for.
+
+    A task group (asyncio's, nested once per group) wraps what its tasks raised; the first
+    failure cancels the other tasks, so the group also holds their cancellations. The one to
+    report is the first pipecat-rl error in it, depth first (its message says what to do next);
+    else the first that is not a cancellation; else the first of all. Anything that is not a
+    group is returned as it is.
+    """
+    if not isinstance(error, BaseExceptionGroup):
+        return error
+    leaves = list(_leaves(error))
+    ours = next((e for e in leaves if isinstance(e, PipecatRLError)), None)
+    if ours is not None:
+        return ours
+    return next((e for e in leaves if not isinstance(e, _CANCELLATIONS)), leaves[0])
+
+
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
+    """Every exception in `group` that is not itself a group, depth first, in order."""
+    for inner in group.exceptions:
+        if isinstance(inner, BaseExceptionGroup):
+            yield from _leaves(inner)
+        else:
+            yield inner

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
-from pipecat_rl.cli.common import EXIT_USAGE
+from pipecat_rl.cli.common import EXIT_UNAVAILABLE
 from pipecat_rl.cli.judge import parse_span
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, ScoreIn, SessionRecord, TurnRecord
@@ -143,9 +143,9 @@ def test_the_budget_caps_the_calls_judged(ledger_path, judge_url):
         assert ledger.session("good").outcome == "completed"
 
 
-def test_a_judge_that_does_not_answer_or_a_bad_rubric_is_a_usage_error(ledger_path, tmp_path):
-    result = judge(ledger_path, "http://127.0.0.1:9/v1")
-    assert result.exit_code == EXIT_USAGE and "does not answer" in result.stderr
+def test_a_judge_that_does_not_answer_is_unavailable_a_bad_rubric_refused(ledger_path, tmp_path):
+    result = judge(ledger_path, "http://127.0.0.1:9/v1")  # a service that is not there: 69
+    assert result.exit_code == EXIT_UNAVAILABLE and "does not answer" in result.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("success: ok\nmetrics:\n  - {measure: turns, max_value: 3}\n")
     with pytest.raises(ConfigError, match="measured"):

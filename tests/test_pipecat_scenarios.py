@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from loguru import logger
 
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, ServingError
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 from pipecat_rl.simulator.judge import Endpoint, ToolCallSeen, endpoint_for, resolve_endpoint
@@ -143,8 +143,8 @@ async def test_a_block_we_cannot_reach_stops_the_run_before_any_episode(tmp_path
                   eval: {service: ollama, endpoint: "http://127.0.0.1:9/v1", model: gemma}"""),
         )
     )
-    with pytest.raises(ConfigError, match="--judge-llm-url URL --judge-model NAME"):
-        await _simulate([scenario], tmp_path)
+    with pytest.raises(ServingError, match="--judge-llm-url URL --judge-model NAME"):
+        await _simulate([scenario], tmp_path)  # a service that is not there (exit 69)
     assert Ledger(tmp_path / "l.db").sessions() == []
     (tmp_path / "flag").mkdir()
     report, _ = await _simulate([scenario], tmp_path / "flag", judge_flag=True)  # the flag wins

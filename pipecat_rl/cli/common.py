@@ -37,6 +37,7 @@ from pipecat_rl.errors import (
     PipecatRLError,
     ScenarioError,
     ServingError,
+    first_error,
 )
 
 if TYPE_CHECKING:
@@ -161,7 +162,11 @@ for a flag."""
 
 
 def exit_code_for(error: BaseException) -> int:
-    """The documented exit code of an error: its branch of the tree, else 70."""
+    """The documented exit code of an error: its branch of the tree, else 70.
+
+    An exception group (a task group's) has the code of the error it stands for (`first_error`).
+    """
+    error = first_error(error)
     for kind, code in _EXIT_BY_ERROR:
         if isinstance(error, kind):
             return code
@@ -196,7 +201,9 @@ def cli_errors(json_out: bool = False) -> Iterator[None]:
     """Turn pipecat-rl (and file) errors into a one-line message and their exit code.
 
     With `json_out` the refusal is also a JSON document on stdout (`{"error", "exit_code"}`),
-    so a script reading `--json` always gets one.
+    so a script reading `--json` always gets one. An error a task group wrapped (a simulation's
+    episodes run in one) is reported as itself (`first_error`): the group's own message names
+    no cause and no fix.
     """
     try:
         yield
@@ -204,6 +211,11 @@ def cli_errors(json_out: bool = False) -> Iterator[None]:
         raise  # the reader went away: `CLIGroup` ends quietly
     except (PipecatRLError, OSError) as e:
         fail(exit_code_for(e), _describe(e), json_out, e)
+    except BaseExceptionGroup as group:
+        error = first_error(group)
+        if not isinstance(error, PipecatRLError | OSError) or isinstance(error, BrokenPipeError):
+            raise  # a bug (one line and 70, in `CLIGroup`), a closed pipe or an interrupt
+        fail(exit_code_for(error), _describe(error), json_out, error)
 
 
 def fail(
@@ -370,9 +382,10 @@ def _click_error(error: TyperException) -> int:
     return EXIT_IO if _kind(error, "FileError") else EXIT_USAGE
 
 
-def _unexpected(error: Exception) -> int:
+def _unexpected(raised: Exception) -> int:
     if verbosity >= 2:
-        traceback.print_exception(error, file=sys.stderr)
+        traceback.print_exception(raised, file=sys.stderr)
+    error = first_error(raised)  # a task group's error is reported as itself
     if isinstance(error, PipecatRLError | OSError | ImportError):
         error_line(_describe(error))
     elif isinstance(error, UnicodeDecodeError):

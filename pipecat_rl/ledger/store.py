@@ -24,7 +24,7 @@ from typing import Annotated, Any
 from loguru import logger
 from pydantic import BeforeValidator
 
-from pipecat_rl.errors import LedgerError, LedgerLockedError, NotInLedgerError
+from pipecat_rl.errors import ConfigError, LedgerError, LedgerLockedError, NotInLedgerError
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.adapters import Adapters
 from pipecat_rl.ledger.dialect import PostgresStore, ledger_target, redact
@@ -65,8 +65,18 @@ def resolve_ledger_path(explicit: str | Path | None = None) -> Path | str:
     One rule for every verb and library entry point, so they all find the same ledger. A
     postgresql:// URL stays a URL (str); a URL of any other scheme, or a Postgres URL without
     its driver installed, is a LedgerError naming what to pass or install.
+
+    Raises:
+        ConfigError: `explicit` is empty or blank (`--ledger ""`, an unset shell variable):
+            refused rather than read as "no flag", which would write ./pipecat-rl.db unasked.
     """
-    if explicit is not None and str(explicit) != "":
+    if explicit is not None:
+        if not str(explicit).strip():
+            raise ConfigError(
+                f"--ledger {str(explicit)!r} names no ledger; pass a SQLite file or a "
+                f"postgresql:// URL, or leave the flag out to use ${LEDGER_ENV} (else "
+                f"./{DEFAULT_LEDGER_NAME})"
+            )
         return ledger_target(explicit)
     from_env = os.environ.get(LEDGER_ENV)
     if from_env:
@@ -83,8 +93,8 @@ def _location(value: Any) -> Any:
     if not isinstance(value, str | Path):
         return value  # pydantic says what it is not
     try:
-        return ledger_target(value)
-    except LedgerError as e:  # a ValueError, so pydantic names the field
+        return resolve_ledger_path(value)
+    except (LedgerError, ConfigError) as e:  # a ValueError, so pydantic names the field
         raise ValueError(str(e)) from None
 
 

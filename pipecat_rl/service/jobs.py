@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from loguru import logger
 from pydantic import TypeAdapter
 
-from pipecat_rl.errors import GateStopped, JobCancelled, PipecatRLError
+from pipecat_rl.errors import GateStopped, JobCancelled, PipecatRLError, first_error
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.jobs import TERMINAL_STATES, JobRecord
@@ -402,18 +402,23 @@ def run_job(ctx: JobContext) -> JobRecord:
     try:
         params = _REQUEST.validate_python({**job.params, "kind": job.kind})
         result = HANDLERS[job.kind](ctx, params)
-    except JobCancelled:
-        closed = close_job_sessions(ctx, f"interrupted: job {job.id} was cancelled")
-        ctx.record("cancelled", closed=closed)
-        return ctx.ledger.finish_job(
-            job.id, "cancelled",
-            error=f"cancelled while running; {len(closed)} session(s) it left open were closed "
-            "interrupted (never trained on); what it finished is in the ledger",
-        )  # fmt: skip
-    except Exception as e:  # a bug in a job must not kill the worker: record it
+    except (Exception, JobCancelled, BaseExceptionGroup) as raised:
+        # a task group wraps what its tasks raised: the job records the error itself
+        e = first_error(raised)
+        if isinstance(e, JobCancelled):
+            closed = close_job_sessions(ctx, f"interrupted: job {job.id} was cancelled")
+            ctx.record("cancelled", closed=closed)
+            return ctx.ledger.finish_job(
+                job.id, "cancelled",
+                error=f"cancelled while running; {len(closed)} session(s) it left open were "
+                "closed interrupted (never trained on); what it finished is in the ledger",
+            )  # fmt: skip
+        if not isinstance(e, Exception):
+            raise  # an interrupt of the service itself, inside a group: not the job's
+        # a bug in a job must not kill the worker: record it
         error = str(e) if isinstance(e, PipecatRLError) else f"{type(e).__name__}: {e}"
         if not isinstance(e, PipecatRLError):
-            logger.exception(f"job {job.id} crashed")
+            logger.opt(exception=raised).error(f"job {job.id} crashed")
         closed = close_job_sessions(ctx, f"interrupted: job {job.id} failed")
         ctx.record("failed", error=error, closed=closed)
         return ctx.ledger.finish_job(job.id, "failed", error=error)

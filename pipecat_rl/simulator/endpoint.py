@@ -1,7 +1,9 @@
 """The LLM endpoint a simulation talks to: a given server, or the embedded vLLM started for it.
 
 Either way the adapters the run asks for are served before the first episode: an adapter the
-server does not know yet is loaded from the path the ledger registered for it.
+server does not know yet is loaded from the path the ledger registered for it. The server is
+asked for its models first, whatever the run needs loaded, so one that does not answer is a
+`ServingError` before any call, never a run of calls that each fail.
 """
 
 from collections.abc import AsyncIterator, Iterable
@@ -48,9 +50,7 @@ async def llm_endpoint(
 
 
 def _serve(admin: VLLMAdmin, paths: dict[str, str | None]) -> None:
-    if not paths:
-        return
-    served = set(admin.models())
+    served = set(admin.models())  # asked even with nothing to load: a dead server stops us here
     for name, path in paths.items():
         if name in served:
             continue

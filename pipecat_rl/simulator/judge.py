@@ -12,6 +12,10 @@ Where the judge (and the persona) run: `--judge-llm-url/--judge-model` (and
 where it names an OpenAI-compatible endpoint (`service: ollama`, with its `endpoint`, default
 `http://localhost:11434/v1`, and `model`); else the served model. A block Pipecat would build
 with a `factory` or another provider cannot run offline: `endpoint_for` says which flag to use.
+Every endpoint is asked for its models once before the first call (`check_reachable`): one that
+does not answer stops the run as a service that is unavailable, rather than leaving each call
+without a caller or a verdict; one that stops answering mid-run makes the calls it left
+unjudged harness errors (`stopped_answering`), never a verdict nobody gave.
 
 Each answer may take `SimulationOptions.judge_timeout_s` (Pipecat's classifier default, 10 s, is
 too short for the embedded server under load). A question the judge could not answer in time
@@ -35,14 +39,17 @@ from pipecat.evals.simulation_judge import EvalSimulationJudge, EvalSimulationJu
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl import compat
-from pipecat_rl.errors import ConfigError
+from pipecat_rl.errors import ConfigError, ServingError
 from pipecat_rl.scenarios import Scenario
-from pipecat_rl.serving.server import client_api_key
+from pipecat_rl.serving.server import API_KEY_ENV, client_api_key
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S
 from pipecat_rl.simulator.transport import Line
 
 OLLAMA_URL = "http://localhost:11434/v1"
 """Where Pipecat's `service: ollama` blocks go when they name no `endpoint`."""
+
+SERVED = "served model"
+"""The `Endpoint.source` of the run's own served model."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class Endpoint:
     model: str
     extra: dict[str, Any] = field(default_factory=dict)
     """Top-level request parameters (a block's `extra:`, e.g. `reasoning_effort: none`)."""
-    source: str = "served model"
+    source: str = SERVED
     """Where it came from, for messages: a flag, a scenario's block, or the served model."""
 
 
@@ -96,11 +103,29 @@ def judge_block(scenario: Scenario) -> dict[str, Any] | None:
     return block if isinstance(block, dict) else None
 
 
+PROBE_TIMEOUT_S = 3.0
+"""How long the one request that checks an endpoint (GET /models) may take."""
+
+_REFUSED = (401, 403)
+"""Statuses that say the endpoint is there and will not serve us (the key)."""
+
+
+def _probe_headers() -> dict[str, str]:
+    """What the judge's and persona's clients send: the project's API key, or a placeholder."""
+    return {"Authorization": f"Bearer {client_api_key()}"}
+
+
 def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
-    """Ask each endpoint for its models once; one that does not answer is a usage error.
+    """Ask each endpoint for its models once, before any call is made or judged.
+
+    A persona or judge that cannot answer would leave every call without a caller or a
+    verdict: the run stops here instead, with one cheap request per endpoint.
 
     Raises:
-        ConfigError: naming the endpoint, where it came from, and the flag to use instead.
+        ServingError: an endpoint does not answer, answers with a server error, or refuses the
+            key (a service is unavailable), naming where it came from and what to do.
+        ConfigError: an endpoint answers, but not as an OpenAI-compatible `/v1` root (HTTP
+            404 and the like: the URL is wrong).
     """
     seen: set[str] = set()
     for endpoint, flag in endpoints:
@@ -108,13 +133,61 @@ def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
             continue
         seen.add(endpoint.url)
         try:
-            httpx.get(f"{endpoint.url}/models", timeout=3.0).raise_for_status()
+            response = httpx.get(
+                f"{endpoint.url}/models", headers=_probe_headers(), timeout=PROBE_TIMEOUT_S
+            )
         except httpx.HTTPError as e:
-            model_flag = flag.replace("-llm-url", "-model")
-            raise ConfigError(
-                f"{endpoint.source} names {endpoint.url} (model {endpoint.model}), which does "
-                f"not answer ({type(e).__name__}); start it, or pass {flag} URL {model_flag} NAME"
-            ) from e
+            raise ServingError(_unreachable(endpoint, flag, f"does not answer ({_why(e)})")) from e
+        status = response.status_code
+        if response.is_success:
+            continue
+        if status in _REFUSED:
+            raise ServingError(_unreachable(
+                endpoint, flag, f"refused the key (HTTP {status})",
+                f"set {API_KEY_ENV} to the key it was started with",
+            ))  # fmt: skip
+        if status >= 500:
+            raise ServingError(_unreachable(endpoint, flag, f"answers HTTP {status}"))
+        raise ConfigError(_unreachable(
+            endpoint, flag, f"has no {endpoint.url}/models (HTTP {status})",
+            "name its OpenAI-compatible root, which ends in /v1",
+        ))  # fmt: skip
+
+
+def _why(error: httpx.HTTPError) -> str:
+    """An HTTP client error as `Kind: detail` (httpx's timeouts often carry no detail)."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _unreachable(endpoint: Endpoint, flag: str, why: str, fix: str = "start it") -> str:
+    """The message for an endpoint that cannot serve: where it came from, why, what to do."""
+    model_flag = flag.replace("-llm-url", "-model")
+    if endpoint.source == SERVED:
+        role = flag.removeprefix("--").split("-")[0]  # judge, persona
+        return (
+            f"the served model at {endpoint.url} {why}; {fix}, point --llm-url at a server "
+            f"that serves, or give the {role} its own with {flag} URL {model_flag} NAME"
+        )
+    return (
+        f"{endpoint.source} names {endpoint.url} (model {endpoint.model}), which {why}; {fix}, "
+        f"or pass {flag} URL {model_flag} NAME"
+    )
+
+
+async def stopped_answering(endpoint: Endpoint, role: str) -> str | None:
+    """Why `endpoint`, which answered before the run, cannot serve as `role` now (None: it can).
+
+    Asked after a call whose caller went quiet or whose judge left something unanswered: a
+    server that is gone makes the call a harness error, never a verdict.
+    """
+    try:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
+            response = await client.get(f"{endpoint.url}/models", headers=_probe_headers())
+    except httpx.HTTPError as e:
+        return f"the {role} at {endpoint.url} stopped answering ({_why(e)})"
+    if response.status_code in _REFUSED or response.status_code >= 500:
+        return f"the {role} at {endpoint.url} stopped serving (HTTP {response.status_code})"
+    return None
 
 
 def judge_service(endpoint: Endpoint) -> OpenAILLMService:

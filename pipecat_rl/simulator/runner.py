@@ -8,9 +8,12 @@ world, scores the scenario's `success` and `metrics` as Pipecat would (`pipecat_
 writes the reward, its parts (each also a ledger score), the labels and the world's tool
 executions to the ledger. Before any episode, `simulate` checks that every persona and judge
 endpoint answers and runs the bot once up to its pipeline's setup (`preflight`), so an LLM
-service that cannot be pointed at the served model stops the run before a call is made.
-Episodes run concurrently (asyncio), which is what lets vLLM batch. A failed simulated call is
-data (outcome "error" with its reason), never a crash of the run.
+service that cannot be pointed at the served model stops the run before a call is made. A
+persona or judge that stops answering mid-run makes the calls it left without a caller or a
+verdict harness errors, and no further episode starts (`services_gone`): a verdict is never
+made up for a call nobody judged. Episodes run concurrently (asyncio), which is what lets vLLM
+batch. A failed simulated call is data (outcome "error" with its reason), never a crash of the
+run.
 """
 
 import asyncio
@@ -43,6 +46,7 @@ from pipecat_rl.scoring import (
 )
 from pipecat_rl.scoring import SessionOutcome as Outcome
 from pipecat_rl.scoring import outcome as passed_outcome
+from pipecat_rl.serving.server import openai_base_url
 from pipecat_rl.simulator import setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.audio import check_transport
@@ -62,10 +66,11 @@ from pipecat_rl.simulator.judge import (
     judge_block,
     judge_call,
     resolve_endpoint,
+    stopped_answering,
 )
 from pipecat_rl.simulator.options import SimulationOptions, Source
 from pipecat_rl.simulator.persona import build_persona_worker, persona_llm
-from pipecat_rl.simulator.pipecat_metrics import score_scenario
+from pipecat_rl.simulator.pipecat_metrics import BACKSTOPS, score_scenario
 from pipecat_rl.simulator.rewards import (
     EpisodeEvidence,
     failure_labels,
@@ -249,24 +254,63 @@ def judge_endpoint(
 def check_endpoints(
     scenarios: ScenarioSet, options: SimulationOptions, served_url: str | None = None
 ) -> None:
-    """Resolve every persona and judge endpoint and check each answers, before any episode.
+    """Resolve every persona and judge endpoint and ask each for its models, before any episode.
 
-    Endpoints on `served_url` (the run's own server, perhaps not started yet) are not probed.
+    `served_url` is a server that already runs (a given one, or the run's own once started), so
+    a persona or judge on the served model is asked too: without it every call would end with
+    no caller or no verdict. None: the embedded server is not started yet, and nothing is on it.
 
     Raises:
         ConfigError: a block names a provider the simulator cannot reach offline, or an
-            endpoint does not answer; the message names the flag to use.
+            endpoint is not an OpenAI-compatible root; the message names the flag to use.
+        ServingError: an endpoint does not answer or refuses the key (a service is
+            unavailable), before any call is made.
     """
+    served = openai_base_url(served_url) if served_url else None
     named: list[tuple[Endpoint, str]] = []
     for scenario in scenarios:
-        judge = judge_endpoint(scenario, options, served_url)
-        if judge is not None and judge.url != served_url:
+        judge = judge_endpoint(scenario, options, served)
+        if judge is not None:
             named.append((judge, "--judge-llm-url"))
         if options.persona == "llm" and not scenario.scripted:
-            persona = persona_endpoint(scenario, options, served_url)
-            if persona is not None and persona.url != served_url:
+            persona = persona_endpoint(scenario, options, served)
+            if persona is not None:
                 named.append((persona, "--persona-llm-url"))
     check_reachable(named)
+
+
+async def judge_gone(
+    scenario: Scenario, result: "EpisodeResult", config: SimulationConfig, judged: dict[str, float]
+) -> str | None:
+    """Why this call has no verdict when its judge left parts unanswered and is now gone.
+
+    A judge that timed out once leaves those parts unscored (the call keeps its other parts); a
+    judge that stopped answering makes the call a harness error, so nothing the judge never
+    said is stored, trained on or paired.
+    """
+    unanswered = [n for n, d in result.score_details.items() if n not in judged and d.get("reason")]
+    endpoint = judge_endpoint(scenario, config, config.llm_url)
+    if not unanswered or endpoint is None:
+        return None
+    gone = await stopped_answering(endpoint, "judge")
+    return None if gone is None else f"{gone}: {', '.join(unanswered)} not judged, so no verdict"
+
+
+async def services_gone(scenario: Scenario, config: SimulationConfig) -> str | None:
+    """Why a service this scenario's calls need is gone (LLM server, persona, judge), or None."""
+    if config.llm_url:
+        reason = await server_gone(config.llm_url)
+        if reason:
+            return reason
+    llm_persona = config.persona == "llm" and not scenario.scripted
+    for role, endpoint in (
+        ("persona", persona_endpoint(scenario, config, config.llm_url) if llm_persona else None),
+        ("judge", judge_endpoint(scenario, config, config.llm_url)),
+    ):
+        reason = None if endpoint is None else await stopped_answering(endpoint, role)
+        if reason:
+            return reason
+    return None
 
 
 def _calls_seen(executions: list[ToolExecution]) -> list[ToolCallSeen]:
@@ -413,7 +457,7 @@ async def run_episode(
         pair = LocalTransportPair(
             max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
         )
-    caller_llm = persona = persona_task = bot_task = handle = None
+    caller_llm = persona = persona_task = bot_task = handle = endpoint = None
     try:
         llm_persona = config.persona == "llm" and not scenario.scripted
         endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None
@@ -489,9 +533,16 @@ async def run_episode(
     world.close()
     if not episode.workers and result.error is None:
         result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
+    if result.error is None and endpoint is not None and result.end_reason in BACKSTOPS:
+        gone = await stopped_answering(endpoint, "persona")  # the caller went quiet: gone?
+        if gone is not None:
+            result.error = f"{gone}: the caller went quiet, so the call has no verdict"
     judged = {}
     if result.error is None:
         judged = await _pipecat_parts(scenario, result, config, ended_at)
+        result.error = await judge_gone(scenario, result, config, judged)
+        if result.error is not None:
+            judged = {}  # what the judge did say stays in the details, never a reward
     evidence = EpisodeEvidence(
         scenario=scenario,
         executions=result.executions,
@@ -759,8 +810,8 @@ async def simulate(
                     repeat=repeat,
                     heldout_set_id=scenarios.heldout_set_id,
                 )
-                if result.outcome == Outcome.ERROR and not gone and config.llm_url:
-                    reason = await server_gone(config.llm_url)
+                if result.outcome == Outcome.ERROR and not gone:
+                    reason = await services_gone(scenario, config)
                     if reason and not gone:
                         gone.append(reason)
                         logger.error(f"{reason}: starting no more episodes")

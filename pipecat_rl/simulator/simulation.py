@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from pipecat_rl.errors import first_error
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger
 from pipecat_rl.scenarios import ScenarioSet
+from pipecat_rl.serving.server import openai_base_url
 from pipecat_rl.simulator.botloader import BotEntry
 from pipecat_rl.simulator.executor import episode_runner
 from pipecat_rl.simulator.options import Server, SimulationOptions, Source
@@ -35,8 +37,8 @@ EMBEDDED = Server()
 async def _endpoint(
     server: Server, ledger: Ledger, policies: Sequence[str], concurrency: int
 ) -> AsyncIterator[str | None]:
-    if not server.needed:
-        yield server.url
+    if not server.needed:  # its URL still serves the persona and the judge: as a /v1 root
+        yield openai_base_url(server.url) if server.url else None
         return
     from pipecat_rl.simulator.endpoint import llm_endpoint
 
@@ -91,6 +93,11 @@ def run(
 
     Returns:
         every episode of every policy, in one report.
+
+    Raises:
+        PipecatRLError: the run could not start or go on (a refused bot, a scenario id held
+            out with other content, a persona or judge endpoint that does not answer): the
+            error itself, never the task group's `ExceptionGroup` around it.
     """
     if not policies:
         raise ValueError("simulator.run needs at least one policy")
@@ -115,8 +122,12 @@ def run(
                 ]
             return [r.result() for r in runs]
 
-    with episode_runner(options) as run_one:
-        reports = asyncio.run(both(run_one))
+    try:
+        with episode_runner(options) as run_one:
+            reports = asyncio.run(both(run_one))
+    except BaseExceptionGroup as group:  # the task groups' wrapping says nothing: raise the cause
+        error = first_error(group)
+        raise error from error.__cause__
     return SimulationReport(
         episodes=[e for r in reports for e in r.episodes],
         heldout_set_id=scenarios.heldout_set_id,
