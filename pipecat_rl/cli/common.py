@@ -114,8 +114,8 @@ EXIT_TABLE: tuple[tuple[int, str], ...] = (
     ),
     (
         EXIT_UNAVAILABLE,
-        "a service is unavailable: the LLM server is gone or refused, the ledger stayed locked, "
-        "an optional extra is missing",
+        "a service is unavailable: the LLM server, a persona or a judge endpoint is gone or "
+        "refused, the ledger stayed locked, an optional extra is missing",
     ),
     (
         EXIT_FAILURE,
