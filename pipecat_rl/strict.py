@@ -4,7 +4,9 @@ The standard readers let the last of two equal keys win, and raise bare `ValueEr
 `RecursionError` on a 5,000-digit integer or a deeply nested document. A gate config with
 `min_delta` twice, or a scores line with `reward` twice, then means whatever its last spelling
 says; these readers refuse it instead, naming the key and where it is.
-Callers wrap `StrictInputError` in their own boundary's error with the file's name.
+Each raises a plain `ValueError` saying what is wrong in words; callers wrap it in their own
+boundary's error with the file's name (after `json.JSONDecodeError` and pydantic's
+`ValidationError`, which are `ValueError`s too).
 """
 
 import json
@@ -14,15 +16,11 @@ from typing import Any
 import yaml
 
 
-class StrictInputError(ValueError):
-    """A document that is valid JSON/YAML but has no single meaning, or is too big to read."""
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise StrictInputError(f"key {key!r} appears twice in one object")
+            raise ValueError(f"key {key!r} appears twice in one object")
         seen[key] = value
     return seen
 
@@ -33,17 +31,17 @@ def loads_json(text: str | bytes) -> Any:
     `NaN` and `Infinity` still parse: the pydantic models they meet refuse them by field name.
 
     Raises:
-        StrictInputError: what is wrong, in words (the caller adds the file and line).
         json.JSONDecodeError: the text is not JSON at all.
+        ValueError: what is wrong, in words (the caller adds the file and line).
     """
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates)
     except RecursionError as e:
-        raise StrictInputError("nested too deeply to read") from e
-    except (StrictInputError, json.JSONDecodeError):
-        raise
-    except ValueError as e:  # Python's int-digit limit: a number no field can hold
-        raise StrictInputError(f"a number too long to read ({str(e).split(':')[0]})") from e
+        raise ValueError("nested too deeply to read") from e
+    except ValueError as e:
+        if isinstance(e, json.JSONDecodeError) or not str(e).startswith("Exceeds the limit"):
+            raise
+        raise ValueError("a number too long to read (over Python's digit limit)") from e
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -70,8 +68,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 def loads_yaml(text: str) -> Any:
-    """`yaml.safe_load` with `UniqueKeyLoader`; deep nesting is a `StrictInputError`."""
+    """`yaml.safe_load` with `UniqueKeyLoader`; deep nesting is a `ValueError`."""
     try:
         return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError as e:
-        raise StrictInputError("nested too deeply to read") from e
+        raise ValueError("nested too deeply to read") from e

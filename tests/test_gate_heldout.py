@@ -24,6 +24,8 @@ def clinic(tmp_path) -> Path:
     (root / "scenarios" / "heldout").mkdir(parents=True)
     shutil.copy(CLINIC / "world.py", root / "world.py")
     shutil.copy(CLINIC / "scenarios" / "world.yaml", root / "scenarios" / "world.yaml")
+    if (CLINIC / "scenarios" / "intents.yaml").exists():  # the pack's shared intents
+        shutil.copy(CLINIC / "scenarios" / "intents.yaml", root / "scenarios" / "intents.yaml")
     shutil.copy(
         CLINIC / "scenarios" / "heldout" / f"{NAME}.yaml",
         root / "scenarios" / "heldout" / f"{NAME}.yaml",
@@ -41,7 +43,9 @@ def put(clinic: Path, folder: str, text: str | None = None, name: str = f"{NAME}
     target.parent.mkdir(parents=True, exist_ok=True)
     depth = len(Path(folder).parts) - 1  # keep the world include and pack reachable
     body = text if text is not None else heldout_file(clinic).read_text()
-    target.write_text(body.replace("../world.yaml", "../" * depth + "../world.yaml"))
+    for included in ("../world.yaml", "../intents.yaml"):
+        body = body.replace(included, "../" * depth + included)
+    target.write_text(body)
     return target
 
 
@@ -78,7 +82,11 @@ def test_the_hash_ignores_split_and_name_and_covers_the_pack_code(clinic):
     assert copy.split == "pool" and copy.id == "renamed_copy"
     before = held.content_hash()
     assert copy.content_hash() == before
-    (clinic / "world.py").write_text((clinic / "world.py").read_text() + "\n# changed\n")
+    pack = clinic / "world.py"
+    pack.write_text(pack.read_text() + "\n# a comment is not code\n")
+    (commented,) = load_scenarios([heldout_file(clinic)]).scenarios
+    assert commented.content_hash() == before  # the pack is its code, not its bytes
+    pack.write_text(pack.read_text() + "\nCHANGED = True\n")
     (again,) = load_scenarios([heldout_file(clinic)]).scenarios
     assert again.content_hash() != before
 
@@ -91,7 +99,7 @@ def test_the_set_id_changes_with_includes_and_pack_code(clinic):
     world.write_text(world.read_text() + "\n# a comment in the included file\n")
     second = load_scenarios([folder]).heldout_set_id
     assert second != first
-    (clinic / "world.py").write_text((clinic / "world.py").read_text() + "\n# changed\n")
+    (clinic / "world.py").write_text((clinic / "world.py").read_text() + "\nCHANGED = True\n")
     assert load_scenarios([folder]).heldout_set_id not in (first, second)
 
 
@@ -205,11 +213,26 @@ def test_heldout_content_by_another_route_is_never_pooled_beside_it(clinic, rout
         load_scenarios([clinic / "scenarios"])
 
 
-def test_a_near_duplicate_of_a_heldout_scenario_is_a_warning_naming_both(clinic):
+def test_a_near_duplicate_of_a_heldout_scenario_is_an_error_naming_both(clinic):
     text = heldout_file(clinic).read_text()
     near = text.replace(f"name: {NAME}", "name: near").replace("a retired teacher", "a builder")
-    other = near.replace("name: near", "name: other").replace("Book a routine", "Cancel a")
     put(clinic, "pool", near, name="near.yaml")
+    with pytest.raises(ScenarioError, match="is a near-duplicate of the held-out") as e:
+        load_scenarios([clinic / "scenarios"])
+    assert "near.yaml" in str(e.value) and f"{NAME}.yaml" in str(e.value)
+
+
+def test_a_scenario_sharing_only_world_goal_and_facts_is_a_warning_naming_both(clinic):
+    text = heldout_file(clinic).read_text()
+    head, _, _ = text.partition("script:")
+    other = head.replace(f"name: {NAME}", "name: other").replace(
+        "a retired teacher, courteous and unhurried", "a plumber in a hurry who mumbles"
+    ) + (
+        "script:\n  rules:\n"
+        '    - {when: "who|name", say: "It is Tom, Tom Baker, from the garage on Elm street."}\n'
+        '    - {when: "slot|time", say: "Fine, whatever you have first, I am on a job."}\n'
+        '    - {when: "number", say: "Right, got it, cheers.", end_call: true}\n'
+    )
     put(clinic, "pool", other, name="other.yaml")
     warnings: list[str] = []
     sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING")
@@ -217,9 +240,9 @@ def test_a_near_duplicate_of_a_heldout_scenario_is_a_warning_naming_both(clinic)
         loaded = load_scenarios([clinic / "scenarios"])
     finally:
         logger.remove(sink)
-    assert len(loaded) == 3  # a warning, not an error
+    assert len(loaded) == 2  # a warning, not an error
     (warning,) = [w for w in warnings if "world, goal and facts" in w]
-    assert "near.yaml" in warning and f"{NAME}.yaml" in warning and "other" not in warning
+    assert "other.yaml" in warning and f"{NAME}.yaml" in warning
 
 
 def test_a_heldout_copy_loaded_beside_it_is_an_error(clinic):

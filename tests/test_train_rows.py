@@ -112,6 +112,8 @@ def test_a_heldout_scenario_copied_into_the_pool_never_trains(tmp_path):
     pool.mkdir(parents=True)
     shutil.copy(CLINIC / "scenarios" / "world.yaml", tmp_path / "scenarios" / "world.yaml")
     shutil.copy(CLINIC / "world.py", tmp_path / "world.py")  # the pack's code is in the hash
+    if (CLINIC / "scenarios" / "intents.yaml").exists():  # the pack's shared intents
+        shutil.copy(CLINIC / "scenarios" / "intents.yaml", tmp_path / "scenarios" / "intents.yaml")
     shutil.copy(source, pool / source.name)
     original = load_scenarios([source]).scenarios[0]
     copied = load_scenarios([pool]).scenarios[0]

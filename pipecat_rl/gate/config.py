@@ -57,7 +57,7 @@ from pydantic import (
 )
 
 from pipecat_rl.errors import ConfigError, GateError
-from pipecat_rl.strict import StrictInputError, loads_json, loads_yaml
+from pipecat_rl.strict import loads_json, loads_yaml
 
 RegressionKind = Literal["pooled", "groups", "scenarios"]
 """Units of the regression tests: all paired runs pooled, each configured group, each scenario."""
@@ -243,7 +243,7 @@ def _read_mapping(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
         data = loads_json(text) if kind == "JSON" else loads_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         raise GateError(f"gate config {path} is not valid {kind}: {e}; fix it or rename it.") from e
-    except StrictInputError as e:
+    except ValueError as e:  # `strict`: a key twice, a number too long, nesting too deep
         raise GateError(f"gate config {path}: {e}; fix it.") from e
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)

@@ -63,7 +63,7 @@ from pipecat_rl.scoring import (
     passed,
     score_passed,
 )
-from pipecat_rl.strict import StrictInputError, loads_json
+from pipecat_rl.strict import loads_json
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
 """Failure labels that count as one unauthorised write each."""
@@ -308,10 +308,10 @@ def load_scores(
             run = RunResult.model_validate(data, context={"judged": judged or {}})
         except json.JSONDecodeError as e:
             raise GateError(f"{path}:{lineno}: not a JSON object ({e.msg}).") from e
-        except StrictInputError as e:
-            raise GateError(f"{path}:{lineno}: {e}.") from e
         except ValidationError as e:
             raise GateError(f"{path}:{lineno}: {_field_error(e)}.") from e
+        except ValueError as e:  # `strict`: a key twice or unknown, a number too long
+            raise GateError(f"{path}:{lineno}: {e}.") from e
         if run.policy not in (candidate, incumbent):
             others[run.policy] = others.get(run.policy, 0) + 1
             continue
@@ -350,7 +350,7 @@ def _known_keys(data: Any) -> None:
         if key not in RunResult.model_fields:
             close = difflib.get_close_matches(str(key), list(RunResult.model_fields), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else " (a tool's own data: `meta`)"
-            raise StrictInputError(f"unknown key {key!r}{hint}")
+            raise ValueError(f"unknown key {key!r}{hint}")
 
 
 def _scores_lines(path: Path, feed: Callable[[bytes], object]) -> Iterator[tuple[int, str]]:

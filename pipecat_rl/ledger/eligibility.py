@@ -18,6 +18,13 @@ and training it as if complete teaches the cut. The same rules hold for SFT's sa
 demonstration turn (a scripted expert's) may train SFT only. Each rule has a reason name, and
 `Ledger.stats` counts the turns each one keeps out.
 
+A session that passes all of that is still held out if its calls replay a held-out call: the
+training query (`Ledger.training_turns`) tests every candidate session's caller lines (and
+goal, where its metadata carries one) against the calls of every held-out session in the
+ledger (`scenarios.decontaminate`: 8-gram coverage, the whole call as the unit, 0.5 of it),
+and drops the sessions that overlap; `TrainingSelection` says which, and the trainer counts
+them in its report ("rows removed for held-out overlap").
+
 Token-exactness is the one rule with a Python side (`TurnRecord.trainable`, read by the trainer
 on turns it already holds): both sides are rendered from the clauses of `TOKEN_EXACT`, so they
 cannot drift apart.
@@ -41,6 +48,7 @@ from pipecat_rl.scoring.outcome import (
 
 if TYPE_CHECKING:
     from pipecat_rl.ledger.records import TurnRecord
+    from pipecat_rl.scenarios.decontaminate import Overlap
 
 Purpose = Literal["sft", "rl"]
 """SFT may use demonstrations; RL (GRPO, OPSD) only the policy's own sampled turns."""
@@ -73,11 +81,33 @@ def open_session(alias: str = "s") -> str:
     return f"({alias}.ended_at IS NULL OR {unfinished_simulation(alias)})"
 
 
-HELDOUT_OR_GATE = (
-    "(COALESCE(s.split, '') = 'heldout' OR s.heldout_set_id IS NOT NULL OR s.source = 'gate'"
+HELDOUT_SESSION = (
+    "(COALESCE(s.split, '') = 'heldout' OR s.heldout_set_id IS NOT NULL"
     " OR COALESCE(s.scenario_hash IN (SELECT scenario_hash FROM heldout_hashes), FALSE))"
 )
+"""A held-out session (alias `s`): by split, held-out set or any held-out hash ever seen. Its
+calls are what decontamination compares training candidates with."""
+
+HELDOUT_OR_GATE = f"({HELDOUT_SESSION} OR s.source = 'gate')"
 """A held-out session or a gate run (alias `s`): it never trains, and takes no score that could."""
+
+
+@dataclass(frozen=True)
+class TrainingSelection:
+    """What the training query chose: the turns that may train, and the sessions it removed.
+
+    A session is removed when its call replays a held-out call (`scenarios.decontaminate`).
+    """
+
+    turns: list["TurnRecord"]
+    heldout_overlap: dict[str, "Overlap"]
+    """Session id -> the held-out call it overlaps (its session id) and by how much."""
+
+    @property
+    def removed(self) -> int:
+        """How many sessions decontamination removed (their turns are not in `turns`)."""
+        return len(self.heldout_overlap)
+
 
 SCORE_SOURCE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,31}$")
 """A scorer's name: lowercase, short, no spaces (`coval`, `pipecat-evals`, `human`, `judge`)."""

@@ -7,11 +7,12 @@ the result in one transaction (`finish_episode`). What a crash leaves is closed 
 definition (`eligibility`); export and stats read everything.
 """
 
+import json
 import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from loguru import logger
 from pydantic import ValidationError
@@ -21,10 +22,12 @@ from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.eligibility import (
     DEFAULT_LIVE_TRUST,
+    HELDOUT_SESSION,
     SAMPLED_RULES,
     TOKEN_EXACT_TURN,
     LiveTrust,
     Purpose,
+    TrainingSelection,
     dropped_by,
     eligible_session,
     eligible_turn,
@@ -65,7 +68,11 @@ from pipecat_rl.ledger.tables import (
     Table,
     dumps,
 )
+from pipecat_rl.ledger.transcript import conversation
 from pipecat_rl.scoring.outcome import SessionOutcome
+
+if TYPE_CHECKING:
+    from pipecat_rl.scenarios.decontaminate import CallText, Overlap
 
 Record = TurnRecord | ToolCallRecord | LatencyRecord | ScoreRecord
 
@@ -88,6 +95,33 @@ def _ending(
         if value is not None:
             changes[name] = value
     return changes
+
+
+def _json_value(value: Any) -> Any:
+    """A JSON column's value (text in SQLite, maybe decoded already elsewhere)."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _call_text(
+    session_id: str, turns: Sequence[TurnRecord], metadata: Any, scenario_hash: str | None = None
+) -> "CallText":
+    """What a call's caller said (its turns' user messages; else its transcript) and its goal."""
+    from pipecat_rl.scenarios.decontaminate import CallText
+
+    meta = _json_value(metadata) or {}
+    meta = meta if isinstance(meta, dict) else {}
+    lines = [m["content"] for m in conversation(turns) if m.get("role") == "user"]
+    if not lines:  # no LLM turns recorded: the simulator's transcript says what the caller said
+        lines = [
+            str(line.get("heard") or line.get("text") or "")
+            for line in meta.get("transcript") or []
+            if isinstance(line, dict) and line.get("speaker") == "caller"
+        ]
+    goal = meta.get("goal")
+    return CallText(
+        id=session_id, caller_lines=tuple(lines), goal=goal if isinstance(goal, str) else None,
+        scenario=scenario_hash,
+    )  # fmt: skip
 
 
 class Sessions(LedgerCore):
@@ -517,14 +551,33 @@ class Sessions(LedgerCore):
         session_ids: Sequence[str] | None = None,
         live: LiveTrust = DEFAULT_LIVE_TRUST,
     ) -> list[TurnRecord]:
-        """Turns that may become training rows, oldest session first.
+        """Turns that may become training rows, oldest session first (`training_selection`)."""
+        return self.training_selection(
+            policy=policy, source=source, require_token_exact=require_token_exact,
+            purpose=purpose, session_ids=session_ids, live=live,
+        ).turns  # fmt: skip
+
+    def training_selection(
+        self,
+        *,
+        policy: str | None = None,
+        source: str | None = None,
+        require_token_exact: bool = True,
+        purpose: Purpose = "rl",
+        session_ids: Sequence[str] | None = None,
+        live: LiveTrust = DEFAULT_LIVE_TRUST,
+    ) -> TrainingSelection:
+        """Turns that may become training rows, and the sessions removed for held-out overlap.
 
         Enforced in the query itself, by the one definition in `ledger.eligibility`: never a
         held-out session (by split, held-out set or any held-out scenario hash ever seen), a gate
         session, an excluded, non-consented, unfinished or harness-failed session, nor a live
         call that `live` does not trust (unredacted, unscored, decided by an untrusted source, or
         too recent for its late scores); with `require_token_exact`, only turns sampled
-        token-exactly without truncation (RL), or also demonstrations (`purpose="sft"`).
+        token-exactly without truncation (RL), or also demonstrations (`purpose="sft"`). Then
+        decontamination (`scenarios.decontaminate`): a session whose caller lines replay those
+        of a held-out session in the ledger is removed whatever scenario it names, and
+        counted (`TrainingSelection.heldout_overlap`).
         """
         where = [eligible_session(live)]
         params: list[Any] = []
@@ -545,7 +598,61 @@ class Sessions(LedgerCore):
         )
         with self._read() as conn:
             rows = conn.execute(sql, params).fetchall()
-        return [TURNS.record(r) for r in rows]
+        turns = [TURNS.record(r) for r in rows]
+        overlap = self._heldout_overlap(turns)
+        if overlap:
+            logger.warning(
+                f"rows removed for held-out overlap: {len(overlap)} session(s) whose caller "
+                "lines replay a held-out call ("
+                + ", ".join(f"{sid} ~ {o.heldout_id} {o.share:.0%}" for sid, o in overlap.items())
+                + ")"
+            )
+        return TrainingSelection(
+            turns=[t for t in turns if t.session_id not in overlap], heldout_overlap=overlap
+        )
+
+    def _heldout_overlap(self, turns: list[TurnRecord]) -> "dict[str, Overlap]":
+        """The sessions of `turns` whose calls replay a held-out session's call."""
+        if not turns:
+            return {}
+        from pipecat_rl.scenarios.decontaminate import contaminated
+
+        by_session: dict[str, list[TurnRecord]] = {}
+        for t in turns:
+            by_session.setdefault(t.session_id, []).append(t)
+        with self._read() as conn:
+            held = {
+                sid: (meta, scenario_hash)
+                for sid, meta, scenario_hash in conn.execute(
+                    "SELECT s.id, s.metadata, s.scenario_hash FROM sessions s "
+                    f"WHERE {HELDOUT_SESSION}"
+                )
+            }
+            if not held:
+                return {}
+            held_turns: dict[str, list[TurnRecord]] = {}
+            for sid, index, request in conn.execute(
+                "SELECT t.session_id, t.turn_index, t.request FROM turns t JOIN sessions s "
+                f"ON s.id = t.session_id WHERE {HELDOUT_SESSION} ORDER BY t.turn_index"
+            ):
+                request = _json_value(request) or {}
+                turn = TurnRecord(
+                    session_id=sid, index=index, adapter=None, created_at=0.0, request=request
+                )
+                held_turns.setdefault(sid, []).append(turn)
+            metadata = dict(
+                conn.execute(
+                    "SELECT id, metadata FROM sessions "
+                    "WHERE id IN (SELECT value FROM json_each(?))",
+                    (dumps(list(by_session)),),
+                )
+            )
+        candidates = [_call_text(sid, ts, metadata.get(sid)) for sid, ts in by_session.items()]
+        reference = [
+            _call_text(sid, held_turns.get(sid, []), meta, scenario_hash)
+            for sid, (meta, scenario_hash) in held.items()
+        ]
+        return contaminated(candidates, reference)
 
     # -- summaries and export ------------------------------------------------------------------
 

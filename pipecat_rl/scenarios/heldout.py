@@ -1,13 +1,28 @@
 """Held-out scenarios frozen by content, not by label.
 
-A held-out scenario must never train, wherever its file sits and whatever it declares. So:
+A held-out scenario must never train, wherever its file sits and whatever it declares. Two
+defences, each standing without the other:
+
+1. **Identity by meaning** (here and in `identity`): what a scenario is, whatever it is called
+   and however it is spelled.
+2. **Decontamination at training time** (`decontaminate`, run by the ledger's training query
+   `Ledger.training_turns`): a call whose caller said what a held-out call's caller said never
+   trains, whatever scenario it claims to come from; the trainer reports how many it removed.
+
+The rules of the first:
 
 - **The scenario hash** (`Scenario.content_hash`) is its identity: the hash of its canonical
-  content (see `identity`: what the caller and the world are, the world pack by its code, text
-  whitespace-normalised, order-free lists sorted), never its `name` or `split`. Content pulled
-  in by `!include` is part of the parsed fields, so it is covered too. A held-out file copied
-  into `pool/`, renamed, reformatted, its `verify` reordered or its pack path spelled another
-  way, has the same hash.
+  content by meaning (see `identity`: the validated model with its defaults, text in NFKC
+  without invisible characters and with whitespace folded, the world pack by its syntax tree,
+  the initial rows as the database holds them, checks and patterns in a normal form), never
+  its `name` or `split`. Content pulled in by `!include` is part of the parsed fields, so it is
+  covered too. A held-out file copied into `pool/`, renamed, reformatted, its `verify`
+  reordered or respelled, its pack path spelled another way or its pack's comments changed,
+  has the same hash.
+- **Near-duplicates are refused too** (`copies_of_heldout`): a pool scenario with a held-out
+  scenario's world and checks whose persona, goal and script are alike by
+  `identity.NEAR_DUPLICATE_JACCARD` (token-set Jaccard, 0.8) or more is the same test; loaded
+  beside the held-out set (`check_copies`, and the cycle's snapshot) it is an error naming both.
 - **The split comes from the folder** (`resolve_split`): the nearest ancestor folder named
   `heldout` or `pool` (any case) decides, however deep the file is nested under it. A `split:`
   that contradicts that folder, and a folder whose name looks like a split but is not one
@@ -16,21 +31,23 @@ A held-out scenario must never train, wherever its file sits and whatever it dec
   held-out scenario is simulated or gated). `session_split` labels a session held-out when its
   hash is there, whatever the file says; training excludes those hashes in its query.
 - **One id, one content** (`check_against_ledger`): a scenario whose id was held out with other
-  content is an error before any episode runs (rename an edited held-out scenario); a copy of a
-  held-out scenario loaded beside it outside `heldout/` is an error too (`check_copies`), and a
-  near-duplicate (the same world, goal and facts, the rest different) is a warning naming both.
+  content is an error before any episode runs (rename an edited held-out scenario); a copy or a
+  near-duplicate of a held-out scenario loaded beside it outside `heldout/` is an error too
+  (`check_copies`), and a scenario sharing only its world, goal and facts is a warning naming
+  both.
 - **The held-out set id** (`heldout_set_id`) covers the held-out scenarios' hashes (so their
   packs' code), the files' bytes, and the bytes of every file they `!include`.
 
-Hashes made before the canonical form (schema 1: 16 bare hex digits, of the fields as written)
-stay in a ledger and keep meaning what they meant: the sessions that carry them stay out of
-training wherever the ledger lists them held out. They no longer equal any hash computed now,
-so `check_against_ledger` compares an id only with hashes of the current schema, and a copy of
-an old held-out scenario is recognised through the ledger once the held-out set has been
-simulated or gated again, which records its current hashes (the next gate run does); until then
-it is recognised when it is loaded beside the held-out set (`check_copies`, the cycle's
-snapshot). Held-out set ids change with the hashes, so a cycle started before resumes only
-from its snapshot stage.
+Hashes made under an earlier schema (schema 1: 16 bare hex digits, of the fields as written;
+later ones `s<version>-...`) stay in a ledger and keep meaning what they meant: the sessions
+that carry them stay out of training wherever the ledger lists them held out, and their calls
+stay in the decontamination's reference set. They no longer equal any hash computed now, so
+`check_against_ledger` compares an id only with hashes of the current schema, and a copy of an
+old held-out scenario is recognised through the ledger once the held-out set has been simulated
+or gated again, which records its current hashes (the next gate run does); until then it is
+recognised when it is loaded beside the held-out set (`check_copies`, the cycle's snapshot), and
+its calls by the decontamination. Held-out set ids change with the hashes, so a cycle started
+before resumes only from its snapshot stage.
 """
 
 import hashlib
@@ -43,6 +60,7 @@ import yaml
 from loguru import logger
 
 from pipecat_rl.errors import ScenarioError
+from pipecat_rl.scenarios import identity
 from pipecat_rl.scenarios.identity import hash_version
 from pipecat_rl.scenarios.scenario import (
     HELDOUT,
@@ -147,20 +165,46 @@ def heldout_set_id(scenarios: Iterable[Scenario], files: Iterable[Path]) -> str:
     return f"heldout-{digest.hexdigest()[:16]}"
 
 
+def similarity(form: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """How alike two scenarios' callers are, from their canonical forms; None: not comparable.
+
+    Comparable only with the same world and checks (`identity.frame_key`); then the token-set
+    Jaccard of their persona, goal and script (`identity.caller_text`,
+    `identity.text_similarity`).
+    """
+    if identity.frame_key(form) != identity.frame_key(other):
+        return None
+    return identity.text_similarity(identity.caller_text(form), identity.caller_text(other))
+
+
 def copies_of_heldout(
     candidates: Iterable[Scenario], held: Sequence[Scenario]
 ) -> list[tuple[Scenario, Scenario]]:
-    """Each candidate with the content of a held-out scenario, paired with it.
+    """Each candidate that is a held-out scenario, or nearly one, paired with it.
 
-    A candidate that is only a near-duplicate of one (the same world, goal and facts, the rest
-    different) is not a copy: it is logged as a warning naming both files, since training on it
-    may teach the held-out answer.
+    A copy has a held-out scenario's hash; a near-duplicate has its world and checks and a
+    caller alike by `identity.NEAR_DUPLICATE_JACCARD` or more (`similarity`). Both are refused
+    where they are found. A candidate that only shares a held-out scenario's world, goal and
+    facts (its caller otherwise different) is logged as a warning naming both files, since
+    training on it may teach the held-out answer.
     """
     by_hash = {s.content_hash(): s for s in held}
     by_near = {k: s for s in held if (k := s.near_key()) is not None}
+    held_forms = [(s, s.canonical()) for s in held]
     copies = []
     for s in candidates:
         twin = by_hash.get(s.content_hash())
+        if twin is None:
+            form = s.canonical()
+            twin = next(
+                (
+                    h
+                    for h, h_form in held_forms
+                    if (alike := similarity(form, h_form)) is not None
+                    and alike >= identity.NEAR_DUPLICATE_JACCARD
+                ),
+                None,
+            )
         if twin is not None:
             copies.append((s, twin))
         elif (near := by_near.get(s.near_key())) is not None:
@@ -173,23 +217,30 @@ def copies_of_heldout(
 
 
 def check_copies(scenarios: Iterable[Scenario]) -> None:
-    """Refuse a non-held-out scenario with the content of a held-out one loaded beside it.
-
-    A near-duplicate of one is a warning (`copies_of_heldout`).
+    """Refuse a non-held-out scenario that is, or nearly is, a held-out one loaded beside it.
 
     Raises:
-        ScenarioError: naming both files.
+        ScenarioError: naming both files (and, for a near-duplicate, how alike they are).
     """
     loaded = list(scenarios)
     held = [s for s in loaded if s.split == HELDOUT]
     copies = copies_of_heldout([s for s in loaded if s.split != HELDOUT], held)
-    if copies:
-        s, twin = copies[0]
+    if not copies:
+        return
+    s, twin = copies[0]
+    if s.content_hash() == twin.content_hash():
         raise ScenarioError(
             f"{s.source_path}: scenario {s.id!r} has the content of the held-out scenario "
             f"{twin.id!r} ({twin.source_path}); a held-out scenario is held out wherever "
             "it sits: remove the copy"
         )
+    alike = similarity(s.canonical(), twin.canonical())
+    raise ScenarioError(
+        f"{s.source_path}: scenario {s.id!r} is a near-duplicate of the held-out scenario "
+        f"{twin.id!r} ({twin.source_path}): the same world and checks, and persona, goal and "
+        f"script {alike:.0%} alike (token-set Jaccard; {identity.NEAR_DUPLICATE_JACCARD:.0%} or "
+        "more is one test); remove it from the pool or make it test something else"
+    )
 
 
 def check_against_ledger(ledger: "Ledger", scenarios: Iterable[Scenario]) -> None:

@@ -421,6 +421,7 @@ async def run_episode(
         repeat=repeat,
         metadata={
             "bot": bot.spec, "mode": config.mode, "persona": config.persona,
+            "goal": scenario.goal,  # what decontamination compares besides the caller's lines
             **({"transport": config.transport} if config.mode == "audio" else {}),
         },  # fmt: skip
     )

@@ -184,13 +184,21 @@ def guard_fields(result: dict[str, Any]) -> dict[str, Any]:
 
 # -- rows per algorithm ----------------------------------------------------------------------
 
+HELDOUT_OVERLAP = "heldout_overlap_removed"
+"""The report's count of sessions removed for held-out overlap (`Ledger.training_selection`)."""
+
 
 def sft_rows(
     ledger: Ledger, policy: Policy, config: TrainConfig,
     live: LiveTrust = DEFAULT_LIVE_TRUST, session_ids: Sequence[str] | None = None,
 ) -> tuple[list, list[str], dict]:  # fmt: skip
-    """Sequences of every eligible turn (demonstrations included) of a session that passed."""
-    turns = ledger.training_turns(purpose="sft", session_ids=session_ids, live=live)
+    """Sequences of every eligible turn (demonstrations included) of a session that passed.
+
+    `info["heldout_overlap_removed"]`: the sessions the training query removed because their
+    calls replay a held-out call ("rows removed for held-out overlap").
+    """
+    selection = ledger.training_selection(purpose="sft", session_ids=session_ids, live=live)
+    turns = selection.turns
     sessions = {sid: ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in turns)}
     passed_ids = {sid for sid, s in sessions.items() if passed(s.reward_parts) is True}
     rows = [
@@ -207,6 +215,7 @@ def sft_rows(
         "merged_turns": stats.merged,
         "split_turns": stats.split,
         "dropped_turns": stats.dropped,
+        HELDOUT_OVERLAP: selection.removed,
     }
     used = sorted({s.session_id for s in sequences})
     return sequences, used, info
@@ -215,12 +224,17 @@ def sft_rows(
 def rl_rows(
     ledger: Ledger, names: set[str], session_ids: Sequence[str] | None, config: TrainConfig,
     live: LiveTrust = DEFAULT_LIVE_TRUST,
-) -> tuple[list[TurnRecord], list[SessionRecord], int]:  # fmt: skip
-    """Sampled turns by one of `names` (older adapters' turns dropped), and their sessions."""
-    turns = ledger.training_turns(purpose="rl", session_ids=session_ids, live=live)
+) -> tuple[list[TurnRecord], list[SessionRecord], int, int]:  # fmt: skip
+    """Sampled turns by one of `names` (older adapters' turns dropped), and their sessions.
+
+    Also how many off-policy turns were dropped, and how many sessions the training query
+    removed for held-out overlap ("rows removed for held-out overlap").
+    """
+    selection = ledger.training_selection(purpose="rl", session_ids=session_ids, live=live)
+    turns = selection.turns
     fresh = [t for t in turns if t.adapter in names]
     sessions = [ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in fresh)]
-    return fresh, sessions, len(turns) - len(fresh)
+    return fresh, sessions, len(turns) - len(fresh), selection.removed
 
 
 # -- the algorithms ----------------------------------------------------------------------------
@@ -257,7 +271,7 @@ def _grpo_update(
         resampled = (
             f" after {sampling['resample_rounds']} resample round(s) of "
             f"max_resample_rounds={config.max_resample_rounds}"
-            if sampling
+            if "resample_rounds" in sampling
             else ""
         )
         raise NoTrainingSignalError(
@@ -347,16 +361,22 @@ def _step_rows(
     dynamic sampling (`grpo.dynamic_sampling`), whose metrics come back for the step's log.
     """
     if rollouts is None:
-        return (*rl_rows(ledger, names, session_ids, config, live), {})
+        turns, sessions, dropped, removed = rl_rows(ledger, names, session_ids, config, live)
+        return turns, sessions, dropped, {HELDOUT_OVERLAP: removed}
+    removed = 0
 
     def draw(resample: int, groups: frozenset[str] | None):
+        nonlocal removed
         ids = _simulate(ledger, rollouts, server_url, current, config, step, resample, groups)
-        return rl_rows(ledger, names, ids, config, live)
+        turns, sessions, dropped, more = rl_rows(ledger, names, ids, config, live)
+        removed += more
+        return turns, sessions, dropped
 
     if config.algo != "grpo":
-        return (*draw(0, None), {})
+        return (*draw(0, None), {HELDOUT_OVERLAP: removed})
     sampled = dynamic_sampling(draw, config)
-    return sampled.turns, sampled.sessions, sampled.dropped_off_policy, sampled.metrics()
+    metrics = {**sampled.metrics(), HELDOUT_OVERLAP: removed}
+    return sampled.turns, sampled.sessions, sampled.dropped_off_policy, metrics
 
 
 def canary_moved(server_url: str, name: str, parent: str, policy: Policy) -> dict[str, Any]:
@@ -562,7 +582,8 @@ def _update(
             policy, optimizer, turns, sessions, config, step, logged, dropped, sampling
         )
         return {**summary, "kl/max": max(kls, default=0.0)}
-    return _opsd_update(policy, teacher.model, optimizer, turns, sessions, config, step, log)
+    summary = _opsd_update(policy, teacher.model, optimizer, turns, sessions, config, step, log)
+    return {**summary, **{k: v for k, v in sampling.items() if k == HELDOUT_OVERLAP}}
 
 
 def _publish_moved(
