@@ -19,7 +19,7 @@ def long_scenario(folder: Path) -> Path:
     path.write_text(
         "name: long_call\npersona: a caller\ngoal: talk\nsuccess: talked\nmax_turns: 400\n"
         f"world: {{pack: {CLINIC / 'world.py'}}}\n"
-        "script:\n  opening: Hello?\n  fallback: Go on, please.\n"
+        "script:\n  opening: Hello?\n  fallback: {say: [Go on, please.], max: 400}\n"
     )
     return path
 

@@ -28,8 +28,24 @@ split: pool                   # or heldout; the nearest pool/ or heldout/ folder
                               # (a split: that contradicts it is an error; see `heldout`)
 script:                       # optional scripted caller (deterministic tests)
   opening: null
-  rules: [{when: "name", say: "Maria Lopez"}, {when: "booked", say: "Thanks!", end_call: true}]
+  intents: [!include ../intents.yaml, {offer_slot: [care to take it]}]   # name -> patterns
+  rules:                      # the first that matches (and has not run out) answers
+    - {intent: ask_name, say: "Maria Lopez"}                  # what the agent means
+    - {intent: [offer_slot, morning], say: "Not mornings."}   # all of these
+    - {when: "booked", say: "Thanks!", end_call: true}        # a regex, as before
+  fallback: {say: ["Sorry, I need a checkup."], max: 2}      # when none matches
 ```
+
+A rule fires on an *intent* (`intent:`, one name or a list, all carried by the agent's turn), a
+regular expression (`when:`, case-insensitive), both, or (neither) on any turn. Intents are
+named sets of patterns (see `intents`: whole words, case, punctuation and spacing aside; `word*`
+a prefix, `*` a few words, `re:` a regex); a world pack shares them in one file that scenarios
+`!include` and may extend, later mappings adding patterns to earlier ones. A rule naming an
+intent the script lacks fails the load, naming the rule and the intent. `fallback` is on by
+default: when no rule matches, the caller says its next fallback line (default: its need
+restated from `goal`) for up to `max` turns in a row (default 2), then hangs up; `fallback:
+false` hangs up at once, as scripts did before intents. The episode counts its fallbacks
+(`simulator.persona.caller_notes`).
 
 A scenario's identity is its canonical content (`content_hash`, see `identity`). Reading
 files into these records, with errors naming the file, line and field, is `loading`'s.
@@ -43,14 +59,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from pipecat_rl.scenarios import identity
+from pipecat_rl.scenarios.intents import check as check_intents
+from pipecat_rl.scenarios.intents import merge as merge_intents
 from pipecat_rl.scenarios.turns import Turn
 
-SCENARIO_SCHEMA_VERSION = 2
+SCENARIO_SCHEMA_VERSION = 3
 """Bumped when the meaning of a scenario field or of its identity changes; part of its hash.
 
 2: the hash is of the canonical form (`identity`), and `stop_on_failure` defaults to true, as
 in Pipecat. Hashes made under 1 (16 bare hex digits) are not compared with these (see
-`heldout`).
+`heldout`). 3: the canonical form by meaning (NFKC text, the pack's syntax tree, rows as the
+database holds them, normalised checks and patterns).
 """
 
 HELDOUT = "heldout"
@@ -219,9 +238,16 @@ class Channel(_Model):
 
 
 class ScriptRule(_Model):
-    """A scripted caller's line: said when the agent's turn matches `when` (a regex)."""
+    """A scripted caller's line: said when the agent's turn means `intent` and matches `when`.
 
-    when: str = ".*"
+    With neither, the rule matches any turn; with both, the turn must carry every intent named
+    and match the regex too (an offer of the 09:00 slot: `{intent: offer_slot, when: "09"}`).
+    """
+
+    when: str | None = None
+    """A regular expression searched in the agent's turn (case-insensitive)."""
+    intent: tuple[str, ...] | None = None
+    """An intent of the script's `intents` (or several, all carried by the turn)."""
     say: str = ""
     end_call: StrictBool = False
     times: int | None = Field(default=None, ge=1)
@@ -229,13 +255,42 @@ class ScriptRule(_Model):
 
     @field_validator("when")
     @classmethod
-    def _compiles(cls, value: str) -> str:
+    def _compiles(cls, value: str | None) -> str | None:
         """A bad pattern fails at load, naming the field, not mid-episode."""
+        if value is None:
+            return None
         try:
             re.compile(value, re.IGNORECASE | re.DOTALL)  # the flags the scripted caller uses
         except re.error as e:
             raise ValueError(f"not a valid regular expression ({e})") from e
         return value
+
+    @field_validator("intent", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, list | tuple) and not value:
+            raise ValueError("name at least one intent (or leave 'intent' out)")
+        return value
+
+    def label(self, index: int) -> str:
+        """How an error names this rule: `rules.<i>` and what it says."""
+        said = self.say if len(self.say) <= 40 else self.say[:37] + "..."
+        return f"rules.{index} (say: {said!r})"
+
+
+class Fallback(_Model):
+    """What a scripted caller does when no rule matches: restate its need, then hang up.
+
+    Written as a mapping (`{say: [...], max: 2}`), one line (`fallback: "Sorry?"`), a list of
+    lines, or `false` / `null` (no fallback: hang up at the first turn no rule matches).
+    """
+
+    say: tuple[str, ...] = ()
+    """Said in turn on consecutive non-answers (the last repeats); none: restated from the goal."""
+    max: int = Field(default=2, ge=0, le=MAX_TURNS)
+    """Consecutive turns no rule matches that the caller answers with a fallback line; at the
+    next one in a row it hangs up (0: at the first). A matching rule starts the count again."""
 
 
 class Script(_Model):
@@ -243,9 +298,48 @@ class Script(_Model):
 
     opening: str | None = None
     """What the caller says first, without waiting for a greeting."""
+    intents: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    """Intent name -> patterns (see `intents`): a mapping, or a list of mappings merged in order
+    (the world pack's shared file, `!include`d, then this scenario's additions)."""
     rules: list[ScriptRule] = Field(default_factory=list)
-    fallback: str | None = None
-    """Said when no rule matches; with none, the caller hangs up."""
+    fallback: Fallback = Field(default_factory=Fallback)
+    """When no rule matches (see `Fallback`); on by default."""
+
+    @field_validator("intents", mode="before")
+    @classmethod
+    def _merged(cls, value: Any) -> Any:
+        return merge_intents(value)
+
+    @field_validator("intents")
+    @classmethod
+    def _patterns(cls, value: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        check_intents(value)
+        return value
+
+    @field_validator("fallback", mode="before")
+    @classmethod
+    def _fallback_forms(cls, value: Any) -> Any:
+        if value is None or value is False:
+            return {"max": 0}
+        if value is True:
+            return {}
+        if isinstance(value, str):
+            return {"say": [value]}
+        if isinstance(value, list):
+            return {"say": value}
+        return value
+
+    @model_validator(mode="after")
+    def _known_intents(self) -> "Script":
+        for i, rule in enumerate(self.rules):
+            for name in rule.intent or ():
+                if name not in self.intents:
+                    known = ", ".join(sorted(self.intents)) or "none: add 'intents:' to the script"
+                    raise ValueError(
+                        f"{rule.label(i)}: unknown intent {name!r}; define it under "
+                        f"script.intents or fix its spelling (known: {known})"
+                    )
+        return self
 
 
 class Scenario(_Model):

@@ -6,13 +6,15 @@ scenario's facts, which it gives only when asked, and ends the call with Pipecat
 tool; the call also ends on `max_turns`. The LLM persona is the default; it runs on the
 scenario's persona endpoint (`--persona-llm-url`, the file's `simulator:` block, or the served
 model, see `judge.resolve_endpoint`). A scripted persona (the scenario's `script:` rules, keyed
-on what the agent says, chosen with `--persona scripted`) replaces the LLM with a
+on what the agent means or says, with a fallback that restates the caller's need before it hangs
+up, chosen with `--persona scripted`: `ScriptedPersona`) replaces the LLM with a
 `ScriptedLLMService` for deterministic episodes, and a Pipecat scripted scenario (`turns:`)
 always has its turns said by one (`script_turns.TurnsCaller`), which opens with turn 1, or
 says nothing until the agent greets it when turn 1 only waits.
 """
 
 import re
+from typing import Any
 
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.evals.persona import END_CALL_FUNCTION, END_CALL_SCHEMA, EvalPersona
@@ -31,7 +33,8 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
-from pipecat_rl.scenarios.scenario import Scenario, Script
+from pipecat_rl.scenarios.intents import IntentMatcher
+from pipecat_rl.scenarios.scenario import Scenario, Script, ScriptRule
 from pipecat_rl.serving.server import client_api_key
 from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.options import PersonaKind
@@ -79,11 +82,24 @@ class PersonaTurns(FrameProcessor):
 
 
 class ScriptedPersona:
-    """The policy of a scripted caller: the first matching rule that has not run out."""
+    """The policy of a scripted caller: the first matching rule that has not run out.
 
-    def __init__(self, script: Script):
+    A rule matches by meaning (`intent`: see `scenarios.intents`), by spelling (`when`), or
+    both. When none matches, the caller says its fallback line (`Script.fallback`: by default it
+    restates its need, from the scenario's goal) for up to `max` such turns in a row, then hangs
+    up, as a person would; `fallbacks` counts the lines it said so (see `caller_notes`).
+    """
+
+    def __init__(self, script: Script, goal: str | None = None):
         self._script = script
         self._fired = [0] * len(script.rules)
+        self._intents = IntentMatcher(script.intents)
+        self._lines = script.fallback.say or fallback_lines(goal)
+        self._in_a_row = 0
+        self.fallbacks = 0
+        """Fallback lines said in this call."""
+        self.gave_up = False
+        """Whether the caller hung up because its need went unanswered."""
 
     def __call__(self, messages: list[dict]) -> ScriptedReply:
         """The caller's reply to the agent's last turn."""
@@ -91,17 +107,95 @@ class ScriptedPersona:
         for i, rule in enumerate(self._script.rules):
             if rule.times is not None and self._fired[i] >= rule.times:
                 continue
-            if re.search(rule.when, heard, flags=re.IGNORECASE | re.DOTALL):
+            if self._matches(rule, heard):
                 self._fired[i] += 1
+                self._in_a_row = 0
                 return _reply(rule.say, rule.end_call)
-        if self._script.fallback is not None:
-            return ScriptedReply(text=self._script.fallback)
-        return _reply("", end_call=True)
+        if self._in_a_row >= self._script.fallback.max:
+            self.gave_up = self._script.fallback.max > 0
+            return _reply(GIVE_UP_LINE if self.gave_up else "", end_call=True, success=False)
+        line = self._lines[min(self._in_a_row, len(self._lines) - 1)]
+        self._in_a_row += 1
+        self.fallbacks += 1
+        return ScriptedReply(text=line)
+
+    def _matches(self, rule: ScriptRule, heard: str) -> bool:
+        if rule.intent and not all(self._intents.matches(name, heard) for name in rule.intent):
+            return False
+        return rule.when is None or bool(re.search(rule.when, heard, re.IGNORECASE | re.DOTALL))
 
 
-def _reply(text: str, end_call: bool) -> ScriptedReply:
-    calls = [(END_CALL_FUNCTION, {"success": True, "reason": "scripted"})] if end_call else []
+GIVE_UP_LINE = "Never mind, I'll call back another time. Goodbye."
+"""What a scripted caller says as it hangs up on repeated non-answers."""
+
+_HANG_UP = re.compile(r"\bhang(s|ing)? up\b|\bgoodbye\b|\bsay (bye|goodbye)\b", re.IGNORECASE)
+_YOU = re.compile(r"\b(you are|you're|yourself|yours|your|you)\b(\s+\w+)?", re.IGNORECASE)
+_SUBJECT_VERBS = {
+    "can", "could", "should", "will", "would", "have", "had", "do", "did", "need", "want",
+    "say", "give", "know", "may", "might", "must", "were", "get", "spell", "correct",
+}  # fmt: skip
+
+
+def restated_need(goal: str | None) -> str | None:
+    """The caller's need in its own words, from the scenario's goal ("your" becomes "my").
+
+    The goal's first clause, and the clauses after it that ask to get something more, up to
+    anything else (how to play the caller, when to hang up): "Book a routine checkup at the first
+    free time, get the confirmation number, then hang up." is "book a routine checkup at the
+    first free time and get the confirmation number".
+    """
+    if not goal or not goal.strip():
+        return None
+    sentence = re.split(r"(?<=[.!?])\s", goal.strip(), maxsplit=1)[0].rstrip(".!? ")
+    first, *rest = (c.strip() for c in re.split(r"[,;]", sentence))
+    if not first or _HANG_UP.search(first):
+        return None
+    clauses = [first]
+    for clause in rest:
+        if not re.match(r"(and )?get\b", clause, re.IGNORECASE) or _HANG_UP.search(clause):
+            break
+        clauses.append(re.sub(r"^and\s+", "", clause, flags=re.IGNORECASE))
+
+    def first_person(m: re.Match) -> str:
+        word, after = m.group(1).lower(), m.group(2) or ""
+        if word in ("you are", "you're"):
+            return "I am" + after
+        if word == "you":
+            verb = after.strip().lower()
+            return ("I" if verb in _SUBJECT_VERBS else "me") + after
+        return {"yourself": "myself", "yours": "mine", "your": "my"}[word] + after
+
+    need = _YOU.sub(first_person, " and ".join(clauses))
+    return need[:1].lower() + need[1:]
+
+
+def fallback_lines(goal: str | None) -> tuple[str, ...]:
+    """A scripted caller's default fallback: it asks again, restating its need from the goal."""
+    need = restated_need(goal)
+    if need is None:
+        return ("Sorry, I didn't follow. Could you say that again?",
+                "Sorry, I still don't follow. Can you help me?")  # fmt: skip
+    return (
+        f"Sorry, I'm not sure I follow. I'm calling to {need}.",
+        f"Sorry, I still need to {need}. Can you help me with that?",
+    )
+
+
+def _reply(text: str, end_call: bool, success: bool = True) -> ScriptedReply:
+    reason = "scripted" if success else "no answer to the caller's need"
+    calls = [(END_CALL_FUNCTION, {"success": success, "reason": reason})] if end_call else []
     return ScriptedReply(text=text, tool_calls=calls)
+
+
+def caller_notes(llm: LLMService | None) -> dict[str, Any]:
+    """What a scripted caller adds to its episode's metadata: `fallbacks` (and `caller_gave_up`).
+
+    Empty for any other caller (an LLM persona, a Pipecat scripted scenario's turns).
+    """
+    policy = getattr(llm, "_policy", None)
+    if not isinstance(policy, ScriptedPersona):
+        return {}
+    return {"fallbacks": policy.fallbacks, "caller_gave_up": policy.gave_up}
 
 
 def persona_llm(
@@ -124,7 +218,7 @@ def persona_llm(
                 f"{scenario.source_path}: a scripted persona needs a 'script:' in the scenario; "
                 "add one, or run with the LLM persona"
             )
-        return ScriptedLLMService(ScriptedPersona(scenario.script))
+        return ScriptedLLMService(ScriptedPersona(scenario.script, scenario.goal))
     if endpoint is None:
         raise SimulationError(
             "the LLM persona needs an LLM server: pass --llm-url (or --persona-llm-url)"
