@@ -1,9 +1,14 @@
 """The service's FastAPI app: routers, the token dependency, the body limit and the worker."""
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.service.bodies import errors
@@ -18,9 +23,35 @@ DESCRIPTION = """The pipecat-rl side service: it runs beside the bot, never insi
 Jobs (simulate, train, gate, promote, rollback, cycle) run one at a time from a durable queue in
 the ledger; `DELETE /jobs/{id}` cancels one. A promotion loads the adapter into the bot's vLLM
 and only then moves the live pointer; the bot's `LiveAdapterSelector` picks it up at its next
-call. Every path in a request must exist inside the service's data directory. Send
-`Authorization: Bearer <token>` and, with a body, `Content-Type: application/json`.
+call. Every path in a request must exist inside the service's data directory, and every path
+in the files it names (a loop file's `out:`, a scenario's `!include` or world pack) must lie
+inside it too, or nothing is queued (403). Bodies are strict JSON: a key given twice, NaN or
+Infinity, a NUL byte are a 422. Send `Authorization: Bearer <token>` and, with a body,
+`Content-Type: application/json`.
 """
+
+
+def _sendable(error: dict[str, Any]) -> dict[str, Any]:
+    """A validation error as JSON can carry it.
+
+    An `input` or `ctx` JSON cannot carry (the raw bytes of a body that is not UTF-8, a NaN) is
+    left out, where FastAPI's own handler would fail with a 500.
+    """
+    out = {}
+    for key, value in error.items():
+        try:
+            encoded = jsonable_encoder(value)
+            json.dumps(encoded, allow_nan=False).encode("utf-8")
+        except (ValueError, TypeError):  # UnicodeError is a ValueError
+            continue
+        out[key] = encoded
+    return out
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """The 422 FastAPI answers, with every error in a form JSON can carry (`_sendable`)."""
+    detail = [_sendable(e) for e in exc.errors()]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
 def create_app(settings: ServiceSettings) -> FastAPI:
@@ -44,6 +75,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         docs_url=None, redoc_url=None,  # served from local files: `docs`
     )  # fmt: skip
     app.state.settings = settings
+    app.add_exception_handler(RequestValidationError, validation_error)
     app.state.worker = worker
     for module in (jobs, adapters, receipts, live, sessions):
         app.include_router(module.router)

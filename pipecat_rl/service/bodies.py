@@ -1,7 +1,9 @@
 """Request and response bodies of the service: one pydantic model per job kind and resource.
 
-Fields that name files are plain strings here; before a job is queued the router resolves each
-one inside the data directory and checks that it exists (`PATH_FIELDS` says which they are).
+Fields that name files are strings that can be paths here (`PathText`: no NUL byte, not over
+`security.MAX_PATH_BYTES`); before a job is queued the router resolves each one inside the data
+directory and checks that it exists (`PATH_FIELDS` says which they are), and that every path in
+the files it names is inside the data directory too.
 What a simulation or the gate shares with the CLI takes its default from the same place the
 verbs do (`SimulationOptions`, `GATE_REPEATS`), so a request left at its defaults runs what the
 verb would. Each field's docstring is its description in the OpenAPI document.
@@ -9,10 +11,11 @@ verb would. Each field's docstring is its description in the OpenAPI document.
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from pipecat_rl.ledger.jobs import JobEventRecord, JobRecord, JobState
 from pipecat_rl.loop.config import STAGES
+from pipecat_rl.service.security import path_problem
 from pipecat_rl.simulator.options import GATE_REPEATS, PersonaKind, SimulationOptions
 from pipecat_rl.training.config import Algo, TrainConfig
 
@@ -20,6 +23,17 @@ MAX_REPEATS = 64
 """Runs per scenario one request may ask for (the service is shared: a typo must not book it
 for a week)."""
 MAX_CONCURRENCY = 64
+
+
+def _path_text(value: str) -> str:
+    problem = path_problem(value)
+    if problem:
+        raise ValueError(f"not a path: it {problem}")
+    return value
+
+
+PathText = Annotated[str, AfterValidator(_path_text)]
+"""A string that can be a path (a NUL byte or an over-long path is a 422 naming the field)."""
 
 
 def _like(model: type[BaseModel], name: str, **constraints: Any) -> Any:
@@ -36,7 +50,7 @@ def _training(name: str, **constraints: Any) -> Any:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ()
     """Fields holding paths (or lists of paths) that must exist inside the data directory."""
@@ -48,9 +62,9 @@ class SimulateJob(_Body):
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("scenarios", "bot")
     kind: Literal["simulate"] = "simulate"
     """The job kind."""
-    scenarios: list[str] = Field(min_length=1, max_length=64)
+    scenarios: list[PathText] = Field(min_length=1, max_length=64)
     """Scenario files or folders, relative to the data directory."""
-    bot: str
+    bot: PathText
     """The bot file (`bot.py`, or `bot.py:function`), relative to the data directory."""
     adapter: str | None = None
     """The adapter to serve the agent (None: the base model)."""
@@ -96,9 +110,9 @@ class TrainJob(_Body):
     """GRPO / OPSD exploration temperature."""
     seed: int = _training("seed", ge=0)
     """Training seed."""
-    scenarios: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    scenarios: list[PathText] | None = Field(default=None, min_length=1, max_length=64)
     """Online GRPO / OPSD: the scenarios to simulate at every step (with `bot`)."""
-    bot: str | None = None
+    bot: PathText | None = None
     """Online GRPO / OPSD: the bot to simulate (with `scenarios`)."""
     persona: PersonaKind = _option("persona")
     """Online: the caller of the simulated calls."""
@@ -124,9 +138,9 @@ class GateJob(_Body):
     """The adapter to gate (or `base`)."""
     incumbent: str = "live"
     """The adapter to beat: a name, `base`, or `live` (the live pointer)."""
-    scenarios: str
+    scenarios: PathText
     """The held-out scenario file or folder, relative to the data directory."""
-    bot: str
+    bot: PathText
     """The bot file (`bot.py`, or `bot.py:function`), relative to the data directory."""
     repeats: int = Field(default=GATE_REPEATS, ge=1, le=MAX_REPEATS)
     """Paired runs per scenario and policy (K)."""
@@ -136,7 +150,7 @@ class GateJob(_Body):
     """Episodes at once, shared by both policies."""
     max_tokens: int | None = _option("max_tokens", ge=1)
     """Cap on the agent's replies when its bot sets none (None: leave it)."""
-    config: str | None = None
+    config: PathText | None = None
     """A gate thresholds file (YAML/JSON), relative to the data directory (None: defaults)."""
 
 
@@ -146,7 +160,7 @@ class PromoteJob(_Body):
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("receipt",)
     kind: Literal["promote"] = "promote"
     """The job kind."""
-    receipt: str
+    receipt: PathText
     """A receipt.json (or its folder) the gate recorded, relative to the data directory."""
 
 
@@ -167,7 +181,7 @@ class CycleJob(_Body):
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("config",)
     kind: Literal["cycle"] = "cycle"
     """The job kind."""
-    config: str
+    config: PathText
     """The loop file, relative to the data directory."""
     budget_s: float | None = Field(default=None, gt=0)
     """Wall-time budget of this run in seconds (None: the file's `budget_s`)."""
@@ -278,7 +292,7 @@ class LiveMoveRequest(_Body):
     PATH_FIELDS: ClassVar[tuple[str, ...]] = ("receipt",)
     action: Literal["promote", "rollback"]
     """promote a receipt's candidate, or roll back to the adapter live before."""
-    receipt: str | None = None
+    receipt: PathText | None = None
     """promote: a receipt.json (or its folder) the gate recorded, relative to the data
     directory."""
 
@@ -303,7 +317,8 @@ class ErrorView(BaseModel):
 ERRORS: dict[int, str] = {
     400: "The receipt id is not one (letters, digits, `.`, `_`, `-`).",
     401: "Missing or wrong bearer token (`Authorization: Bearer <token>`).",
-    403: "A path in the request lies outside the service's data directory.",
+    403: "A path in the request, or in a file it names (a loop file's `out:`, a scenario's "
+    "`!include` or world pack), lies outside the service's data directory.",
     404: "No such job or receipt (or a receipt this version cannot read).",
     409: "The job has already ended, or another service process runs it.",
     413: "The request body is over the service's limit (64 KiB unless configured).",

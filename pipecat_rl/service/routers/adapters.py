@@ -4,8 +4,9 @@ from fastapi import APIRouter, Request
 
 from pipecat_rl.ledger import BASE_ADAPTER
 from pipecat_rl.service.bodies import AdapterView
+from pipecat_rl.service.security import StrictJSONRoute
 
-router = APIRouter(prefix="/adapters", tags=["adapters"])
+router = APIRouter(prefix="/adapters", tags=["adapters"], route_class=StrictJSONRoute)
 
 
 @router.get("", response_model=list[AdapterView])

@@ -1,12 +1,15 @@
 """`/jobs`: submit a job, list jobs, read one, stream its events (Server-Sent Events), cancel it.
 
 The HTTP face of the queue only: `service/jobs.py` runs the jobs, `ledger/jobs.py` holds them.
+Before a job is queued, every path in it and in the files it names (a loop file, scenario
+folders) is checked to lie inside the data directory (`security`): nothing outside is queued.
 """
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from pathlib import Path as FilePath
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
@@ -14,23 +17,74 @@ from fastapi.responses import StreamingResponse
 
 from pipecat_rl.ledger import NotInLedgerError
 from pipecat_rl.ledger.jobs import TERMINAL_STATES
-from pipecat_rl.service.bodies import EventView, JobRequest, JobState, JobView, errors
-from pipecat_rl.service.security import settings_of
+from pipecat_rl.service.bodies import (
+    CycleJob,
+    EventView,
+    JobRequest,
+    JobState,
+    JobView,
+    PromoteJob,
+    errors,
+)
+from pipecat_rl.service.security import (
+    StrictJSONRoute,
+    confine,
+    confine_loop_file,
+    confine_scenario_files,
+    settings_of,
+)
+from pipecat_rl.service.settings import ServiceSettings
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], route_class=StrictJSONRoute)
 
 JobId = Annotated[str, Path(description="The job's id, as `POST /jobs` answered it.")]
 
 
 def submit(request: Request, job: JobRequest) -> JobView:
-    """Queue a validated job whose paths were resolved and found, and wake the worker."""
+    """Queue a validated job whose paths were confined, resolved and found; wake the worker."""
     from pipecat_rl.service.jobs import new_job_id, resolve_paths
 
-    job = resolve_paths(settings_of(request).data_dir, job)
+    settings = settings_of(request)
+    _confine_fields(settings.data_dir, job)
+    job = resolve_paths(settings.data_dir, job)
+    _confine_named_files(settings, job)
     params = job.model_dump(mode="json", exclude={"kind"})
     record = request.app.state.ledger.add_job(job.kind, params, job_id=new_job_id(job.kind))
     request.app.state.worker.notify()
     return JobView.of(record)
+
+
+def _confine_fields(data_dir: FilePath, job: Any) -> None:
+    """403 (or 422) naming the first path field of `job` that is outside the data directory."""
+    from pipecat_rl.service.jobs import split_bot
+
+    for name in job.PATH_FIELDS:
+        value = getattr(job, name)
+        items = value if isinstance(value, list) else [] if value is None else [value]
+        for index, item in enumerate(items):
+            path = split_bot(item)[0] if name == "bot" else item
+            label = f"{name}.{index}" if isinstance(value, list) else name
+            confine(data_dir, path, label, item)
+
+
+def _confine_named_files(settings: ServiceSettings, job: Any) -> None:
+    """403 (or 422) for a path outside the data directory in a file `job` names.
+
+    The scenario files and folders (their `!include`s, world packs and recordings), a cycle's
+    loop file, read as its job will read it, and a promoted receipt folder's `receipt.json`.
+    """
+    scenarios = getattr(job, "scenarios", None)
+    targets = [scenarios] if isinstance(scenarios, str) else scenarios or []
+    for index, target in enumerate(dict.fromkeys(targets)):
+        label = "scenarios" if isinstance(scenarios, str) else f"scenarios.{index}"
+        confine_scenario_files(settings.data_dir, target, label)
+    if isinstance(job, CycleJob):
+        overrides = job.model_dump(include={"budget_s", "stop_after"}, exclude_none=True)
+        confine_loop_file(
+            settings.data_dir, FilePath(job.config), ledger=settings.ledger, **overrides
+        )
+    if isinstance(job, PromoteJob) and FilePath(job.receipt).is_dir():
+        confine(settings.data_dir, FilePath(job.receipt) / "receipt.json", "receipt", job.receipt)
 
 
 def refuse(field: str, message: str) -> RequestValidationError:

@@ -13,8 +13,9 @@ from pipecat_rl.service.bodies import (
     errors,
 )
 from pipecat_rl.service.routers.jobs import refuse, submit
+from pipecat_rl.service.security import StrictJSONRoute
 
-router = APIRouter(prefix="/live", tags=["live"])
+router = APIRouter(prefix="/live", tags=["live"], route_class=StrictJSONRoute)
 
 
 @router.get("", response_model=LiveView)

@@ -10,9 +10,9 @@ from fastapi.responses import HTMLResponse, Response
 from pipecat_rl.errors import GateError
 from pipecat_rl.gate import GateReceipt, load_receipt
 from pipecat_rl.service.bodies import ReceiptSummary, errors
-from pipecat_rl.service.security import confine, settings_of
+from pipecat_rl.service.security import StrictJSONRoute, confine, settings_of
 
-router = APIRouter(prefix="/receipts", tags=["receipts"])
+router = APIRouter(prefix="/receipts", tags=["receipts"], route_class=StrictJSONRoute)
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 

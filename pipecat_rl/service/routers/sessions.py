@@ -16,8 +16,9 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 from pipecat_rl.errors import ScoreRefusedError
 from pipecat_rl.ledger import NotInLedgerError
 from pipecat_rl.service.scores import ScorePosted, ScoreRequest, ScoreView
+from pipecat_rl.service.security import StrictJSONRoute
 
-router = APIRouter(prefix="/sessions", tags=["sessions"])
+router = APIRouter(prefix="/sessions", tags=["sessions"], route_class=StrictJSONRoute)
 
 CallId = Path(min_length=1, max_length=200, description="The call's id: its session id.")
 
