@@ -281,6 +281,9 @@ def _outcomes(folder: str | Path, policies: list[str], names: list[str] | None =
     out: dict[str, dict] = {p: {} for p in policies}
     for e in report.episodes:
         e.fallbacks = _fallbacks_said(e, next(s for s in scenarios if s.id == e.scenario_id))
+        recorded = sessions[e.session_id].metadata  # the episode's count, as the ledger holds it
+        assert recorded["fallbacks"] == e.caller["fallbacks"] == e.fallbacks, recorded
+        assert recorded["caller_gave_up"] == e.caller["caller_gave_up"]
         out[sessions[e.session_id].policy][e.scenario_id] = e
     return out
 

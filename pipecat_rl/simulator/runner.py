@@ -69,7 +69,7 @@ from pipecat_rl.simulator.judge import (
     stopped_answering,
 )
 from pipecat_rl.simulator.options import SimulationOptions, Source
-from pipecat_rl.simulator.persona import build_persona_worker, persona_llm
+from pipecat_rl.simulator.persona import build_persona_worker, caller_notes, persona_llm
 from pipecat_rl.simulator.pipecat_metrics import BACKSTOPS, score_scenario
 from pipecat_rl.simulator.rewards import (
     EpisodeEvidence,
@@ -133,6 +133,9 @@ class EpisodeResult:
     """Audio mode: how long the call ran on the wire (its real-time duration)."""
     v2v_ms: dict[int, float] = field(default_factory=dict)
     """Audio mode: the agent pipeline's own voice-to-voice figure per user turn."""
+    caller: dict[str, Any] = field(default_factory=dict)
+    """What a scripted caller says of the call: `fallbacks` (lines that restated its need when
+    nothing the agent said matched) and `caller_gave_up` (it hung up after repeated non-answers)."""
 
     @property
     def passed(self) -> bool | None:
@@ -518,6 +521,7 @@ async def run_episode(
         await audio.close()  # a WebRTC call's peers (the local pair holds nothing)
     await episode.close_clients()  # in this loop: a client closed after it logs tracebacks
     if caller_llm is not None:
+        result.caller = caller_notes(caller_llm)
         await close_llm_client(caller_llm)
     ended_at = time.time()
     result.end_reason = pair.end_reason
@@ -590,6 +594,7 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "transcript": [vars(line) for line in result.transcript],
             "checks": [vars(c) for c in result.checks],
             "unscored": result.unscored,
+            **result.caller,
             **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
         },
         latencies=caller_side_latencies(result, recorded),
