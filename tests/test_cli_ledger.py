@@ -1,10 +1,12 @@
 import json
+import sqlite3
 
 import pytest
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_IO, EXIT_USAGE
+from pipecat_rl.errors import LedgerError
 from pipecat_rl.ledger import (
     AdapterRecord,
     LatencyRecord,
@@ -340,3 +342,25 @@ def test_show_and_stats_read_a_simulated_call_as_it_happened(tmp_path):
     assert stats["eligible_turns"] == {"sft": 8, "rl": 0}  # demonstrations train SFT only
     listed = invoke("sessions", "--ledger", str(db)).stdout
     assert " 1.3 " not in listed and listed.split()[-2:] == ["1", "-"]
+
+
+def _files(folder):
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.iterdir())}
+
+
+def test_read_only_verbs_never_write_the_ledger(ledger_path):
+    """stats, sessions, show and export open read-only: not a byte changes, no -wal/-shm."""
+    with Ledger(ledger_path) as store:  # a live call whose process is gone: an open session
+        store.write_session(SessionRecord(id="live-9", source="live", started_at=200.0))
+    with sqlite3.connect(ledger_path) as conn:  # checkpoint, then leave no WAL beside it
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA journal_mode = DELETE")
+    before = _files(ledger_path.parent)
+    for verb in (["stats"], ["sessions"], ["show", "sim-1"], ["export"]):
+        result = run_cli("ledger", *verb, "--ledger", str(ledger_path))
+        assert result.exit_code == 0, (verb, result.stderr)
+    assert _files(ledger_path.parent) == before  # not even the dead session was closed
+    with Ledger(ledger_path, read_only=True) as store:
+        assert store.session("live-9").ended_at is None
+        with pytest.raises(LedgerError, match="opened read-only"):
+            store.write_session(SessionRecord(id="x", source="live", started_at=1.0))

@@ -63,15 +63,19 @@ _SPLITS = ("pool", "heldout")
 
 
 @contextmanager
-def open_ledger(path: str | Path | None) -> Iterator[Ledger]:
-    """Open an existing ledger; a missing file is a usage error, never silently created here."""
+def open_ledger(path: str | Path | None, *, read_only: bool = False) -> Iterator[Ledger]:
+    """Open an existing ledger; a missing file is a usage error, never silently created here.
+
+    `read_only` for verbs that only read: they open a ledger on a read-only mount, and never
+    change it (not even closing the sessions of dead processes, which a writing open does).
+    """
     resolved = resolve_ledger_path(path)
     if ledger_file_missing(resolved):
         raise ConfigError(
             f"no ledger at {resolved}; pass --ledger PATH or set {LEDGER_ENV} "
             "(a ledger is created when a bot or the simulator first records a session)"
         )
-    ledger = Ledger(resolved)
+    ledger = Ledger(resolved, read_only=read_only)
     try:
         yield ledger
     except NotInLedgerError as e:
@@ -89,7 +93,7 @@ def _choice(name: str, value: str | None, allowed: tuple[str, ...]) -> str | Non
 @ledger_app.command("stats")
 def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
     """Counts per table, sessions by source and split, and how many turns can train."""
-    with cli_errors(json_out), open_ledger(ledger) as store:
+    with cli_errors(json_out), open_ledger(ledger, read_only=True) as store:
         data = store.stats()
     if json_out:
         print_json(data)
@@ -133,7 +137,7 @@ def sessions(
     json_out: JsonOpt = False,
 ) -> None:
     """List sessions, newest first: scenario, policy, outcome and score (the gate's scale)."""
-    with cli_errors(json_out), open_ledger(ledger) as store:
+    with cli_errors(json_out), open_ledger(ledger, read_only=True) as store:
         rows = store.sessions(
             source=_choice("--source", source, _SOURCES),
             split=_choice("--split", split, _SPLITS),
@@ -178,7 +182,7 @@ def show(
     json_out: JsonOpt = False,
 ) -> None:
     """Print one session as a transcript: turns, tool calls, token counts and latencies."""
-    with cli_errors(json_out), open_ledger(ledger) as store:
+    with cli_errors(json_out), open_ledger(ledger, read_only=True) as store:
         if json_out:
             print_json(store.session_bundle(session_id))
         else:
@@ -208,7 +212,7 @@ def export(
     folder of --out must exist; the file appears only once the export is complete, and never
     over the ledger itself (exit 64; a symlink, device, receipt or SQLite file needs --force).
     """
-    with cli_errors(json_out and out is not None), open_ledger(ledger) as store:
+    with cli_errors(json_out and out is not None), open_ledger(ledger, read_only=True) as store:
         if fmt != "jsonl":
             raise ConfigError(f"--format must be jsonl, not {fmt!r}")
         if out is None:
@@ -319,7 +323,7 @@ def migrate(
     """
     from pipecat_rl.ledger.transfer import copy_ledger
 
-    with cli_errors(json_out), open_ledger(source) as store:
+    with cli_errors(json_out), open_ledger(source, read_only=True) as store:
         target = resolve_ledger_path(dest)
         if is_ledger_file(target, store.path) or is_ledger_file(store.path, target):
             raise ConfigError(

@@ -122,8 +122,15 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
     many machines write one ledger; `path` is then the URL with its password hidden.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, read_only: bool = False):
+        """Open (creating and migrating) the ledger at `path`, or read it only.
+
+        `read_only` opens an existing SQLite file without writing a byte (no WAL switch, no
+        migration, no closing of dead sessions), so a ledger on a read-only mount or owned by
+        another user can still be read; any write then raises `LedgerError`.
+        """
         self._lock = threading.Lock()
+        self.read_only = read_only
         self._conn: sqlite3.Connection | None = None
         self._postgres: PostgresStore | None = None
         target = ledger_target(path)
@@ -131,6 +138,9 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             self._open_postgres(target)
             return
         self.path: Path | str = target
+        if read_only:
+            self._conn = self._open_read_only(target)
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -160,6 +170,49 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             raise
         self._conn = conn
         self._close_dead_on_open()
+
+    def _open_read_only(self, path: Path) -> sqlite3.Connection:
+        """A read-only connection that leaves no file behind.
+
+        A ledger closed cleanly has no -wal beside it: it is read as `immutable` (SQLite then
+        creates no -wal or -shm, and needs no writable folder). A -wal means a writer has it open,
+        or died: `mode=ro` reads the WAL's committed pages too, and `immutable` stays the
+        fallback where the folder will not take SQLite's -shm.
+        """
+        from urllib.parse import quote
+
+        uri = f"file:{quote(str(path.resolve()))}"
+        last: sqlite3.Error | None = None
+        wal = path.with_name(path.name + "-wal").exists()
+        for mode in ("mode=ro", "immutable=1") if wal else ("immutable=1",):
+            conn: sqlite3.Connection | None = None
+            try:
+                conn = sqlite3.connect(
+                    f"{uri}?{mode}", uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
+                    isolation_level=None,
+                )  # fmt: skip
+                conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.DatabaseError as e:
+                last = e
+                if conn is not None:
+                    conn.close()
+                if "not a database" in str(e):
+                    break
+                continue
+            target = len(_schema.MIGRATIONS)
+            if version > target:
+                conn.close()
+                raise self._newer(version, target)
+            if version < target:
+                conn.close()
+                raise LedgerError(
+                    f"the ledger {path} has schema version {version} and this pipecat-rl reads "
+                    f"{target}; it migrates on a writable open (any writing verb, e.g. `pipecat-rl "
+                    "ledger score`), which this read-only one does not do"
+                )
+            return conn
+        raise LedgerError(f"cannot open the ledger {path} to read it: {last}")
 
     def _close_dead_on_open(self) -> None:
         try:
@@ -280,6 +333,8 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             conn = self._conn
             if conn is None:
                 raise LedgerError(f"the ledger {self.path} is closed; open it again to use it")
+            if write and self.read_only:
+                raise LedgerError(f"the ledger {self.path} was opened read-only; nothing written")
             self._begin(conn, write)
             try:
                 yield conn
