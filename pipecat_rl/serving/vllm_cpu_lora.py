@@ -9,14 +9,27 @@ base request in a batch beside adapter requests gets the last slot's adapter add
 
 The replacements keep each op's signature and output semantics (dtype casts, the 4-D squeeze,
 `add_inputs`, `bgmv_expand`'s row limit and common length, slice offsets) and compute
-`x[rows] @ W[u].T` once per distinct index `u >= 0`, zero where the index is -1. `register()`
-(the `vllm.general_plugins` entry point, so every vLLM process runs it) installs them only when
-$PIPECAT_RL_CPU_LORA is `1` and vLLM runs on its CPU platform: a user's own vLLM in the same
-environment is untouched unless asked. `VLLMServer` asks on CPU. This is the one module that
-touches vLLM's internals; its test pins each reliance against vLLM's own ops.
+`x[rows] @ W[u].T` once per distinct index `u >= 0`, zero where the index is -1.
+
+Prompt logprobs are the one batch where the logits' rows are not the sampler's: vLLM computes
+them per request, from that request's rows of the step's hidden states, while the punica
+wrapper's `sampler_indices` still hold one adapter slot per *request*. vLLM's CPU
+`add_lora_logits` hands both to the ops, which fail on the mismatch (85 rows, 2 indices), and
+the engine dies; with one request in the batch they broadcast and happen to be right (vLLM
+#16668, #29955; its GPU path reads stale slots instead, #51594). So `add_lora_logits` is
+replaced too: while vLLM computes prompt logprobs (`get_prompt_logprobs_dict`, set on the CPU
+model runner, says when and from which hidden states), each row takes the adapter slot of the
+token it was computed from (`token_lora_indices`, laid out like the hidden states).
+
+`register()` (the `vllm.general_plugins` entry point, so every vLLM process runs it) installs
+them only when $PIPECAT_RL_CPU_LORA is `1` and vLLM runs on its CPU platform: a user's own vLLM
+in the same environment is untouched unless asked. `VLLMServer` asks on CPU. This is the one
+module that touches vLLM's internals; its test pins each reliance against vLLM's own code.
 """
 
 import os
+from contextvars import ContextVar
+from typing import Any
 
 import torch
 from loguru import logger
@@ -35,6 +48,16 @@ MODULES = (
 """Where vLLM binds the ops: their module (whose sgmv ops look them up there), the package that
 re-exports them, and the CPU punica wrapper that imports them into its own namespace."""
 
+METHODS = (
+    ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "add_lora_logits"),
+    ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "_get_prompt_logprobs_dict"),
+)
+"""The methods replaced: (module, class, name); each replacement is this module's function of
+the same name without its leading underscore."""
+
+_PROMPT_HIDDEN: ContextVar[torch.Tensor | None] = ContextVar("prompt_hidden", default=None)
+"""The step's hidden states while vLLM computes prompt logprobs from slices of them, else None."""
+
 
 def lora_rows(
     inputs: torch.Tensor,
@@ -44,12 +67,20 @@ def lora_rows(
 ) -> torch.Tensor:
     """Row `b` of `inputs` times `weights[indices[b]]` transposed, in `dtype`.
 
-    Zero where `indices[b] < 0`. A single row of either side broadcasts, as in vLLM's einsum.
+    Zero where `indices[b] < 0`. A single row of either side broadcasts, as in vLLM's einsum;
+    any other difference in length is a caller's bug, refused with both lengths rather than
+    guessed at (vLLM's einsum refuses it too).
     """
     if weights.dim() == 4:
         weights = weights.squeeze(dim=1)
     x = inputs.to(dtype=dtype)
-    n = max(x.shape[0], indices.shape[0])
+    rows, count = x.shape[0], indices.shape[0]
+    if rows != count and 1 not in (rows, count):
+        raise ValueError(
+            f"LoRA rows and adapter indices differ in length ({rows} rows, {count} indices): "
+            "each row needs its own index, or one index must serve every row"
+        )
+    n = max(rows, count)
     x, indices = x.expand(n, -1), indices.expand(n)
     present = torch.unique(indices).tolist()
     if len(present) == 1 and present[0] >= 0:  # one adapter for every row: no gather at all
@@ -58,8 +89,8 @@ def lora_rows(
     for u in present:
         if u < 0:
             continue
-        rows = (indices == u).nonzero().squeeze(1)
-        out.index_copy_(0, rows, x.index_select(0, rows) @ weights[u].to(dtype=dtype).T)
+        rows_u = (indices == u).nonzero().squeeze(1)
+        out.index_copy_(0, rows_u, x.index_select(0, rows_u) @ weights[u].to(dtype=dtype).T)
     return out
 
 
@@ -111,6 +142,102 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs[:]
 
 
+def _row_offset(rows: torch.Tensor, hidden: torch.Tensor) -> int | None:
+    """Where `rows` starts in `hidden`, when it is a slice of whole rows of it; else None."""
+    if (
+        rows.dim() != 2
+        or hidden.dim() != 2
+        or rows.untyped_storage().data_ptr() != hidden.untyped_storage().data_ptr()
+        or rows.stride() != hidden.stride()
+    ):
+        return None
+    start, rest = divmod(rows.storage_offset() - hidden.storage_offset(), hidden.stride(0))
+    if rest or start < 0 or start + rows.shape[0] > hidden.shape[0]:
+        return None
+    return start
+
+
+def logits_lora_indices(
+    hidden_rows: torch.Tensor, sampler_indices: torch.Tensor, token_indices: torch.Tensor
+) -> torch.Tensor:
+    """The adapter slot of each row the logits are computed from.
+
+    Sampling: one row per sampled token, as `sampler_indices` lists them. Prompt logprobs
+    (`_PROMPT_HIDDEN` set): the rows are a slice of that step's hidden states, one per scheduled
+    token, so they take those tokens' slots from `token_indices`.
+    """
+    hidden = _PROMPT_HIDDEN.get()
+    if hidden is None:
+        return sampler_indices
+    start = _row_offset(hidden_rows, hidden)
+    if start is None or start + hidden_rows.shape[0] > token_indices.shape[0]:
+        raise RuntimeError(
+            "pipecat-rl's vLLM-cpu LoRA plugin cannot place these prompt-logprob rows in the "
+            "step's hidden states, so it cannot tell whose adapter they need: this vLLM's "
+            "`_get_prompt_logprobs_dict` no longer slices them from its hidden states; use the "
+            "vLLM version pipecat-rl pins, or ask for no prompt logprobs"
+        )
+    return token_indices[start : start + hidden_rows.shape[0]]
+
+
+def add_lora_logits(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: torch.Tensor,
+    lora_b_stacked: torch.Tensor,
+    scale: float,
+    *,
+    buffer: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> None:
+    """`PunicaWrapperCPU.add_lora_logits` with each row's own adapter (`logits_lora_indices`).
+
+    `y += scale * (x @ A[slot].T) @ B[slot].T`, in place, as vLLM's.
+    """
+    y = y.view(-1, y.shape[-1])
+    x = x.view(-1, x.shape[-1])
+    if buffer is None:  # float32, as vLLM's (consistent with its triton op)
+        buffer = torch.zeros(
+            (x.size(0), lora_b_stacked.size(-1)), dtype=torch.float32, device=x.device
+        )
+    indices = logits_lora_indices(x, self.sampler_indices, self.token_lora_indices)
+    bgmv_shrink(x, lora_a_stacked, buffer, indices, scale)
+    bgmv_expand(buffer, lora_b_stacked, y, indices, add_inputs=True)
+
+
+def get_prompt_logprobs_dict(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
+    """`CPUModelRunner._get_prompt_logprobs_dict`: vLLM's own, with its hidden states made known.
+
+    vLLM's is `GPUModelRunner`'s (the CPU runner inherits it); while it runs, `add_lora_logits`
+    can place the rows it is given in `hidden_states`.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    token = _PROMPT_HIDDEN.set(hidden_states)
+    try:
+        return GPUModelRunner._get_prompt_logprobs_dict(self, hidden_states, *args, **kwargs)
+    finally:
+        _PROMPT_HIDDEN.reset(token)
+
+
+def _bindings() -> list[tuple[Any, str, Any]]:
+    """(owner, name, ours) for every binding `register()` sets: modules' ops, classes' methods."""
+    import importlib
+
+    ours = globals()
+    found = [(importlib.import_module(name), op, ours[op]) for name in MODULES for op in OPS]
+    for module, cls, method in METHODS:
+        owner = getattr(importlib.import_module(module), cls)
+        found.append((owner, method, ours[method.lstrip("_")]))
+    return found
+
+
+def installed() -> bool:
+    """Whether this process runs the plugin's ops and methods (every binding of them)."""
+    return all(getattr(owner, name) is fn for owner, name, fn in _bindings())
+
+
 def register() -> None:
     """The vLLM plugin entry: install the grouped ops where asked, once.
 
@@ -118,17 +245,13 @@ def register() -> None:
     """
     if os.environ.get(ENV) != "1":
         return
-    import importlib
-
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    ours = globals()
-    modules = [importlib.import_module(name) for name in MODULES]
-    if all(getattr(m, op) is ours[op] for m in modules for op in OPS):
+    bindings = _bindings()
+    if all(getattr(owner, name) is fn for owner, name, fn in bindings):
         return
-    for module in modules:
-        for op in OPS:
-            setattr(module, op, ours[op])
+    for owner, name, fn in bindings:
+        setattr(owner, name, fn)
     logger.info(f"pipecat-rl: vLLM-cpu LoRA ops grouped per adapter ({ENV}=1, pid {os.getpid()})")
