@@ -337,3 +337,39 @@ def test_an_empty_ledger_flag_is_refused_not_read_as_unset(verb, blank, tmp_path
     assert result.exit_code == EXIT_USAGE, result.output
     assert f"--ledger {blank!r} names no ledger" in result.stderr
     assert list(tmp_path.iterdir()) == []  # no ./pipecat-rl.db written unasked
+
+
+def test_a_server_whose_engine_died_is_gone_though_its_models_still_answer():
+    """vLLM's API process keeps answering /v1/models after its engine died; /health says 503."""
+    import http.server
+    import threading
+
+    from pipecat_rl.simulator.runner import server_gone
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        health = 503
+
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            code = Handler.health if self.path == "/health" else 200
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        reason = asyncio.run(server_gone(url))
+        assert reason and "engine is gone (/health 503)" in reason
+        Handler.health = 404  # a server without /health (not vLLM) is judged by its models
+        assert asyncio.run(server_gone(url)) is None
+        Handler.health = 200
+        assert asyncio.run(server_gone(url)) is None
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -163,6 +163,8 @@ class Cycle:
             asyncio.run(self._server.start())
             self._url = self._server.base_url
             self.log.write("server_ready", url=self._url, pid=self._server.pid)
+        if self._server is not None:  # a stage never starts against a dead engine: say why
+            self._server.check_alive()
         return self._url
 
     def close(self) -> None:

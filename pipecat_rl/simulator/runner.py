@@ -866,6 +866,14 @@ async def server_gone(llm_url: str) -> str | None:
     admin = VLLMAdmin(llm_url, timeout=5.0)
     try:
         async with httpx.AsyncClient(timeout=5.0) as client:
+            # vLLM answers /v1/models from its API process even once its engine is dead; its
+            # /health says 503 then (a server without /health answers 404: not a verdict)
+            health = await client.get(f"{admin.root}/health", headers=admin.headers)
+            if health.status_code >= 500:
+                return (
+                    f"the LLM server at {admin.root} reports its engine is gone (/health "
+                    f"{health.status_code}); its log says why"
+                )
             await client.get(f"{admin.root}/v1/models", headers=admin.headers)
     except httpx.HTTPError as e:
         return f"the LLM server at {admin.root} stopped answering ({type(e).__name__})"
