@@ -24,6 +24,7 @@ from pipecat_rl.cli import ledger as ledger_cli
 from pipecat_rl.cli import llm as llm_cli
 from pipecat_rl.cli import models as models_cli
 from pipecat_rl.cli import record as record_cli
+from pipecat_rl.cli import scenarios as scenarios_cli
 from pipecat_rl.cli import service as service_cli
 from pipecat_rl.cli import simulate as simulate_cli
 from pipecat_rl.cli import train as train_cli
@@ -88,7 +89,7 @@ def _log_format(record: dict) -> str:
 
 for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli, train_cli):
     module.register(app)
-for module in (service_cli, cycle_cli, judge_cli):
+for module in (service_cli, cycle_cli, judge_cli, scenarios_cli):
     module.register(app)
 
 

@@ -1,7 +1,8 @@
 """Reading scenario files into `Scenario` records: one file, or folders of them.
 
 Files load through `yaml_safe` (Pipecat's `!include`, with limits a hostile file cannot pass),
-file-level keys of a `scenarios:` list are defaults, the split comes from the folder
+file-level keys of a `scenarios:` list are defaults, a file with `template:` and `axes:`
+expands into one scenario per combination (`matrix`), the split comes from the folder
 (`heldout.resolve_split`), and a scripted scenario's turns are read by Pipecat's own parser
 (`turns.pipecat_turns`). What the simulator cannot run is skipped with a warning naming the
 file (a manifest listing other files, a turn that presses keys); a Pipecat field it reads but
@@ -21,7 +22,7 @@ from loguru import logger
 from pydantic import ValidationError
 
 from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
-from pipecat_rl.scenarios import heldout
+from pipecat_rl.scenarios import heldout, matrix
 from pipecat_rl.scenarios.scenario import HELDOUT, Scenario, ScenarioSet
 from pipecat_rl.scenarios.turns import (
     needs_audio,
@@ -132,6 +133,9 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
                 raise ScenarioError(f"{path}: scenarios.{i}: must be a mapping with a 'name:'")
             merged = {**defaults, **entry, "name": f"{file_name}/{entry['name']}"}
             entries.append((merged, ("scenarios", i)))
+    elif matrix.is_template(data):  # a template x axes: one scenario per combination
+        expanded = matrix.expand(path, data, lambda loc: _line(node, loc))
+        entries.extend((e.raw, ("template",)) for e in expanded)
     else:
         entries.append((data, ()))
     scenarios = []
@@ -148,7 +152,10 @@ def load_scenario_file(path: str | Path) -> list[Scenario]:
         try:
             scenarios.append(Scenario.model_validate(raw))
         except ValidationError as e:
-            raise ScenarioError(_explain(path, node, e, prefix)) from e
+            message = _explain(path, node, e, prefix)
+            if prefix == ("template",):  # the field may come from an axis value: name which
+                message += f"\n(in {raw['name']}: the template with those axis values)"
+            raise ScenarioError(message) from e
     if any(s.scripted for s in scenarios):
         scenarios = _with_parsed_turns(path, scenarios)
         for s, (_, prefix) in zip(scenarios, entries, strict=True):
@@ -280,8 +287,9 @@ def _files(target: Path) -> list[Path]:
 def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
     """Load scenario files and folders (recursively, *.yaml / *.yml) into one set.
 
-    Fragments a file `!include`s (YAML mappings without `persona`/`scenarios`) are skipped;
-    any other file without them is an error or a warning (`_skip_fragment`).
+    Fragments a file `!include`s (YAML lists, mappings without `persona`/`scenarios`/
+    `template`) are skipped; any other file without them is an error or a warning
+    (`_skip_fragment`).
     """
     scenarios: list[Scenario] = []
     heldout_files: list[Path] = []
@@ -318,7 +326,10 @@ def _is_fragment(path: Path) -> bool:
         data, _ = _parse(path)
     except ScenarioError:
         return False  # loading it reports the error
-    return isinstance(data, dict) and not {"persona", "scenarios", "turns"} & set(data)
+    if isinstance(data, list):  # a table of rows a template `!include`s
+        return True
+    scenario_keys = {"persona", "scenarios", "turns", "template", "axes"}
+    return isinstance(data, dict) and not scenario_keys & set(data)
 
 
 _INCLUDE = re.compile(r"!include\s+[\"']?([^\s\"'#]+)")
