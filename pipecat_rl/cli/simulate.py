@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -61,8 +62,9 @@ def _table(report: "SimulationReport", mode: str = "") -> Table:
         labels = ", ".join(f"{k}×{v}" for k, v in sorted(s.labels.items())) or ""
         if s.errors:
             labels = f"[red]error×{s.errors}[/red] " + labels
+        score = "—" if s.mean_score is None else f"{s.mean_score:.2f}"
         table.add_row(
-            s.scenario_id, s.split, rate, "—" if s.mean_score is None else f"{s.mean_score:.2f}",
+            escape(s.scenario_id), s.split, rate, score,  # an id may hold [axis=value]
             _ms(s.latency_p50_ms), _ms(s.latency_p95_ms), labels,
         )  # fmt: skip
     return table

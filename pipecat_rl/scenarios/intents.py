@@ -18,6 +18,7 @@ A world pack shares its intents in one YAML file of `name: [patterns]` (the clin
 `intents: [!include ../intents.yaml, {offer_slot: ["care to take it"]}]` (`merge`).
 """
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -37,6 +38,7 @@ def normalise(text: str) -> str:
     return " ".join(_NOT_LINE_WORD.sub(" ", text).split())
 
 
+@functools.lru_cache(maxsize=4096)  # a matrix's scenarios share their intents' patterns
 def pattern_regex(pattern: str) -> str:
     """The regular expression, over a normalised line, that one pattern stands for.
 
