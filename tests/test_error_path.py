@@ -218,8 +218,10 @@ def test_gate_against_a_server_that_does_not_answer_is_69_before_any_call(tmp_pa
 # -- the service's jobs --------------------------------------------------------------------
 
 
-def _run_job(tmp_path: Path, params: dict) -> JobRecord:
-    settings = ServiceSettings(data_dir=tmp_path, ledger=tmp_path / "ledger.db", token="t")
+def _run_job(tmp_path: Path, params: dict, data_dir: Path | None = None) -> JobRecord:
+    """Run a simulate job; the data dir holds the examples the jobs here name (the repo's)."""
+    data_dir = data_dir or CLINIC.parents[1]
+    settings = ServiceSettings(data_dir=data_dir, ledger=tmp_path / "ledger.db", token="t")
     with Ledger(settings.ledger) as ledger:
         ledger.add_job("simulate", params, job_id=jobs.new_job_id("simulate"))
         job = ledger.claim_next_job()
@@ -373,3 +375,18 @@ def test_a_server_whose_engine_died_is_gone_though_its_models_still_answer():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_job_whose_files_now_lead_outside_the_data_dir_fails_as_it_starts(tmp_path):
+    """Checked when queued and again when run: a file swapped for a link out fails the job."""
+    inside = tmp_path / "data"
+    (inside / "scenarios").mkdir(parents=True)
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text(ROUTINE.read_text())
+    (inside / "scenarios" / "routine.yaml").symlink_to(outside)  # swapped after it was queued
+    params = {"scenarios": [str(inside / "scenarios")], "bot": str(CLINIC / "expert.py"),
+              "persona": "scripted", "repeats": 1, "no_server": True}  # fmt: skip
+    done = _run_job(tmp_path, params, data_dir=inside)
+    assert done.state == "failed"
+    assert done.error is not None and "refused as the job started" in done.error
+    assert "outside" in done.error

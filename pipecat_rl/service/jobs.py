@@ -21,16 +21,23 @@ HTTP routes (`routers/jobs.py`) and its records in the ledger (`ledger/jobs.py`)
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from loguru import logger
 from pydantic import TypeAdapter
 
-from pipecat_rl.errors import GateStopped, JobCancelled, PipecatRLError, first_error
+from pipecat_rl.errors import (
+    ConfigError,
+    GateStopped,
+    JobCancelled,
+    PipecatRLError,
+    first_error,
+)
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.jobs import TERMINAL_STATES, JobRecord
@@ -44,7 +51,7 @@ from pipecat_rl.service.bodies import (
     SimulateJob,
     TrainJob,
 )
-from pipecat_rl.service.security import confine
+from pipecat_rl.service.security import confine, confine_loop_file, confine_scenario_files
 from pipecat_rl.service.settings import ServiceSettings
 from pipecat_rl.simulator.options import Server, SimulationOptions
 
@@ -143,6 +150,23 @@ class JobContext:
 # -- one function per kind -------------------------------------------------------------------
 
 
+def _still_inside(ctx: JobContext, *, scenarios: Sequence[str] = (), config: str | None = None,
+                  **overrides: Any) -> None:  # fmt: skip
+    """Check again, as the job starts, what the router checked when it was queued.
+
+    The files a job names can change between the two (an edit, a symlink swapped, a job
+    requeued after a restart): a path that now leads outside the data dir fails the job.
+    """
+    root = ctx.settings.data_dir
+    try:
+        for target in scenarios:
+            confine_scenario_files(root, target)
+        if config is not None:
+            confine_loop_file(root, Path(config), **overrides)
+    except HTTPException as e:
+        raise ConfigError(f"refused as the job started: {e.detail}") from e
+
+
 def _server(ctx: JobContext, needed: bool = True) -> Server:
     return Server(url=ctx.settings.llm_url, model=ctx.settings.model, needed=needed)
 
@@ -158,6 +182,7 @@ def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
         persona=p.persona, seed=p.seed, repeats=p.repeats, concurrency=p.concurrency,
         max_tokens=p.max_tokens,
     )  # fmt: skip
+    _still_inside(ctx, scenarios=list(p.scenarios))
     report = run(
         load_scenarios(list(p.scenarios)), load_bot(p.bot), options, ctx.ledger,
         policies=[p.adapter or "base"], server=_server(ctx, needed=not p.no_server),
@@ -193,6 +218,7 @@ def _train(ctx: JobContext, p: TrainJob) -> dict[str, Any]:
         from pipecat_rl.simulator import load_bot, load_scenarios
         from pipecat_rl.simulator.options import Rollouts
 
+        _still_inside(ctx, scenarios=list(p.scenarios))
         rollouts = Rollouts(
             scenarios=load_scenarios(list(p.scenarios)), bot=load_bot(p.bot),
             options=SimulationOptions(persona=p.persona, max_tokens=p.max_tokens),
@@ -209,6 +235,7 @@ def _gate(ctx: JobContext, p: GateJob) -> dict[str, Any]:
     from pipecat_rl.simulator import load_bot, load_scenarios
 
     settings = load_gate_config(Path(p.config) if p.config else None)
+    _still_inside(ctx, scenarios=[p.scenarios])
     ctx.emit("simulating", candidate=p.candidate, incumbent=p.incumbent, repeats=p.repeats)
     evidence = Simulated(
         scenarios=load_scenarios([Path(p.scenarios)]), bot=load_bot(p.bot),
@@ -252,6 +279,7 @@ def _cycle(ctx: JobContext, p: CycleJob) -> dict[str, Any]:
     from pipecat_rl.loop.cycle import run_cycle
 
     overrides = p.model_dump(include={"budget_s", "stop_after"}, exclude_none=True)
+    _still_inside(ctx, config=p.config, ledger=ctx.settings.ledger, **overrides)
     config = load_loop_config(Path(p.config), ledger=ctx.settings.ledger, **overrides)
     if config.llm_url is None and ctx.settings.llm_url is not None:
         config = config.model_copy(update={"llm_url": ctx.settings.llm_url})
