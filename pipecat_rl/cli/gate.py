@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 import typer
 
+from pipecat_rl import defaults
 from pipecat_rl.cli.common import (
     cli_errors,
     config_file,
@@ -139,7 +140,9 @@ def gate(
             help="Server to simulate against; without it the embedded vLLM is started.",
         ),
     ] = None,
-    concurrency: Annotated[int, typer.Option(min=1, help="Simulated calls at once.")] = 4,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Simulated calls at once.")
+    ] = defaults.CONCURRENCY,
     max_tokens: Annotated[
         int | None, typer.Option(min=1, help="Cap the agent's replies if its bot sets none.")
     ] = None,
