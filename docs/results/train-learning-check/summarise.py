@@ -36,7 +36,7 @@ def prefix_property(ledger: Ledger) -> dict:
     """Merged vs split turns (served and demonstrations), and prompts re-rendered exactly."""
     from transformers import AutoTokenizer
 
-    from pipecat_rl.models import prepare_model
+    from pipecat_rl.serving.weights import prepare_model
     from pipecat_rl.training.rows import TrainableTurn, build_sequences
 
     tokenizer = AutoTokenizer.from_pretrained(prepare_model("smollm2"))
