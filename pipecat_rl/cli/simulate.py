@@ -7,12 +7,18 @@ cannot reach offline, or a bot LLM service that cannot be served; 65 for bad sce
 when the LLM server failed or went away mid-run (the episodes not yet started are reported
 `not_run`); 70 when episodes could not run to their end (harness errors, or a session the ledger
 could not fully write). The result table goes to stdout, the progress bar to stderr.
+
+`--by AXIS` (repeatable; `all`: every axis) adds the hot-spot tables of a scenario matrix after
+the per-scenario table: pass rate, failures, unauthorised writes (hard checks broken) and labels
+per value of each axis and per pair of values (`scoring.hot_spots`; runs of scenarios without
+axes are left out and counted). `--json` always carries `hotspots`: by `--by`, else every axis.
 """
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -35,8 +41,9 @@ from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, 
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
-from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, load_scenarios
-from pipecat_rl.scoring import SessionOutcome
+from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
+from pipecat_rl.scoring import VIOLATIONS, AxisRun, HotSpots, SessionOutcome, hot_spots
+from pipecat_rl.scoring.hotspots import DEFAULT_MIN_RUNS, axes_seen
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S, MAX_SEED, SimulationOptions
 from pipecat_rl.simulator.world import World
@@ -68,6 +75,76 @@ def _table(report: "SimulationReport", mode: str = "") -> Table:
             _ms(s.latency_p50_ms), _ms(s.latency_p95_ms), labels,
         )  # fmt: skip
     return table
+
+
+def _hot_spots(report: "SimulationReport", by: list[str] | None, min_runs: int) -> HotSpots:
+    """The report's runs per axis value and pair (unauthorised writes: hard checks broken)."""
+    return hot_spots(
+        (
+            AxisRun(
+                e.scenario_id,
+                axes_of(e.scenario_id),
+                e.passed,
+                e.labels,
+                unauthorized_writes=int(e.reward_parts.get(VIOLATIONS, 0)),
+            )
+            for e in report.episodes
+            if e.outcome != SessionOutcome.NOT_RUN  # never started: no figure counts it
+        ),
+        by,
+        min_runs=min_runs,
+    )
+
+
+def _hot_spot_tables(spots: HotSpots, mode: str = "") -> list[Table]:
+    """One table per axis value, one per pair of values: worst first, `few` cells last."""
+    tables = []
+    for kind, rows in (("axis value", spots.values), ("pair of axes", spots.pairs)):
+        if not rows:
+            continue
+        table = Table(title=f"hot spots by {kind} {mode}".strip(), title_justify="left")
+        for column in ("cell", "pass", "rate", "fail", "writes", "scenarios", "labels"):
+            table.add_column(
+                column, justify="left" if column in ("cell", "labels") else "right",
+                no_wrap=column != "labels",
+            )  # fmt: skip
+        for r in rows:
+            rate = "—" if r.pass_rate is None else f"{r.pass_rate:.0%}"
+            table.add_row(
+                escape(r.name), f"{r.passes}/{r.verified}",
+                f"[dim]{rate} (few)[/dim]" if r.few else rate, str(r.failures),
+                f"[red]{r.unauthorized_writes}[/red]" if r.unauthorized_writes else "0",
+                str(r.scenarios), escape(", ".join(f"{k}×{v}" for k, v in r.labels.items())),
+            )  # fmt: skip
+        tables.append(table)
+    return tables
+
+
+def _print_hot_spots(out: Console, spots: HotSpots, mode: str = "") -> None:
+    if not spots.axes:
+        out.print(f"hot spots: no scenario came from a matrix ({spots.without_axes} runs)")
+        return
+    for table in _hot_spot_tables(spots, mode):
+        print_table(out, table)
+    left_out = f"; {spots.without_axes} run(s) of scenarios without axes left out"
+    out.print(
+        f"hot spots: worst first; cells under {spots.min_runs} verified runs are marked few and "
+        f"listed last{left_out if spots.without_axes else ''}"
+    )
+
+
+def _by_axes(by: list[str], scenarios: ScenarioSet) -> list[str] | None:
+    """`--by` as the axes to group by (None: every axis), each one a scenario has."""
+    known = axes_seen(AxisRun(s.id, axes_of(s.id), None) for s in scenarios)
+    if not by or "all" in by:
+        return None
+    unknown = [a for a in by if a not in known]
+    if unknown:
+        have = f"their axes: {', '.join(known)}" if known else "none came from a matrix"
+        raise ConfigError(
+            f"--by {unknown[0]}: no scenario has that axis ({have}); name one of theirs, or all"
+        )
+    return by
 
 
 def _positive(seconds: float) -> float:
@@ -234,6 +311,21 @@ def simulate_command(
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     ray_endpoints: RayEndpointOpt = None,
+    by: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--by", metavar="AXIS", show_default=False,
+            help="After the table: pass rate, failures and writes per value of a scenario "
+            "matrix's axis, and per pair of the axes given (repeatable; all: every axis).",
+        ),
+    ] = None,
+    min_runs: Annotated[
+        int,
+        typer.Option(
+            "--min-runs", min=1,
+            help="Hot-spot cells with fewer verified runs are marked few, not ranked.",
+        ),
+    ] = DEFAULT_MIN_RUNS,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Simulate calls to BOT for every scenario, write them to the ledger, print a table."""
@@ -242,6 +334,7 @@ def simulate_command(
         if gap_html is not None:
             writable_folder(gap_html, "--gap-html")
         loaded = load_scenarios([existing(path, "SCENARIO") for path in scenarios])
+        axes = _by_axes(by or [], loaded)
         for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
             World(scenario).close()
         from pipecat_rl.simulator import Server
@@ -267,13 +360,18 @@ def simulate_command(
             )
             if reports[-1].server_gone:
                 break  # no second channel against a server that is gone
+    spots = [_hot_spots(r, axes, min_runs) for r in reports]
     if len(reports) == 2:  # --mode text,audio: both tables and the channel gap
-        _report_gap(reports[0], reports[1], gap_html, json_out)
+        _report_gap(
+            reports[0], reports[1], gap_html, json_out, (spots[0], spots[1]), shown=bool(by)
+        )
     elif json_out:
-        print_json(reports[0].to_json())
+        print_json({**reports[0].to_json(), "hotspots": spots[0].model_dump()})
     else:
         out = results()
         print_table(out, _table(reports[0]))
+        if by:
+            _print_hot_spots(out, spots[0])
         if loaded.heldout_set_id:
             out.print(f"held-out set: {loaded.heldout_set_id}")
         out.print(f"{len(reports[0].episodes)} episodes in {reports[0].wall_s:.1f} s")
@@ -326,20 +424,31 @@ def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:
 
 
 def _report_gap(
-    text: "SimulationReport", audio: "SimulationReport", page: Path | None, json_out: bool
+    text: "SimulationReport",
+    audio: "SimulationReport",
+    page: Path | None,
+    json_out: bool,
+    spots: tuple[HotSpots, HotSpots] | None = None,
+    shown: bool = False,
 ) -> None:
+    """Both channels' tables (and their hot spots: printed when `shown`), then the channel gap."""
     from pipecat_rl.simulator.audio.gap import channel_gap, gap_table, write_gap_page
 
     gap = channel_gap(text.episodes, audio.episodes)
     if page is not None:
         write_gap_page(gap, page)
+    channels = (("text", text), ("audio", audio))
     if json_out:
-        both = {"text": text.to_json(), "audio": audio.to_json()}
+        both = {name: r.to_json() for name, r in channels}
+        for (name, _), s in zip(channels, spots or (), strict=False):
+            both[name]["hotspots"] = s.model_dump()
         print_json({**both, "channel_gap": gap.model_dump()})
         return
     out = results()
-    for name, r in (("text", text), ("audio", audio)):
+    for k, (name, r) in enumerate(channels):
         print_table(out, _table(r, name))
+        if shown and spots:
+            _print_hot_spots(out, spots[k], name)
     out.print(gap_table(gap))
     if page is not None:
         out.print(f"channel gap page: {page}", markup=False)

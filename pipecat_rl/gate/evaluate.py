@@ -6,6 +6,8 @@ the same run index, seed and occurrence (a run repeated is one more pair, never 
 What is paired is each run's gate score (`inputs.gate_score`: the authoritative part, never the
 shaped tool credit). Everything below is computed on the paired runs only, except unauthorised
 writes, which count over every run of each policy, and the runs left out, which are counted.
+The hot spots (`scoring.hot_spots`) group both policies' paired runs by the axes of the scenarios
+expanded from a matrix; they describe, and no check reads them.
 
 `recheck` recomputes a receipt's interval, sign-flip test, regression tests and checks from the
 receipt's own per-scenario table and stored statistics, through the same functions: `promote`
@@ -38,6 +40,7 @@ from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.receipt import (
     CostStats,
     GateReceipt,
+    HotSpotStats,
     LatencyStats,
     PairedStats,
     RegressionStats,
@@ -77,7 +80,8 @@ from pipecat_rl.gate.verdict import (
     unusable_check,
     writes_check,
 )
-from pipecat_rl.scoring import pass_k_curve
+from pipecat_rl.scenarios import axes_of
+from pipecat_rl.scoring import AxisRun, hot_spots, pass_k_curve
 
 ScenarioKey = tuple[str, str | None]
 RunKey = tuple[int, int | None, int]
@@ -279,6 +283,22 @@ def _heard_transports(runs: dict[str, list[RunResult]]) -> set[str | None]:
     return {r.transport for rs in runs.values() for r in rs if r.heard_gap_ms}
 
 
+def _hotspots(pairs: list[PairedScenario]) -> HotSpotStats | None:
+    """Both policies' paired runs per axis value and pair; None when no scenario has axes."""
+    axes = {p.key[0]: axes_of(p.key[0]) for p in pairs}
+    if not any(axes.values()):
+        return None
+    arms = {
+        role: hot_spots(
+            AxisRun(r.scenario, axes[p.key[0]], r.passed, (), r.unauthorized_writes)
+            for p in pairs
+            for r in (p.candidate if role == "candidate" else p.incumbent)
+        )
+        for role in ("candidate", "incumbent")
+    }
+    return HotSpotStats(candidate=arms["candidate"], incumbent=arms["incumbent"])
+
+
 def _cost(runs: list[RunResult], config: GateConfig) -> CostSummary | None:
     usages = [r.usage for r in runs if r.usage is not None]
     if len(usages) < len(runs):
@@ -417,6 +437,7 @@ def evaluate(
         unauthorized_writes=safety.candidate.writes,
         checks=list(verdict.checks),
         notes=notes,
+        hotspots=_hotspots(pairs),
     )
 
 

@@ -6,7 +6,9 @@ into the ledger (`gate_receipts`), so a receipt edited afterwards no longer matc
 promoted (see `promote`). No number the gate computed is ever written as `null`: a non-finite
 statistic is refused before the receipt is written. A receipt holds the candidate's and
 incumbent's lineage, the held-out set and file hashes, seeds, repeats, thresholds, every
-statistic, the per-scenario table, and the verdict with its reason.
+statistic, the per-scenario table, the hot spots of a scenario matrix (both policies' paired runs
+per axis value and pair of values; absent when no scenario has axes, and in older receipts), and
+the verdict with its reason.
 """
 
 import hashlib
@@ -33,6 +35,7 @@ from pipecat_rl.gate.safety import SafetyArm, describe
 from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
 from pipecat_rl.gate.verdict import Decision, GateCheck
 from pipecat_rl.ledger import Ledger
+from pipecat_rl.scoring import HotSpotRow, HotSpots
 
 RECEIPT_FILES = ("receipt.json", "receipt.md", "receipt.html")
 """The files of a receipt folder, the source of truth first (`write_receipt`)."""
@@ -134,6 +137,16 @@ class CostStats(_Part):
     incumbent: CostSummary | None
 
 
+class HotSpotStats(_Part):
+    """Both policies' paired runs per axis value and pair of values (`scoring.hot_spots`).
+
+    Descriptive, never a check: the paired score and the regression tests decide.
+    """
+
+    candidate: HotSpots
+    incumbent: HotSpots
+
+
 class ScenarioRow(_Part):
     """One held-out scenario's paired result."""
 
@@ -190,6 +203,8 @@ class GateReceipt(_Part):
     """By the candidate, over all its runs (paired or not)."""
     checks: list[GateCheck]
     notes: list[str] = Field(default_factory=list)
+    hotspots: HotSpotStats | None = None
+    """None when no paired scenario has axes (and in receipts written before hot spots)."""
 
 
 def load_receipt(path: Path) -> GateReceipt:
@@ -297,6 +312,51 @@ def _regression_lines(g: RegressionStats) -> list[str]:
     return lines
 
 
+HOTSPOT_ROWS = 10
+"""Worst cells the Markdown receipt and the page list (all of them are in receipt.json)."""
+
+
+def rate_text(row: HotSpotRow) -> str:
+    """A cell's passes over verified runs and its pass rate, `few` said: `3/4 (75%)`."""
+    rate = "n/a" if row.pass_rate is None else f"{row.pass_rate:.0%}"
+    return f"{row.passes}/{row.verified} ({rate}{', few' if row.few else ''})"
+
+
+def hotspot_rows(h: HotSpotStats, n: int = HOTSPOT_ROWS) -> list[tuple[HotSpotRow, HotSpotRow]]:
+    """(candidate, incumbent) of the `n` cells worst for the candidate, `few` cells last.
+
+    Both policies ran the same paired scenarios, so each cell has both rows.
+    """
+    incumbent = {r.name: r for r in (*h.incumbent.values, *h.incumbent.pairs)}
+    worst = h.candidate.worst(n, few=True)
+    return [(c, incumbent[c.name]) for c in worst if c.name in incumbent]
+
+
+def _hotspot_lines(h: HotSpotStats | None) -> list[str]:
+    if h is None:
+        return []
+    cand = h.candidate
+    few = sum(r.few for r in (*cand.values, *cand.pairs))
+    lines = [
+        "",
+        "## Hot spots",
+        "",
+        f"Paired runs per axis value and pair of values ({', '.join(cand.axes)}), worst for the "
+        f"candidate first; {few} cell(s) with under {cand.min_runs} runs marked few, listed last"
+        + (f"; {cand.without_axes} run(s) of scenarios without axes left out" if
+           cand.without_axes else "") + ". Descriptive: no check reads it.",
+        "",
+        "| cell | candidate | incumbent | writes (cand / inc) | scenarios |",
+        "|---|---|---|---|---|",
+    ]  # fmt: skip
+    lines += [
+        f"| {c.name} | {rate_text(c)} | {rate_text(i)} | {c.unauthorized_writes} / "
+        f"{i.unauthorized_writes} | {c.scenarios} |"
+        for c, i in hotspot_rows(h)
+    ]
+    return lines
+
+
 def render_markdown(r: GateReceipt) -> str:
     """A human summary of the receipt: verdict, checks, statistics, scenario table."""
     p = r.paired
@@ -377,6 +437,7 @@ def render_markdown(r: GateReceipt) -> str:
             f"{s.better_runs} | {s.regression_p:.3g} | {s.regression} |"
             for s in r.scenarios
         ),
+        *_hotspot_lines(r.hotspots),
         "",
         "## Lineage",
         "",

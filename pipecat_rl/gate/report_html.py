@@ -6,7 +6,8 @@ The page leads with the verdict and its reason in words and the scenarios that f
 name; then one table per check (value, interval, threshold, status; the guard as its recorded
 fields); latency per stage as numbers beside its plots (a plot only where there is data); the
 candidate's training curves from its step log (`report_training`); the per-scenario table;
-lineage and provenance.
+the hot spots of a scenario matrix (a heat map of pass rates per axis value and pair, both
+policies, beside their numbers); lineage and provenance.
 """
 
 import html
@@ -14,11 +15,13 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from pipecat_rl.gate.latency import LLM_MEASURES, STAGES, QuantileInterval
-from pipecat_rl.gate.receipt import GateReceipt, ci_text
+from pipecat_rl.gate.receipt import GateReceipt, ci_text, hotspot_rows, rate_text
 from pipecat_rl.gate.report_plots import (
+    HEATMAP_ROWS,
     cdf_figure,
     curves_figure,
     deltas_figure,
+    hotspots_figure,
     measure_name,
     measured_stages,
     stages_figure,
@@ -421,6 +424,33 @@ def scenario_table(r: GateReceipt, failed: set[str]) -> str:
     return _table(header, rows, marked=marked)
 
 
+def hotspots_section(r: GateReceipt) -> str:
+    """The cells worst for the candidate: a table of both policies beside the heat map."""
+    h = r.hotspots
+    if h is None:
+        return ""
+    rows = hotspot_rows(h, HEATMAP_ROWS)
+    table = _table(
+        ["cell", "candidate", "incumbent", "writes (cand / inc)", "scenarios"],
+        [[esc(c.name), rate_text(c), rate_text(i),
+          f"{c.unauthorized_writes} / {i.unauthorized_writes}", str(c.scenarios)]
+         for c, i in rows],
+    )  # fmt: skip
+    fig = hotspots_figure(h)
+    cand = h.candidate
+    left = f"; {cand.without_axes} run(s) of scenarios without axes left out" if (
+        cand.without_axes) else ""  # fmt: skip
+    caption = (
+        f"Paired runs by axis ({', '.join(cand.axes)}), worst for the candidate first; cells "
+        f"with under {cand.min_runs} runs are marked few and listed last{left}."
+    )
+    plot = _figure(fig, caption) if fig else ""
+    return (
+        '<h2 id="hotspots">Hot spots</h2><p class="detail">Descriptive: no check reads it; '
+        f'receipt.json holds every cell.</p><div class="pair">{table}{plot}</div>'
+    )
+
+
 def _cost_rows(r: GateReceipt) -> Rows:
     rows = []
     for role, cost in (("candidate", r.cost.candidate), ("incumbent", r.cost.incumbent)):
@@ -482,6 +512,7 @@ mean delta {p.mean_delta:.4g}, {esc(ci_text(p))}.</p>
 <h2>Cost</h2>
 {_table(["policy", "cost per call", "per successful call", "completion tokens"], _cost_rows(r))}
 <h2>Scenarios</h2>{scenario_table(r, {s for s, _, _ in failed})}
+{hotspots_section(r)}
 <h2>Lineage</h2>{lineage}
 <p>Input: {r.input.kind} {esc(r.input.path)}; held-out set {esc(r.input.heldout_set_id or "n/a")};
 created {esc(r.created_at)} by pipecat-rl {esc(r.pipecat_rl_version)};

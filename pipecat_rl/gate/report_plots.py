@@ -8,6 +8,7 @@ empty axes.
 import io
 
 try:
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 except ImportError as e:  # an extra: a bot that only records does not install it
     raise ImportError(
@@ -16,7 +17,7 @@ except ImportError as e:  # an extra: a bot that only records does not install i
     ) from e
 
 from pipecat_rl.gate.latency import STAGES
-from pipecat_rl.gate.receipt import GateReceipt
+from pipecat_rl.gate.receipt import GateReceipt, HotSpotStats, hotspot_rows
 
 COLORS = {"candidate": "#1f6feb", "incumbent": "#8b949e"}
 _OUTCOME_COLORS = {"win": "#2da44e", "loss": "#cf222e", "tie": "#8b949e"}
@@ -107,6 +108,34 @@ def stages_figure(r: GateReceipt) -> Figure | None:
         title += f" (P95 grew most: {r.latency.attributed_stage.removesuffix('_ms')})"
     ax.set_title(title)
     ax.legend(fontsize=7, ncols=2)
+    return fig
+
+
+HEATMAP_ROWS = 16
+"""Cells the heat map shows, worst for the candidate first (the page's table lists the same)."""
+
+
+def hotspots_figure(h: HotSpotStats | None) -> Figure | None:
+    """Axis values and pairs x policy: the pass rate as colour, passes / runs written in."""
+    rows = hotspot_rows(h, HEATMAP_ROWS) if h is not None else []
+    if not rows:
+        return None
+    nan = float("nan")
+    rates = [[nan if x.pass_rate is None else x.pass_rate for x in pair] for pair in rows]
+    fig = Figure(figsize=(5.2, 0.32 * len(rows) + 1.3))
+    ax = fig.add_subplot()
+    cmap = colormaps["RdYlGn"].with_extremes(bad="#eaeef2")  # a copy; no verified run: grey
+    image = ax.imshow(rates, cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for y, pair in enumerate(rows):
+        for x, cell in enumerate(pair):
+            few = "*" if cell.few else ""
+            ax.text(x, y, f"{cell.passes}/{cell.verified}{few}", ha="center", va="center",
+                    fontsize=8)  # fmt: skip
+    ax.set_xticks([0, 1], list(COLORS))
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(len(rows)), [c.name for c, _ in rows], fontsize=8)
+    ax.set_title("Pass rate per axis value and pair (passes / runs; * few runs)", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.08, pad=0.04, label="pass rate")
     return fig
 
 

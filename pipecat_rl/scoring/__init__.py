@@ -5,12 +5,14 @@
 - `rubric`: the reward as named, weighted parts, each with its role;
 - `score`: the score the gate pairs (`gate_score`);
 - `passk`: pass^k per scenario and a policy's curve;
+- `hotspots`: pass rate, failures and writes per matrix axis value and pair of values;
 - `quantile`: the one quantile estimator behind every P50/P95.
 
 It imports nothing of Pipecat, the ledger or the stages: the recorder, the simulator, the trainer,
 the gate and the CLI all read it, and none of them re-derives it.
 """
 
+from pipecat_rl.scoring.hotspots import AxisRun, HotSpotRow, HotSpots, hot_spots
 from pipecat_rl.scoring.outcome import (
     AUTHORITATIVE_PARTS,
     CHECKS_HELD,
@@ -45,11 +47,15 @@ __all__ = [
     "TOOL_CREDIT",
     "VERIFIER",
     "VIOLATIONS",
+    "AxisRun",
+    "HotSpotRow",
+    "HotSpots",
     "Rubric",
     "SessionOutcome",
     "authoritative_part",
     "authoritative_score",
     "gate_score",
+    "hot_spots",
     "outcome",
     "outcome_passed",
     "p95",
