@@ -203,7 +203,7 @@ def simulate_command(
     ] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-c", min=1, max=256, help="Episodes at once.")
-    ] = 4,
+    ] = defaults.CONCURRENCY,
     adapter: Annotated[
         str | None, typer.Option("--adapter", help="Adapter the agent is served (default base).")
     ] = None,
