@@ -42,6 +42,7 @@ from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
+from pipecat_rl.scenarios.loading import select_scenarios
 from pipecat_rl.scoring import VIOLATIONS, AxisRun, HotSpots, SessionOutcome, hot_spots
 from pipecat_rl.scoring.hotspots import DEFAULT_MIN_RUNS, axes_seen
 from pipecat_rl.simulator.audio import check_transport
@@ -197,9 +198,26 @@ def simulate_command(
     repeats: Annotated[
         int | None,
         typer.Option(
-            "--repeats", "-k", min=1, max=MAX_RUNS,
+            "--repeats", "-r", min=1, max=MAX_RUNS,
             help=f"Runs per scenario, at most {MAX_RUNS} (default: its `runs`).",
         ),
+    ] = None,
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scenario", "-s", metavar="NAME",
+            help="Run only this scenario (an id, or a template's name); repeatable.",
+        ),
+    ] = None,
+    pattern: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pattern", "-p", metavar="GLOB",
+            help="Run only scenarios whose id matches this glob (e.g. '*cancel*'); repeatable.",
+        ),
+    ] = None,
+    retired_k: Annotated[
+        str | None, typer.Option("-k", hidden=True, help="Retired: -r is repeats.")
     ] = None,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-c", min=1, max=256, help="Episodes at once.")
@@ -333,7 +351,15 @@ def simulate_command(
         modes = _modes(mode, transport)
         if gap_html is not None:
             writable_folder(gap_html, "--gap-html")
-        loaded = load_scenarios([existing(path, "SCENARIO") for path in scenarios])
+        if retired_k is not None:  # pytest's -k filters; ours was repeats: say so, run nothing
+            raise ConfigError(
+                "-k is retired: -r/--repeats N sets runs per scenario, and -s/--scenario NAME or "
+                "-p/--pattern GLOB chooses scenarios"
+            )
+        loaded = select_scenarios(
+            load_scenarios([existing(path, "SCENARIO") for path in scenarios]),
+            scenario or (), pattern or (),
+        )  # fmt: skip
         axes = _by_axes(by or [], loaded)
         for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
             World(scenario).close()

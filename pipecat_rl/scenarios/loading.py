@@ -13,7 +13,10 @@ scenario from a text-mode run with a warning saying so. Errors name the file, th
 field and the reason (`ScenarioError`). Nothing here imports the episode machinery.
 """
 
+import difflib
+import fnmatch
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +24,7 @@ import yaml
 from loguru import logger
 from pydantic import ValidationError
 
-from pipecat_rl.errors import ScenarioError, UnsupportedScenarioError
+from pipecat_rl.errors import ConfigError, ScenarioError, UnsupportedScenarioError
 from pipecat_rl.scenarios import heldout, matrix
 from pipecat_rl.scenarios.scenario import HELDOUT, Scenario, ScenarioSet
 from pipecat_rl.scenarios.turns import (
@@ -319,6 +322,35 @@ def load_scenarios(targets: list[str | Path]) -> ScenarioSet:
     held = [s for s in scenarios if s.split == HELDOUT]
     set_id = heldout.heldout_set_id(held, heldout_files) if heldout_files else None
     return ScenarioSet(scenarios=scenarios, heldout_set_id=set_id)
+
+
+def select_scenarios(
+    scenarios: ScenarioSet, names: Sequence[str] = (), patterns: Sequence[str] = ()
+) -> ScenarioSet:
+    """The scenarios named (an id, or a template's name for all it expands to) or matching a glob.
+
+    With neither, all of them. The held-out set id is kept: a subset runs as held-out as its
+    set does.
+
+    Raises:
+        ConfigError: a name matches nothing (the closest ids are named), or nothing is left.
+    """
+    if not names and not patterns:
+        return scenarios
+    ids = [s.id for s in scenarios]
+    for name in names:
+        if not any(i == name or i.startswith(f"{name}[") for i in ids):
+            close = difflib.get_close_matches(name, ids, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"--scenario {name!r}: no such scenario{hint}")
+    kept = [
+        s for s in scenarios
+        if any(s.id == n or s.id.startswith(f"{n}[") for n in names)
+        or any(fnmatch.fnmatchcase(s.id, p) for p in patterns)
+    ]  # fmt: skip
+    if not kept:
+        raise ConfigError(f"--pattern {', '.join(patterns)}: no scenario id matches")
+    return scenarios.model_copy(update={"scenarios": kept})
 
 
 def _is_fragment(path: Path) -> bool:
