@@ -26,6 +26,8 @@ SPOKEN_DIGITS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "
 URGENT = re.compile(r"pain|emergency|swollen|broken|bleeding|today", re.IGNORECASE)
 OFFERED = re.compile(r"slot (\d+)\. Shall I book it")
 DECLINED = re.compile(r"don't work|doesn't work|another|other time|later|afternoon|can't make")
+RETRIED = ("find_slots", "transfer")
+"""Tools whose failure is the backend's (a timeout): call again, up to three tries in all."""
 
 
 def _tool_results(messages: list[dict]) -> dict[str, object]:
@@ -83,17 +85,16 @@ def _after_tool(messages: list[dict]) -> ScriptedReply:
         urgent = any(URGENT.search(_text(m)) for m in messages if m.get("role") == "user")
         kind = "emergency" if urgent else "routine"
         return ScriptedReply(tool_calls=[("find_slots", {"kind": kind})])
+    if failed and name in RETRIED:
+        tries = sum(
+            1 for m in messages for c in m.get("tool_calls") or [] if c["function"]["name"] == name
+        )
+        if tries < 3:
+            return ScriptedReply(tool_calls=[(name, json.loads(_last_args(messages)))])
+        if name == "transfer":
+            return ScriptedReply("I'm sorry, I can't put you through right now. Please call back.")
+        return ScriptedReply("Our booking system is down. Let me transfer you.")
     if name == "find_slots":
-        if failed:
-            tries = sum(
-                1
-                for m in messages
-                for c in m.get("tool_calls") or []
-                if c["function"]["name"] == "find_slots"
-            )
-            if tries < 3:
-                return ScriptedReply(tool_calls=[("find_slots", json.loads(_last_args(messages)))])
-            return ScriptedReply("Our booking system is down. Let me transfer you.")
         if not result:
             return ScriptedReply("I'm sorry, there are no free slots. Shall I transfer you?")
         slot = result[0]
@@ -113,9 +114,16 @@ def _after_tool(messages: list[dict]) -> ScriptedReply:
     return ScriptedReply("I'm transferring you to the front desk now.")
 
 
-def _last_args(messages: list[dict]) -> str:
+def _last_args(messages: list[dict], tool: str | None = None) -> str | None:
+    """The arguments of the latest tool call (of `tool`, when named), else None."""
     return next(
-        c["function"]["arguments"] for m in reversed(messages) for c in m.get("tool_calls") or []
+        (
+            c["function"]["arguments"]
+            for m in reversed(messages)
+            for c in m.get("tool_calls") or []
+            if tool is None or c["function"]["name"] == tool
+        ),
+        None,
     )
 
 
@@ -133,7 +141,11 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
     offered = OFFERED.search(prior)
     if re.search(r"\byes\b|please do|go ahead|sounds good", lower) and "book it" in prior:
         patient, slots = results.get("lookup_patient"), results.get("find_slots")
-        slot_id = int(offered.group(1)) if offered else slots[0]["id"]
+        tried = _last_args(messages, "book")  # a retry books the slot that failed
+        if offered:
+            slot_id = int(offered.group(1))
+        else:
+            slot_id = json.loads(tried)["slot_id"] if tried else slots[0]["id"]
         return ScriptedReply(
             tool_calls=[("book", {"patient_id": patient["patient_id"], "slot_id": slot_id})]
         )
