@@ -364,7 +364,7 @@ def _is_fragment(path: Path) -> bool:
     return isinstance(data, dict) and not scenario_keys & set(data)
 
 
-_INCLUDE = re.compile(r"!include\s+[\"']?([^\s\"'#]+)")
+_INCLUDE = re.compile(r"!include\s+[\"']?([^\s\"'#,\[\]{}]+)")  # ends at a flow collection's , ] }
 _SCENARIO_KEYS = {
     "name", "persona", "goal", "success", "max_turns", "runs", "scenarios", "verify", "turns",
 }  # fmt: skip
