@@ -232,6 +232,29 @@ def test_a_promote_verdict_is_promoted_or_left_for_approval(tmp_path, world):
         assert ledger.live().adapter == move["adapter"]
 
 
+def test_a_verdict_reached_past_the_budget_is_still_acted_on(tmp_path, world, monkeypatch):
+    """The budget stops stages that cost time; promoting a verdict the gate reached is not one."""
+    import pipecat_rl.loop.cycle as cycle_module
+
+    clinic, _, vllm = world
+    for name in ("heldout_chatty_booking", "heldout_routine_booking", "heldout_emergency",
+                 "heldout_terse_handoff"):  # fmt: skip
+        shutil.copy(CLINIC / "scenarios" / "heldout" / f"{name}.yaml",
+                    clinic / "scenarios" / "heldout")  # fmt: skip
+    evaluate = cycle_module.STAGE_FUNCTIONS["evaluate"]
+
+    def overrun(cycle):  # the gate finishes after the budget ran out (a busy machine)
+        result = evaluate(cycle)
+        cycle.deadline = 0.0
+        return result
+
+    monkeypatch.setitem(cycle_module.STAGE_FUNCTIONS, "evaluate", overrun)
+    gate = {"repeats": 1, "overrides": {"require_latency": False, "min_delta": -0.2}}
+    summary = run_cycle(loop(tmp_path, clinic, vllm, gate=gate))
+    assert summary.verdict == "PROMOTE" and summary.state == "finished", summary.reason
+    assert summary.stages["promote"]["promoted"]
+
+
 def test_without_training_the_cycle_refuses_at_once(tmp_path, world, monkeypatch):
     clinic, _, vllm = world
     monkeypatch.setitem(sys.modules, "pipecat_rl.training", None)
