@@ -138,7 +138,7 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             self._open_postgres(target)
             return
         self.path: Path | str = target
-        if read_only:
+        if read_only and not self.path.is_dir():  # a folder: the writable open's message
             self._conn = self._open_read_only(target)
             return
         try:
@@ -198,7 +198,7 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
                 if conn is not None:
                     conn.close()
                 if "not a database" in str(e):
-                    break
+                    raise self._not_sqlite(e) from e
                 continue
             target = len(_schema.MIGRATIONS)
             if version > target:
@@ -259,11 +259,14 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as e:
             if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB" or "not a database" in str(e):
-                raise LedgerError(
-                    f"{self.path} is not a SQLite file, so it cannot be a pipecat-rl ledger; "
-                    "pass --ledger (or set PIPECAT_RL_LEDGER) to a ledger file or a new path"
-                ) from e
+                raise self._not_sqlite(e) from e
             raise LedgerError(f"cannot open the ledger {self.path}: {e}") from e
+
+    def _not_sqlite(self, e: sqlite3.Error) -> LedgerError:
+        return LedgerError(
+            f"{self.path} is not a SQLite file, so it cannot be a pipecat-rl ledger; "
+            "pass --ledger (or set PIPECAT_RL_LEDGER) to a ledger file or a new path"
+        )
 
     def _newer(self, version: int, target: int) -> LedgerError:
         return LedgerError(
