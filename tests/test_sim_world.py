@@ -48,13 +48,9 @@ def test_fault_fires_exactly_on_the_configured_call():
 def test_probabilistic_faults_are_seeded(tmp_path):
     path = tmp_path / "flaky.yaml"
     path.write_text(
-        (CLINIC / "pool" / "routine_booking.yaml")
-        .read_text()
-        .replace("world: !include ../world.yaml", "")
-        + "world: {pack: "
-        + str(CLINIC.parent / "world.py")
-        + "}\n"
-        + "faults: [{tool: find_slots, kind: error, probability: 0.5}]\n"
+        "name: flaky\npersona: A caller.\ngoal: Book a checkup.\nsuccess: Booked.\n"
+        f"world: {{pack: {CLINIC.parent / 'world.py'}}}\n"
+        "faults: [{tool: find_slots, kind: error, probability: 0.5}]\n"
     )
     s = load_scenario_file(path)[0]
 
