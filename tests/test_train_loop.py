@@ -49,7 +49,7 @@ def ledger(tmp_path, tiny_dir):
 def test_grpo_offline_trains_registers_and_logs(ledger, tiny_dir, tmp_path):
     config = TrainConfig(algo="grpo", base_model=str(tiny_dir), out_dir=tmp_path / "a", steps=2)
     result = train(ledger, config)
-    assert result.adapter.startswith("clinic-grpo-v1-") and not result.loaded
+    assert result.adapter.startswith("policy-grpo-v1-") and not result.loaded
     assert result.guard["passed"] and result.guard["source"] == "ledger"
     rows = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
     steps = config.mini_batches * config.ppo_epochs  # optimiser steps per batch, a row each
@@ -152,7 +152,7 @@ def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     name = result.stdout.strip().splitlines()[-1]
-    assert name.startswith("clinic-grpo-v1-") and ledger.adapter(name).training_run["guard"]
+    assert name.startswith("policy-grpo-v1-") and ledger.adapter(name).training_run["guard"]
     for sid in ("booking-0", "booking-1", "booking-2", "booking-3", "cancel-1"):
         ledger.update_session(sid, excluded_from_training=True)
     failed = CliRunner().invoke(app, [*args, "--json"])

@@ -69,7 +69,7 @@ def test_sft_loss_falls_and_the_adapter_is_served_under_its_versioned_name(
         lineage = ledger_lineage(ledger, result.adapter, result.adapter)
     per_epoch = [[s["loss"] for s in steps if s["epoch"] == e and "loss" in s] for e in (1, 2, 3)]
     assert sum(per_epoch[2]) / len(per_epoch[2]) < sum(per_epoch[0]) / len(per_epoch[0])
-    assert result.adapter.startswith("clinic-sft-v1-") and result.loaded
+    assert result.adapter.startswith("policy-sft-v1-") and result.loaded
     assert result.adapter in VLLMAdmin(vllm_server.url).models()
     assert result.metrics["canary"]["passed"]
     assert (result.path / "adapter_config.json").is_file()
