@@ -198,7 +198,7 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
                 if conn is not None:
                     conn.close()
                 if "not a database" in str(e):
-                    raise self._not_sqlite(e) from e
+                    raise self._not_sqlite() from e
                 continue
             target = len(_schema.MIGRATIONS)
             if version > target:
@@ -259,10 +259,10 @@ class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.DatabaseError as e:
             if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB" or "not a database" in str(e):
-                raise self._not_sqlite(e) from e
+                raise self._not_sqlite() from e
             raise LedgerError(f"cannot open the ledger {self.path}: {e}") from e
 
-    def _not_sqlite(self, e: sqlite3.Error) -> LedgerError:
+    def _not_sqlite(self) -> LedgerError:
         return LedgerError(
             f"{self.path} is not a SQLite file, so it cannot be a pipecat-rl ledger; "
             "pass --ledger (or set PIPECAT_RL_LEDGER) to a ledger file or a new path"
