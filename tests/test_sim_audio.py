@@ -136,14 +136,19 @@ async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no
         v2v[name] = statistics.median(r.v2v_ms for r in rows if r.v2v_ms is not None)
         split = [x.stages_ms for x in episode.transcript if x.latency_ms is not None]
         stages[name] = {k: statistics.median(s[k] for s in split) for k in split[0]}
+    # Each edge lands on a 20 ms audio frame on each clock, and a loaded 2-core runner adds
+    # event-loop lag (CI once moved the gap by 378 ms for the 400 planted). A figure taken from
+    # the wrong edge is wrong by a whole stage (hundreds of ms: STT, TTS, the delay itself).
+    tolerance_ms = 50.0
     moved = gaps["slow"] - gaps["fast"]
-    assert abs(moved - audio_bots.DELAY_S * 1000) <= 20.0, (gaps, v2v)
+    assert abs(moved - audio_bots.DELAY_S * 1000) <= tolerance_ms, (gaps, v2v)
     # The in-agent figure is reported beside it and sees the same delay (its own clock).
-    assert abs(v2v["slow"] - v2v["fast"] - audio_bots.DELAY_S * 1000) <= 40.0, (gaps, v2v)
+    assert abs(v2v["slow"] - v2v["fast"] - audio_bots.DELAY_S * 1000) <= tolerance_ms, (gaps, v2v)
     # The stages put the delay where the bot added it: between its VAD stop and its audio.
     delta = {k: stages["slow"][k] - stages["fast"][k] for k in stages["fast"]}
-    assert abs(delta["tts_first_audio_ms"] - audio_bots.DELAY_S * 1000) <= 20.0, stages
-    assert all(abs(v) <= 20.0 for k, v in delta.items() if k != "tts_first_audio_ms"), stages
+    assert abs(delta["tts_first_audio_ms"] - audio_bots.DELAY_S * 1000) <= tolerance_ms, stages
+    others = [v for k, v in delta.items() if k != "tts_first_audio_ms"]
+    assert all(abs(v) <= tolerance_ms for v in others), stages
 
 
 def _slow_ear(persona_ear, delay_s: float):

@@ -138,6 +138,11 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
     prior = next((_text(m) for m in reversed(messages[:-1]) if m.get("role") == "assistant"), "")
     if "phone rings" in lower:
         return ScriptedReply("Thank you for calling Bright Smile Dental. How can I help you?")
+    transferred = results.get("transfer")
+    if transferred is not None and not (isinstance(transferred, dict) and "error" in transferred):
+        # The call is already with the front desk: a second hand-over would be a second write,
+        # whatever the caller says next (a late "please", a caller who missed the first words).
+        return ScriptedReply("I've put you through to the front desk; please hold.")
     offered = OFFERED.search(prior)
     if re.search(r"\byes\b|please do|go ahead|sounds good", lower) and "book it" in prior:
         patient, slots = results.get("lookup_patient"), results.get("find_slots")
