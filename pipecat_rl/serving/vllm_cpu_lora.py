@@ -28,6 +28,7 @@ module that touches vLLM's internals; its test pins each reliance against vLLM's
 """
 
 import os
+import weakref
 from contextvars import ContextVar
 from typing import Any
 
@@ -59,6 +60,37 @@ _PROMPT_HIDDEN: ContextVar[torch.Tensor | None] = ContextVar("prompt_hidden", de
 """The step's hidden states while vLLM computes prompt logprobs from slices of them, else None."""
 
 
+_PRESENT: dict[int, tuple[weakref.ref, dict[tuple[int, ...], list[int]]]] = {}
+"""The slots present in views of an index buffer: by the buffer's id, a weak reference to it (an
+id is reused once its tensor is gone) and, per (address, offset, length, version), the slots."""
+
+
+def present_slots(indices: torch.Tensor) -> list[int]:
+    """The distinct adapter slots in `indices`, ascending; -1 (no adapter) among them if present.
+
+    A step calls the ops ~3 times per LoRA layer with views of the same index buffer (the punica
+    wrapper's), and `torch.unique(...).tolist()` each time cost more than the adapter's matmuls
+    at decode. The buffer is refilled in place each step, which moves its version counter, so the
+    answer is kept per version. Tensors made in inference mode (the sgmv ops' per-token repeat)
+    carry no version counter and are computed each time.
+    """
+    base = indices._base if indices._base is not None else indices
+    try:
+        view = (indices.data_ptr(), indices.storage_offset(), indices.numel(), indices._version)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return torch.unique(indices).tolist()
+    ref, views = _PRESENT.get(id(base), (None, {}))
+    if ref is None or ref() is not base or len(views) > 16:  # a new buffer, or old versions
+        views = {}
+        if len(_PRESENT) > 64:
+            _PRESENT.clear()
+        _PRESENT[id(base)] = (weakref.ref(base), views)
+    found = views.get(view)
+    if found is None:
+        found = views[view] = torch.unique(indices).tolist()
+    return found
+
+
 def lora_rows(
     inputs: torch.Tensor,
     weights: torch.Tensor,
@@ -82,7 +114,7 @@ def lora_rows(
         )
     n = max(rows, count)
     x, indices = x.expand(n, -1), indices.expand(n)
-    present = torch.unique(indices).tolist()
+    present = present_slots(indices)
     if len(present) == 1 and present[0] >= 0:  # one adapter for every row: no gather at all
         return x @ weights[present[0]].to(dtype=dtype).T
     out = x.new_zeros((n, weights.shape[1]))
@@ -114,6 +146,8 @@ def bgmv_expand(
     add_inputs: bool = True,
 ) -> None:
     """`output (+)= x @ B[index].T` over the columns both have, per row (vLLM's signature)."""
+    if add_inputs and present_slots(lora_indices_tensor) == [-1]:
+        return  # base rows only: nothing to add
     outputs = lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     limit = output_tensor.shape[0]
     if outputs.shape[0] == 1 and output_tensor.shape[0] != 1:
@@ -135,6 +169,8 @@ def bgmv_expand_slice(
     add_inputs: bool = True,
 ) -> None:
     """`output[:, offset:offset + size] (+)= x @ B[index].T`, per row (vLLM's signature)."""
+    if add_inputs and present_slots(lora_indices_tensor) == [-1]:
+        return  # base rows only: nothing to add
     outputs = lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
     if add_inputs:
         output_tensor[:, slice_offset : slice_offset + slice_size] += outputs[:]
