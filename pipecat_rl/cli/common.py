@@ -340,10 +340,31 @@ class CLIGroup(TyperGroup):
         return code
 
 
+EXTRAS = {
+    "torch": "cpu", "transformers": "cpu", "peft": "cpu", "gguf": "cpu", "vllm": "cpu",
+    "faster_whisper": "cpu", "piper": "cpu", "matplotlib": "report", "fastapi": "service",
+    "uvicorn": "service", "psycopg": "postgres", "psycopg_pool": "postgres", "ray": "ray",
+    "aiortc": "webrtc",
+}  # fmt: skip
+"""The extra of pyproject.toml that installs each optional top-level package."""
+
+
+def missing_extra(error: ImportError) -> str:
+    """An import error in words, naming the extra and the pip command where one installs it."""
+    text = str(error)
+    top = (error.name or "").split(".")[0]
+    if top not in EXTRAS or "pip install" in text:
+        return text
+    extra = EXTRAS[top]
+    return f"{text}: it comes with pipecat-rl's `{extra}` extra: pip install 'pipecat-rl[{extra}]'"
+
+
 def _describe(error: BaseException) -> str:
     if isinstance(error, OSError) and not isinstance(error, PipecatRLError):
         where = f" {error.filename}" if error.filename else ""
         return f"cannot use{where}: {error.strerror or error}"
+    if isinstance(error, ImportError):
+        return missing_extra(error)
     return str(error)
 
 

@@ -489,7 +489,7 @@ def write_receipt(
         GateError: a statistic is not finite (it would be written as `null`).
         OSError: `out_dir` is not a writable folder (the message says to pass --out FOLDER).
     """
-    from pipecat_rl.gate.report_html import render_html  # matplotlib only when a page is written
+    from pipecat_rl.gate.report_html import render_html
 
     bad = non_finite_fields(receipt)
     if bad:

@@ -18,6 +18,7 @@ from pipecat_rl.gate.latency import LLM_MEASURES, STAGES, QuantileInterval
 from pipecat_rl.gate.receipt import GateReceipt, ci_text, hotspot_rows, rate_text
 from pipecat_rl.gate.report_plots import (
     HEATMAP_ROWS,
+    MISSING,
     cdf_figure,
     curves_figure,
     deltas_figure,
@@ -404,7 +405,8 @@ def training_section(r: GateReceipt, training: Training | None) -> str:
     )  # fmt: skip
     skipped = f"; {training.unreadable} unreadable line(s) left out" if training.unreadable else ""
     caption = f"Step log {training.log} ({len(training.rows)} lines{skipped})."
-    plot = _figure(curves_figure(curves), caption)
+    fig = curves_figure(curves)
+    plot = _figure(fig, caption) if fig else ""
     return f'{_fields(facts)}<h3>Training curves</h3><div class="pair">{table}{plot}</div>'
 
 
@@ -500,6 +502,7 @@ def render_html(r: GateReceipt, ledger: Ledger | None = None) -> str:
 <h1>Gate <span class="verdict" style="background:{_VERDICT_COLORS[r.verdict]}">{r.verdict}</span>
 </h1>
 <p class="lead">{lead(r)}</p>
+{f'<p class="detail"><b>{esc(MISSING)}</b></p>' if MISSING else ""}
 <p><b>Reason:</b> {esc(r.reason)}</p>
 <p><b>{esc(r.candidate.name)}</b> (candidate) vs <b>{esc(r.incumbent.name)}</b> (incumbent),
 {p.n_scenarios} held-out scenarios, up to {r.repeats} paired runs each;

@@ -2,22 +2,46 @@
 
 Drawn with matplotlib's object API (never pyplot: nothing global changes). Each figure function
 returns None when it has nothing to draw, so the page says what is missing instead of showing
-empty axes.
+empty axes; without matplotlib (the `report` extra) every one returns None and `MISSING` says so
+at the top of the page: the core install still gates and writes every receipt file.
 """
 
+from __future__ import annotations
+
+import functools
 import io
+from collections.abc import Callable
+from typing import ParamSpec
 
 try:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
-except ImportError as e:  # an extra: a bot that only records does not install it
-    raise ImportError(
-        "the receipt's HTML page draws its plots with matplotlib, which is not installed; "
-        "install it with: pip install 'pipecat-rl[report]'"
-    ) from e
+except ImportError:  # an extra: the core install still gates and writes every receipt file
+    colormaps = Figure = None
 
 from pipecat_rl.gate.latency import STAGES
 from pipecat_rl.gate.receipt import GateReceipt, HotSpotStats, hotspot_rows
+
+MISSING = (
+    None
+    if Figure is not None
+    else "The plots are not drawn: matplotlib is not installed here. "
+    "pip install 'pipecat-rl[report]' draws them."
+)
+"""Why this page has no pictures, or None when matplotlib is installed."""
+
+_P = ParamSpec("_P")
+
+
+def _drawn(fn: Callable[_P, Figure | None]) -> Callable[_P, Figure | None]:
+    """A figure function that draws nothing (None) where matplotlib is not installed."""
+
+    @functools.wraps(fn)
+    def draw(*args: _P.args, **kwargs: _P.kwargs) -> Figure | None:
+        return None if MISSING else fn(*args, **kwargs)
+
+    return draw
+
 
 COLORS = {"candidate": "#1f6feb", "incumbent": "#8b949e"}
 _OUTCOME_COLORS = {"win": "#2da44e", "loss": "#cf222e", "tie": "#8b949e"}
@@ -31,6 +55,7 @@ def svg(fig: Figure) -> str:
     return text[text.index("<svg") :]
 
 
+@_drawn
 def deltas_figure(r: GateReceipt) -> Figure | None:
     """Per-scenario deltas (sorted), the mean's interval, min_delta and the tie band."""
     if not r.scenarios:
@@ -62,6 +87,7 @@ def measure_name(r: GateReceipt) -> str:
     return "heard gap" if r.latency.gated_on == "heard_gap" else "voice-to-voice latency"
 
 
+@_drawn
 def cdf_figure(r: GateReceipt) -> Figure | None:
     """Gated-latency CDFs of the policies that have samples, with the P95 level and the budget."""
     drawn = {role: points for role, points in r.latency.cdf_ms.items() if len(points) > 1}
@@ -88,6 +114,7 @@ def measured_stages(r: GateReceipt) -> list[str]:
     return [s for s in STAGES if any(r.latency.stages[role][s].n for role in COLORS)]
 
 
+@_drawn
 def stages_figure(r: GateReceipt) -> Figure | None:
     """Grouped bars of the measured stages: P50 (solid) and P95 (light) of both policies."""
     stages = measured_stages(r)
@@ -115,6 +142,7 @@ HEATMAP_ROWS = 16
 """Cells the heat map shows, worst for the candidate first (the page's table lists the same)."""
 
 
+@_drawn
 def hotspots_figure(h: HotSpotStats | None) -> Figure | None:
     """Axis values and pairs x policy: the pass rate as colour, passes / runs written in."""
     rows = hotspot_rows(h, HEATMAP_ROWS) if h is not None else []
@@ -139,6 +167,7 @@ def hotspots_figure(h: HotSpotStats | None) -> Figure | None:
     return fig
 
 
+@_drawn
 def curves_figure(curves: dict[str, tuple[list[int], list[float]]]) -> Figure | None:
     """One small panel per training metric, against the line of the step log it came from."""
     if not curves:
