@@ -253,8 +253,9 @@ class _PairOutput(BaseOutputTransport):
 
     def _observe(self, frame: Frame) -> None:
         if isinstance(frame, LLMFullResponseStartFrame):
+            # Not the first text: Pipecat's OpenAI service pushes this before its HTTP request,
+            # so a gap stamped here would leave out the model's whole time to first token.
             self.responding = True
-            self._first_text_at = self._first_text_at or time.monotonic()
         elif isinstance(frame, TTSSpeakFrame):
             self._heard(frame.text, spaced=False)
             if not self.responding and not self._calls_in_flight:
@@ -278,7 +279,8 @@ class _PairOutput(BaseOutputTransport):
 
     def _heard(self, text: str, *, spaced: bool) -> None:
         """Text the other side hears: LLM tokens carry their spaces, sentences do not."""
-        self._first_text_at = self._first_text_at or time.monotonic()
+        if text.strip():
+            self._first_text_at = self._first_text_at or time.monotonic()
         if not spaced and self._parts and text and not self._parts[-1].endswith(" "):
             text = " " + text.lstrip()
         self._parts.append(text)

@@ -1,0 +1,57 @@
+"""A text-mode agent whose k-th reply comes `DELAYS_S[k]` after the caller's line.
+
+Like Pipecat's OpenAI service, it pushes `LLMFullResponseStartFrame` as soon as the request
+starts, then its text once the (planted) model time has passed: a response gap stamped at the
+start frame would read ~0 ms whatever the delay.
+"""
+
+import asyncio
+
+from pipecat.frames.frames import (
+    Frame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    TranscriptionFrame,
+)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.workers.runner import WorkerRunner
+
+DELAYS_S = (1.2, 0.2, 2.2)
+"""Per answered caller line; they differ by a second, so a figure on the wrong turn shows."""
+
+
+class PacedAnswers(FrameProcessor):
+    """Answers each caller line: start frame at once, its text `DELAYS_S[k]` later."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._answered = 0
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection):
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)
+        if isinstance(frame, TranscriptionFrame):
+            k = min(self._answered, len(DELAYS_S) - 1)
+            self._answered += 1
+            await self.push_frame(LLMFullResponseStartFrame())
+            await asyncio.sleep(DELAYS_S[k])  # the model's time: the quantity under test
+            await self.push_frame(LLMTextFrame(f"Answer {k + 1}."))
+            await self.push_frame(LLMFullResponseEndFrame())
+
+
+async def run_bot(transport, runner_args):
+    worker = PipelineWorker(
+        Pipeline([transport.input(), PacedAnswers(), transport.output()]),
+        params=PipelineParams(),
+    )
+
+    @transport.event_handler("on_client_disconnected")
+    async def disconnected(_transport, _client):
+        await worker.cancel()
+
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+    await runner.run()
