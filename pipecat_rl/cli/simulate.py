@@ -12,6 +12,12 @@ could not fully write). The result table goes to stdout, the progress bar to std
 the per-scenario table: pass rate, failures, unauthorised writes (hard checks broken) and labels
 per value of each axis and per pair of values (`scoring.hot_spots`; runs of scenarios without
 axes are left out and counted). `--json` always carries `hotspots`: by `--by`, else every axis.
+
+For CI, as pytest and `pipecat eval` do: `--junit-xml FILE` writes one test case per scenario x
+repeat (`simulator.junit`), through `cli.output` (atomic, never over the ledger; a symlink, device
+or SQLite file needs `--force`), even when the run then exits non-zero; `-v` prints each call's
+transcript (caller and agent lines, tool calls, its end) to stderr as the call ends, each line
+prefixed with its scenario and repeat, so stdout keeps the table or `--json`.
 """
 
 from pathlib import Path
@@ -24,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipecat_rl import defaults
+from pipecat_rl.cli import common
 from pipecat_rl.cli.common import (
     EXIT_FAILURE,
     EXIT_NO,
@@ -39,6 +46,7 @@ from pipecat_rl.cli.common import (
 )
 from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, executor_fields
 from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.cli.output import output_file, written
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
@@ -46,11 +54,12 @@ from pipecat_rl.scenarios.loading import select_scenarios
 from pipecat_rl.scoring import VIOLATIONS, AxisRun, HotSpots, SessionOutcome, hot_spots
 from pipecat_rl.scoring.hotspots import DEFAULT_MIN_RUNS, axes_seen
 from pipecat_rl.simulator.audio import check_transport
+from pipecat_rl.simulator.junit import call_lines, case_name, junit_xml
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S, MAX_SEED, SimulationOptions
 from pipecat_rl.simulator.world import World
 
 if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs
-    from pipecat_rl.simulator.runner import SimulationReport
+    from pipecat_rl.simulator.runner import EpisodeResult, SimulationReport
     from pipecat_rl.simulator.simulation import Server
 
 
@@ -154,12 +163,22 @@ def _positive(seconds: float) -> float:
     return seconds
 
 
+def _print_call(episode: "EpisodeResult") -> None:
+    """-v: the call that just ended, line by line on stderr, each line saying whose call it is.
+
+    Printed whole when the call ends, so the lines of calls run at once never interleave.
+    """
+    prefix = case_name(episode) + ("" if episode.mode == "text" else f" ({episode.mode})")
+    for line in call_lines(episode):
+        console.print(f"{prefix} {line}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _run(
     scenarios: ScenarioSet,
     bot: str,
     options: SimulationOptions,
     policy: str,
-    ledger_path: Path,
+    ledger_path: Path | str,
     server: "Server",
     show_progress: bool,
 ) -> "SimulationReport":
@@ -175,9 +194,15 @@ def _run(
     )  # fmt: skip
     with Ledger(ledger_path) as ledger, progress:
         task = progress.add_task("episodes", total=total_episodes(scenarios, options))
+
+        def ended(episode: "EpisodeResult") -> None:
+            progress.advance(task)
+            if common.verbosity >= 1:  # read now: the app's callback sets it
+                _print_call(episode)
+
         return run(
             scenarios, entry, options, ledger, policies=[policy], server=server,
-            on_episode=lambda _: progress.advance(task),
+            on_episode=ended,
         )  # fmt: skip
 
 
@@ -344,13 +369,37 @@ def simulate_command(
             help="Hot-spot cells with fewer verified runs are marked few, not ranked.",
         ),
     ] = DEFAULT_MIN_RUNS,
+    junit: Annotated[
+        Path | None,
+        typer.Option(
+            "--junit-xml", metavar="FILE", show_default=False,
+            help="Also write a JUnit XML report for CI: one test case per scenario x repeat "
+            "(a failed verdict a failure, a harness error an error, an unverified run skipped).",
+        ),
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Write --junit-xml even where it names a symlink (the file it names is "
+            "replaced), a device or FIFO, or a SQLite file; never over the ledger, or a folder.",
+        ),
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
-    """Simulate calls to BOT for every scenario, write them to the ledger, print a table."""
+    """Simulate calls to BOT for every scenario, write them to the ledger, print a table.
+
+    With -v, each call's transcript goes to stderr as the call ends.
+    """
     with cli_errors(json_out):
         modes = _modes(mode, transport)
         if gap_html is not None:
             writable_folder(gap_html, "--gap-html")
+        if junit is not None:  # refused before any call runs, not after an hour of them
+            junit = output_file(
+                writable_folder(junit, "--junit-xml"), "--junit-xml", force=force,
+                ledger=resolve_ledger_path(ledger),
+            )  # fmt: skip
         if retired_k is not None:  # pytest's -k filters; ours was repeats: say so, run nothing
             raise ConfigError(
                 "-k is retired: -r/--repeats N sets runs per scenario, and -s/--scenario NAME or "
@@ -386,6 +435,8 @@ def simulate_command(
             )
             if reports[-1].server_gone:
                 break  # no second channel against a server that is gone
+        if junit is not None:  # before any exit code below: a red run is when CI needs it
+            _write_junit(junit, reports)
     spots = [_hot_spots(r, axes, min_runs) for r in reports]
     if len(reports) == 2:  # --mode text,audio: both tables and the channel gap
         _report_gap(
@@ -417,6 +468,14 @@ def simulate_command(
         raise typer.Exit(EXIT_FAILURE)
     if fail_under is not None:
         _check_pass_rate(reports, fail_under)
+
+
+def _write_junit(path: Path, reports: list["SimulationReport"]) -> None:
+    """Every channel's episodes as one JUnit XML file, written atomically (`cli.output`)."""
+    episodes = [e for r in reports for e in r.episodes]
+    with written(path) as f:
+        f.write(junit_xml(episodes, wall_s=sum(r.wall_s for r in reports)))
+    console.print(f"JUnit XML: {path} ({len(episodes)} test cases)", markup=False, soft_wrap=True)
 
 
 def _check_pass_rate(reports: list["SimulationReport"], fail_under: float) -> None:
