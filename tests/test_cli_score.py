@@ -81,6 +81,11 @@ def test_stats_show_live_calls_by_score_state_as_the_eligibility_query_counts(le
     states, human = stats()
     assert states == {"unscored": 1, "scored": 2, "trainable": 1}
     assert "live sessions: 1 unscored, 2 scored (1 trainable)" in human
+    assert "live sessions kept out of training: 1 no score, 1 unredacted (trusting" in human
+    kept_out = json.loads(
+        runner.invoke(app, ["ledger", "stats", "--ledger", str(ledger_path), "--json"]).stdout
+    )["live_kept_out"]
+    assert {k: n for k, n in kept_out.items() if n} == {"unscored": 1, "unredacted": 1}
     with Ledger(ledger_path) as store:
         trainable = {t.session_id for t in store.training_turns(require_token_exact=False)}
     assert trainable == {"call-a"} and len(trainable) == states["trainable"]

@@ -56,6 +56,11 @@ from tests.test_ledger_scores import (  # noqa: F401
     test_the_deciding_source_sets_a_live_calls_verdict,
     test_the_judge_takes_only_unscored_ended_live_calls_that_could_train,
 )
+from tests.test_live_redaction import (  # noqa: F401
+    test_a_live_call_trains_exactly_when_no_reason_keeps_it_out,
+    test_each_planted_reason_is_named,
+    test_the_refusal_names_each_reason_under_the_runs_trust,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,10 +33,12 @@ from pipecat_rl.errors import ConfigError, ScoreRefusedError
 from pipecat_rl.ledger import (
     LEDGER_ENV,
     Ledger,
+    LiveTrust,
     NotInLedgerError,
     ScoreIn,
     SessionRecord,
     ledger_file_missing,
+    live_exclusions,
     resolve_ledger_path,
 )
 from pipecat_rl.ledger.scores import MAX_EXPLANATION_CHARS
@@ -90,11 +92,26 @@ def _choice(name: str, value: str | None, allowed: tuple[str, ...]) -> str | Non
     return value
 
 
+def trust_text(trust: LiveTrust) -> str:
+    """`trust` in words, for the lines that count by it."""
+    hours = trust.settle_s / 3600
+    settle = f"{hours:g}h" if hours >= 1 else f"{trust.settle_s:g}s"
+    return f"trusting {', '.join(trust.sources) or 'no source'}; settled {settle} after the call"
+
+
 @ledger_app.command("stats")
 def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
-    """Counts per table, sessions by source and split, and how many turns can train."""
+    """Counts per table, sessions by source and split, and how many turns can train.
+
+    Live calls kept out of training are counted per reason (`eligibility.live_exclusions`, under
+    the default trust: `live_kept_out`, `live_trust` in `--json`).
+    """
+    trust = LiveTrust()
     with cli_errors(json_out), open_ledger(ledger, read_only=True) as store:
-        data = store.stats()
+        data = store.stats(live=trust)
+        kept_out = live_exclusions(store, trust)
+    data["live_kept_out"] = kept_out.kept_out
+    data["live_trust"] = trust.model_dump(mode="json")
     if json_out:
         print_json(data)
         return
@@ -119,6 +136,11 @@ def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
         f"  live sessions: {live['unscored']} unscored, {live['scored']} scored "
         f"({live['trainable']} trainable)"
     )
+    if kept_out.calls > kept_out.trainable:
+        out.print(
+            f"  live sessions kept out of training: {kept_out.describe()} "
+            f"({escape(trust_text(trust))})"
+        )
     out.print(f"  live: {escape(data['live'] or 'nothing promoted yet')}")
 
 

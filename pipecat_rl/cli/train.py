@@ -7,6 +7,9 @@ keeps the run to the live calls of that span, as the cycle's `live:` runs do. Ex
 table, `cli.common.EXIT_TABLE`): 0 trained; 66 no training signal (no rows, zero-variance groups,
 no hinted turn: more or better data fixes it); 70 training could not proceed otherwise (the
 logprob guard, a canary that does not match); 64 usage; 69 the LLM server is unavailable.
+
+An offline run counts its rows before it imports torch or loads a model (`refuse_without_rows`):
+with none, it exits 66 at once, saying per reason why live calls are kept out.
 """
 
 import time
@@ -26,11 +29,18 @@ from pipecat_rl.cli.common import (
     print_json,
 )
 from pipecat_rl.cli.judge import parse_span
-from pipecat_rl.cli.ledger import open_ledger
+from pipecat_rl.cli.ledger import open_ledger, trust_text
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError
-from pipecat_rl.ledger import Ledger, LiveTrust, resolve_ledger_path
+from pipecat_rl.ledger import (
+    Ledger,
+    LiveTrust,
+    SessionOutcome,
+    live_exclusions,
+    resolve_ledger_path,
+)
 from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
+from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.simulator.options import MAX_SEED
 from pipecat_rl.training import Algo, TrainConfig
 
@@ -68,6 +78,55 @@ def live_window(store: Ledger, since: str) -> list[str]:
             "`pipecat-rl ledger sessions --source live`) or widen the span"
         )
     return ids
+
+
+def refuse_without_rows(
+    store: Ledger, algo: Algo, trust: LiveTrust, session_ids: list[str] | None
+) -> None:
+    """Refuse an offline run the ledger holds no rows for, before torch and the model load.
+
+    Counts what the trainer selects (`Ledger.training_selection`, the eligibility query under
+    `trust`; SFT only the sessions that passed, as `trainer.sft_rows` keeps), and, when that is
+    nothing, says why the live calls were kept out (`eligibility.live_exclusions`). Other
+    reasons a run may still have no signal (zero-variance groups, no hint) are the trainer's.
+
+    Raises:
+        NoTrainingSignalError: no row to train, with the reasons.
+    """
+    purpose = "sft" if algo == "sft" else "rl"
+    selection = store.training_selection(purpose=purpose, session_ids=session_ids, live=trust)
+    sessions = list(dict.fromkeys(t.session_id for t in selection.turns))
+    if algo == "sft":
+        if any(passed(store.session(sid).reward_parts) is True for sid in sessions):
+            return
+        kept = live_exclusions(
+            store, trust, session_ids=session_ids, outcome=SessionOutcome.PASS.value
+        )
+        which = f"none of the {len(sessions)} that may train did" if sessions else "none may train"
+        said = f"SFT imitates sessions that passed, and {which}"
+        live = " scored pass but"
+    else:
+        if sessions:
+            return
+        kept = live_exclusions(store, trust, session_ids=session_ids)
+        said = "no eligible session has a turn the policy sampled token-exactly"
+        live = ""
+    if selection.removed:
+        said += f" ({selection.removed} removed for held-out overlap)"
+    n = kept.calls - kept.trainable
+    if n:
+        said += (
+            f"; {n} live call(s){live} kept out of training ({trust_text(trust)}): "
+            f"{kept.describe(hints=True)}"
+        )
+    else:
+        said += (
+            "; simulate scenarios (`pipecat-rl simulate`), or record and score live calls "
+            "(`pipecat-rl ledger score`)"
+        )
+    raise NoTrainingSignalError(
+        f"no rows to train for --algo {algo}: {said} (`pipecat-rl ledger stats` counts them)"
+    )
 
 
 def train_command(
@@ -153,8 +212,6 @@ def train_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Train a LoRA adapter on the ledger's eligible calls and print its name."""
-    from pipecat_rl.training import train
-
     with cli_errors(json_out):
         if (scenarios is None) != (bot is None):
             raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
@@ -197,6 +254,10 @@ def train_command(
         )  # fmt: skip
         with opened as store:
             window = None if live_since is None else live_window(store, live_since)
+            if rollouts is None:
+                refuse_without_rows(store, algo, trust, window)
+            from pipecat_rl.training import train  # torch: only once there is something to train
+
             with progress:  # a ServingError exits 69 (`cli_errors`)
                 result = train(
                     store, config, server_url=llm_url, progress=on_step, rollouts=rollouts,

@@ -7,10 +7,11 @@ Records (`records`) are frozen pydantic models; a session's outcome is one type
 (`scoring.outcome`, re-exported here as `SessionOutcome`). The store (`store`) is one `Ledger`
 over parts, one per group of tables (`sessions`, `scores`, `adapters`, `receipts`, `queue`), whose
 schema (`schema`) is versioned and migrated forward on open; what may
-train is defined once (`eligibility`), live calls by the scorers it trusts (`LiveTrust`).
+train is defined once (`eligibility`), live calls by the scorers it trusts (`LiveTrust`), and
+why live calls are kept out is counted by the same rules (`live_exclusions`).
 """
 
-from pipecat_rl.ledger.eligibility import LiveTrust
+from pipecat_rl.ledger.eligibility import LiveExclusions, LiveTrust, live_exclusions
 from pipecat_rl.ledger.records import (
     BASE_ADAPTER,
     AdapterRecord,
@@ -43,6 +44,7 @@ __all__ = [
     "AdapterRecord",
     "LatencyRecord",
     "Ledger",
+    "LiveExclusions",
     "LivePointer",
     "LiveTrust",
     "NotInLedgerError",
@@ -56,5 +58,6 @@ __all__ = [
     "ToolCallRecord",
     "TurnRecord",
     "ledger_file_missing",
+    "live_exclusions",
     "resolve_ledger_path",
 ]

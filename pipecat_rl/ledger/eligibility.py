@@ -7,6 +7,9 @@ call must also be redacted (none of its turns written without the redactor), dec
 the configuration trusts (`LiveTrust.sources`: the source whose `success` is its authoritative
 part, `ledger.outcome.deciding_source`), and have ended at least `LiveTrust.settle_s` ago, so
 that the scores that arrive late (a person's review after a platform's) are in before it trains.
+Each of those is a named rule (`SESSION_RULES`, `live_rules`) and the query is their conjunction,
+so `live_exclusions` can say, per reason, why live calls are kept out (`ledger stats`, and
+`train`'s refusal when it has no rows) without a second definition.
 
 A turn of such a session may train a policy-gradient row only if it passes every rule of
 `SAMPLED_RULES`: token-exact (ids and logprobs from the server), its sampled-id count agrees with
@@ -32,8 +35,9 @@ cannot drift apart.
 `eligible_session` and the turn clauses use the aliases `s` (sessions) and `t` (turns).
 """
 
+import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -47,6 +51,7 @@ from pipecat_rl.scoring.outcome import (
 )
 
 if TYPE_CHECKING:
+    from pipecat_rl.ledger.core import LedgerCore
     from pipecat_rl.ledger.records import TurnRecord
     from pipecat_rl.scenarios.decontaminate import Overlap
 
@@ -153,23 +158,160 @@ UNREDACTED_TURN = "EXISTS (SELECT 1 FROM turns r WHERE r.session_id = s.id AND r
 """A session with a turn the recorder wrote without its redactor (alias `s`)."""
 
 
+@dataclass(frozen=True)
+class SessionRule:
+    """One rule a session must pass to train, named for why a session fails it."""
+
+    reason: str
+    """The name a session kept out by this rule is counted under (`live_exclusions`)."""
+    sql: str
+    """The condition a session that passes meets (alias `s`)."""
+
+
+SESSION_RULES: tuple[SessionRule, ...] = (
+    SessionRule("held_out", f"NOT {HELDOUT_OR_GATE}"),
+    SessionRule("excluded", "s.excluded_from_training = 0"),
+    SessionRule("not_consented", "s.consent = 1"),
+    SessionRule(
+        "untrainable_outcome",
+        f"(s.outcome IS NULL OR s.outcome NOT IN {_sql_set(UNTRAINABLE_OUTCOMES)})",
+    ),
+    SessionRule("in_progress", f"NOT {open_session('s')}"),
+)
+"""What every session needs to train, live or simulated (alias `s`)."""
+
+
+def live_rules(trust: LiveTrust) -> tuple[SessionRule, ...]:
+    """What a live call needs on top of `SESSION_RULES` to train under `trust` (alias `s`).
+
+    Each rule fails for one cause only (an unscored call is not also "untrusted"; a call in
+    progress is not also "not settled"), so the counts per reason read as causes.
+    """
+    return (
+        SessionRule("unscored", f"{DECIDING_SOURCE} IS NOT NULL"),
+        SessionRule(
+            "untrusted_source",
+            f"({DECIDING_SOURCE} IS NULL OR {DECIDING_SOURCE} IN {_sql_set(trust.sources)})",
+        ),
+        SessionRule(
+            "not_settled",
+            f"(s.ended_at IS NULL OR s.ended_at <= {_NOW} - {float(trust.settle_s)!r})",
+        ),
+        SessionRule("unredacted", f"NOT {UNREDACTED_TURN}"),
+    )
+
+
+def _all(rules: Iterable[SessionRule]) -> str:
+    return " AND ".join(f"({r.sql})" for r in rules)
+
+
 def trusted_live(trust: LiveTrust) -> str:
     """A live call fit to train by `trust` (any other session passes this clause; alias `s`)."""
-    return (
-        "(s.source != 'live' OR ("
-        f"{DECIDING_SOURCE} IN {_sql_set(trust.sources)}"
-        f" AND s.ended_at <= {_NOW} - {float(trust.settle_s)!r}"
-        f" AND NOT {UNREDACTED_TURN}))"
-    )
+    return f"(s.source != 'live' OR ({_all(live_rules(trust))}))"
 
 
 def eligible_session(trust: LiveTrust = DEFAULT_LIVE_TRUST) -> str:
     """A session that may train (alias `s`), live calls judged by `trust`."""
-    return (
-        f"NOT {HELDOUT_OR_GATE} AND s.excluded_from_training = 0 AND s.consent = 1"
-        f" AND (s.outcome IS NULL OR s.outcome NOT IN {_sql_set(UNTRAINABLE_OUTCOMES)})"
-        f" AND NOT {open_session('s')} AND {trusted_live(trust)}"
+    return f"{_all(SESSION_RULES)} AND {trusted_live(trust)}"
+
+
+LIVE_REASONS: dict[str, tuple[str, str]] = {
+    "held_out": ("held out", "a held-out scenario's call never trains"),
+    "excluded": ("excluded", "marked excluded from training"),
+    "not_consented": ("not consented", "the caller did not consent (consent=False)"),
+    "untrainable_outcome": (
+        "did not run to its end",
+        "the call ended in an error or its process died mid-call",
+    ),
+    "in_progress": ("in progress", "still being recorded, it trains once it has ended"),
+    "unscored": (
+        "no score",
+        "nobody posted its success: score it (`pipecat-rl ledger score CALL_ID --value pass`, "
+        "the service's POST /sessions/CALL_ID/scores, or `pipecat-rl judge`)",
+    ),
+    "untrusted_source": (
+        "decided by an untrusted source",
+        "the scorer that decided it is not trusted: add it (--live-sources NAME, "
+        "LiveTrust.sources)",
+    ),
+    "not_settled": (
+        "not settled yet",
+        "it ended less than the settle time ago (--live-settle, LiveTrust.settle_s, default "
+        "1h) so that late scores are in: wait, or lower it",
+    ),
+    "unredacted": (
+        "unredacted",
+        "recorded without redaction (RLRecorder(redact=False) or PIPECAT_RL_REDACT=0), and its "
+        "token ids spell the caller's PII, so it never trains: record new calls with redaction "
+        "on, the recorder's default",
+    ),
+}
+"""Each reason of `SESSION_RULES` and `live_rules`: a short label, and what to do about it."""
+
+
+class LiveExclusions(BaseModel):
+    """Live calls counted by the eligibility query: how many may train, and why the rest may not.
+
+    A call failing several rules counts under each reason it fails, so the reasons may add up
+    to more than the calls kept out.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    calls: int
+    """The live calls counted."""
+    trainable: int
+    """Of those, the calls `eligible_session` takes."""
+    kept_out: dict[str, int]
+    """Reason (`LIVE_REASONS`) -> calls that rule keeps out, every reason in rule order."""
+
+    def describe(self, *, hints: bool = False) -> str:
+        """The nonzero reasons, e.g. "2 unredacted, 1 not settled yet"; `hints`: what to do."""
+        said = []
+        for reason, n in self.kept_out.items():
+            if n:
+                label, hint = LIVE_REASONS[reason]
+                said.append(f"{n} {label}" + (f": {hint}" if hints else ""))
+        return ("; " if hints else ", ").join(said)
+
+
+def live_exclusions(
+    ledger: "LedgerCore",
+    trust: LiveTrust = DEFAULT_LIVE_TRUST,
+    *,
+    session_ids: Sequence[str] | None = None,
+    outcome: str | None = None,
+) -> LiveExclusions:
+    """Why the eligibility query keeps live calls out of training, by the rules it is made of.
+
+    `session_ids` keeps the count to those calls (a `--live-since` window); `outcome` to the calls
+    with that outcome (`pass`: what SFT would have imitated). Counted in one statement from the
+    same `SESSION_RULES` and `live_rules(trust)` that `eligible_session(trust)` joins, so a reason
+    is never a second guess at the query: a call is trainable exactly when no reason holds.
+    """
+    rules = (*SESSION_RULES, *live_rules(trust))
+    where, params = ["s.source = 'live'"], []
+    if session_ids is not None:
+        where.append("s.id IN (SELECT value FROM json_each(?))")
+        params.append(json.dumps(list(session_ids)))
+    if outcome is not None:
+        where.append("s.outcome = ?")
+        params.append(outcome)
+    fails = [f"NOT COALESCE(({r.sql}), FALSE)" for r in rules]  # NULL keeps out, as in WHERE
+    counts = ", ".join(_count_where(c) for c in (eligible_session(trust), *fails))
+    row = ledger.rows(
+        f"SELECT count(*), {counts} FROM sessions s WHERE {' AND '.join(where)}", tuple(params)
+    )[0]
+    return LiveExclusions(
+        calls=row[0],
+        trainable=row[1],
+        kept_out={r.reason: n for r, n in zip(rules, row[2:], strict=True)},
     )
+
+
+def _count_where(condition: str) -> str:
+    """SQL counting the rows where `condition` holds (a boolean is no number in Postgres)."""
+    return f"COALESCE(SUM(CASE WHEN {condition} THEN 1 ELSE 0 END), 0)"
 
 
 @dataclass(frozen=True)

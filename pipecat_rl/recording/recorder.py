@@ -69,7 +69,7 @@ from pipecat_rl.recording.demonstration import (
     demonstration_sources,
 )
 from pipecat_rl.recording.llm_tee import LLMCall, serves_token_ids, tee_llm_service
-from pipecat_rl.recording.redaction import Redactor
+from pipecat_rl.recording.redaction import Redactor, recording_redactor
 from pipecat_rl.recording.responses_tee import ResponsesDemonstration, tee_responses_service
 from pipecat_rl.recording.session import SessionInfo, current_recording, new_call_id
 from pipecat_rl.recording.writer import LedgerWriter, acquire_writer
@@ -538,9 +538,15 @@ async def install(
     ledger: Ledger | str | Path | None = None,
     session: SessionInfo | None = None,
     redactor: Redactor | None = None,
+    redact: bool = True,
     token_ids: bool | None = None,
 ) -> RecorderObserver:
-    """Attach a recorder to `worker` (once); a `record_session()` context supplies defaults."""
+    """Attach a recorder to `worker` (once); a `record_session()` context supplies defaults.
+
+    A live call is redacted unless `redact` is False (`recording_redactor`): the eligibility
+    query trains only redacted live calls, so an unredacted default would record calls that can
+    never train. A simulated or gate session is redacted only by an explicit `redactor`.
+    """
     existing = getattr(worker, "_pipecat_rl_recorder", None)
     if existing is not None:
         if ledger is not None or session is not None:
@@ -562,7 +568,7 @@ async def install(
         ledger=ledger,
         session=session,
         session_id=session_id,
-        redactor=redactor,
+        redactor=recording_redactor(session.source, redactor=redactor, redact=redact),
         token_ids=token_ids,
     )
     worker._pipecat_rl_recorder = recorder
@@ -579,6 +585,13 @@ class RLRecorder(FrameProcessor):
     Put it anywhere in the pipeline list, e.g. right after `transport.input()`. It sees only the
     frames passing its place, so at setup it installs a `RecorderObserver` on its worker, which
     sees the rest, and tees the worker's OpenAI-compatible LLM service for token ids.
+
+    A live call is redacted by default (`Redactor()`: phone numbers, emails, card numbers;
+    `redactor=Redactor(names=[...])` adds names), since only redacted live calls train;
+    `redact=False` records it as said, and it will never train.
+
+    Raises:
+        ValueError: `redact=False` together with a `redactor` (which one is meant?).
     """
 
     def __init__(
@@ -589,15 +602,22 @@ class RLRecorder(FrameProcessor):
         source: str = "live",
         consent: bool = True,
         redactor: Redactor | None = None,
+        redact: bool = True,
         token_ids: bool | None = None,
         session: SessionInfo | None = None,
         **kwargs: Any,
     ):
+        if redactor is not None and not redact:
+            raise ValueError(
+                "RLRecorder: redact=False with a redactor; pass one or the other (redactor= to "
+                "redact with it, redact=False to record unredacted calls, which never train)"
+            )
         # Direct mode: frames pass straight through, with no queue and task hop of their own.
         super().__init__(enable_direct_mode=True, **kwargs)
         self._ledger = ledger
         self._session = session or SessionInfo(call_id=call_id, source=source, consent=consent)
         self._redactor = redactor
+        self._redact = redact
         self._token_ids = token_ids
         self.recorder: RecorderObserver | None = None
 
@@ -610,6 +630,7 @@ class RLRecorder(FrameProcessor):
                 ledger=self._ledger,
                 session=self._session,
                 redactor=self._redactor,
+                redact=self._redact,
                 token_ids=self._token_ids,
             )
         except Exception as e:  # a broken ledger must not stop the bot from taking the call

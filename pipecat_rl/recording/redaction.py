@@ -1,4 +1,10 @@
-"""Caller PII removed before anything is written: phone numbers, emails, card numbers, names."""
+"""Caller PII removed before anything is written: phone numbers, emails, card numbers, names.
+
+A live call is redacted by default (`recording_redactor`): the eligibility query trains only
+live calls whose every turn went through the redactor, because token ids spell the same PII the
+text does. Simulated and gate sessions (scripted callers, invented facts) are redacted only when
+asked, so that a scenario's phone number still matches the world's records.
+"""
 
 import re
 from typing import Any
@@ -60,3 +66,16 @@ class Redactor(BaseModel):
         if isinstance(obj, list | tuple):
             return [self.value(v) for v in obj]
         return obj
+
+
+def recording_redactor(
+    source: str, *, redactor: Redactor | None = None, redact: bool = True
+) -> Redactor | None:
+    """The redactor a recorder of a `source` session uses: `redactor` if given, else the default.
+
+    The default is `Redactor()` for a live call unless `redact` is False, and none for a
+    simulated or gate session.
+    """
+    if redactor is not None:
+        return redactor
+    return Redactor() if redact and source == "live" else None
