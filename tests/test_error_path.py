@@ -7,8 +7,9 @@ one (a bot refused before its first frame, a provider we cannot serve, a held-ou
 with other content) and checks the exit code of the error's branch and its own message.
 
 And no label without a judge: a persona or judge endpoint that does not answer stops the run
-before any call (exit 69, a service unavailable), and one that dies mid-run leaves its calls
-harness errors, never a `judge:success` nobody gave and never a training row.
+before any call (exit 69, a service unavailable), and one that dies mid-run, or answers every
+question with HTTP 404 or 500, leaves its calls harness errors and stops the run (69), never a
+`judge:success` nobody gave and never a training row.
 """
 
 import asyncio
@@ -142,7 +143,9 @@ def test_simulate_a_heldout_id_reused_with_other_content_is_65_naming_it(tmp_pat
 
 
 class _Root(BaseHTTPRequestHandler):
-    """An OpenAI-compatible root that lists one model; with `dies`, the first POST kills it."""
+    """An OpenAI-compatible root that lists one model and answers each question with text that
+    is no verdict; with `status`, every question gets that HTTP error instead; with `dies`, the
+    first POST kills it."""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path.rstrip("/").endswith("/models"):
@@ -163,18 +166,29 @@ class _Root(BaseHTTPRequestHandler):
             server.server_close()
             self.close_connection = True
             return  # and this one is never answered
-        self.send_error(500)
+        if server.status != 200:  # type: ignore[attr-defined]
+            self.send_error(server.status)  # type: ignore[attr-defined]
+            return
+        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": "base",
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": "maybe"}}]}  # fmt: skip
+        body = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:  # noqa: D102 (quiet)
         pass
 
 
 @contextmanager
-def openai_root(*, dies: bool = False) -> Iterator[str]:
+def openai_root(*, dies: bool = False, status: int = 200) -> Iterator[str]:
     """A tiny OpenAI-compatible server on loopback; yields its `/v1` URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Root)
     server.daemon_threads = True  # so a handler may close the server it runs in
-    server.dies, server.dead = dies, False  # type: ignore[attr-defined]
+    server.dies, server.dead, server.status = dies, False, status  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -292,7 +306,7 @@ def _simulate_judged(tmp_path: Path, judge_url: str, repeats: int) -> tuple:
 
 
 def test_a_judge_that_dies_mid_run_labels_nothing_and_trains_nothing(tmp_path):
-    # the planted case's twin: a judge that answers (with errors) keeps the call trainable
+    # the planted case's twin: a judge that answers (with no verdict) keeps the call trainable
     with openai_root() as url:
         answers, kept = _simulate_judged(tmp_path / "alive", url, 1)
     assert answers.exit_code == 0, answers.output
@@ -314,6 +328,25 @@ def test_a_judge_that_dies_mid_run_labels_nothing_and_trains_nothing(tmp_path):
         (session,) = store.sessions()
         assert session.outcome == "error"
         assert "judge:success" not in {s.name for s in store.scores(session.id)}
+        assert store.training_turns(require_token_exact=False, purpose="sft") == []
+
+
+@pytest.mark.parametrize("status", [404, 500])
+def test_a_judge_that_lists_models_but_answers_http_errors_stops_the_run(tmp_path, status):
+    # /models answers (the pre-flight passes); every question gets 404 (a model it does not
+    # serve) or 500: unanswered, never "unscored" in a run that exits 0
+    with openai_root(status=status) as url:
+        result, ledger = _simulate_judged(tmp_path, url, 3)
+    assert result.exit_code == EXIT_UNAVAILABLE, result.output
+    assert f"the judge at {url} answers a question for model base with HTTP {status}" in (
+        result.stderr
+    )
+    report = json.loads(result.stdout)
+    assert [e["outcome"] for e in report["episodes"]] == ["error", "not_run", "not_run"]
+    assert not any(p.startswith("judge:") for e in report["episodes"] for p in e["reward_parts"])
+    with Ledger(ledger) as store:
+        (session,) = store.sessions()
+        assert session.outcome == "error"
         assert store.training_turns(require_token_exact=False, purpose="sft") == []
 
 

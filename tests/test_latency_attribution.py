@@ -1,10 +1,13 @@
-"""Text mode's response gap runs from the caller's line to the agent's first text, on its turn."""
+"""Each latency figure on its own turn: text mode's response gap runs from the caller's line to
+the agent's first text; an audio session's voice-to-voice figures come from one source."""
 
 import textwrap
 from pathlib import Path
 
-from pipecat_rl.ledger import Ledger
+from pipecat_rl.ledger import LatencyRecord, Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+from pipecat_rl.simulator.runner import EpisodeResult, caller_side_latencies
+from pipecat_rl.simulator.transport import Line
 from tests import paced_bots
 
 
@@ -42,3 +45,29 @@ async def test_each_response_gap_is_its_turns_planted_model_time(tmp_path):
         assert delay * 1000 <= gap < delay * 1000 + 800, (gaps, paced_bots.DELAYS_S)
     rows = ledger.latencies(episode.session_id)
     assert sorted(r.response_gap_ms for r in rows) == sorted(round(g, 3) for g in gaps), rows
+
+
+def _audio_episode(v2v: dict[int, float]) -> EpisodeResult:
+    lines = [
+        Line("caller", "I want a real person. Please.", "", 1.0),
+        Line("agent", "Transferring you.", "", 2.0, latency_ms=900.0),
+        Line("caller", "Thanks.", "", 3.0),
+        Line("agent", "Goodbye.", "", 4.0, latency_ms=700.0),
+    ]
+    return EpisodeResult(
+        scenario_id="s", split="pool", repeat=0, seed=0, session_id="x", outcome="pass",
+        transcript=lines, mode="audio", v2v_ms=v2v,
+    )  # fmt: skip
+
+
+def test_one_v2v_measurement_never_lands_on_two_turns():
+    # The agent's VAD split the first line in two, so its recorder timed the answer as user turn
+    # 1; the caller-side figure, kept per caller line, says turn 0. Both are the same answer.
+    episode = _audio_episode({0: 1670.51, 1: 640.0})
+    recorded = {1: LatencyRecord(session_id="x", user_turn=1, v2v_ms=1670.70)}
+    rows = caller_side_latencies(episode, recorded)
+    assert [(r.user_turn, r.heard_gap_ms) for r in rows] == [(0, 900.0), (1, 700.0)]
+    assert all(r.v2v_ms is None for r in rows)  # the recorder's figures stand alone
+    # A bot whose recorder timed nothing: the agent's own figures fill in, each on its line.
+    rows = caller_side_latencies(episode, {})
+    assert [(r.user_turn, r.v2v_ms) for r in rows] == [(0, 1670.51), (1, 640.0)]

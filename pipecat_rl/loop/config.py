@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StrictBool,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -26,6 +27,7 @@ from pipecat_rl.ledger.dialect import is_url
 from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOURCES
 from pipecat_rl.ledger.store import LedgerLocation
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.serving.roots import openai_base_url
 from pipecat_rl.simulator.options import Executor
 
 STAGES = ("snapshot", "preflight", "filter", "train", "evaluate", "promote")
@@ -215,6 +217,15 @@ class LoopConfig(_Part):
     """Where scenarios drafted from explained failures go for review (default: out/drafts)."""
     stop_after: Literal[STAGES] | None = None  # type: ignore[valid-type]
     """Stop (resumably) once this stage has finished."""
+
+    @field_validator("llm_url", "bot_llm_url")
+    @classmethod
+    def _openai_root(cls, url: str | None, info: ValidationInfo) -> str | None:
+        """Each server as its /v1 root (`serving.roots`), or the file refused under this key."""
+        try:
+            return None if url is None else openai_base_url(url, str(info.field_name))
+        except ConfigError as e:  # reported as the file's other problems are
+            raise ValueError(str(e)) from None
 
     @property
     def drafts_dir(self) -> Path:

@@ -36,6 +36,8 @@ from loguru import logger
 
 from pipecat_rl.errors import ConfigError, ModelError, ServingError
 from pipecat_rl.paths import cache_dir
+from pipecat_rl.serving.roots import ROOT_SUFFIX, server_root
+from pipecat_rl.serving.roots import openai_base_url as openai_base_url  # its long-standing home
 
 if TYPE_CHECKING:
     from pipecat_rl.serving.merged import MergedFrom
@@ -50,6 +52,9 @@ importance ratio needs; the trainer scores `log_softmax(logits / T)` to match.""
 
 API_KEY_ENV = "PIPECAT_RL_LLM_API_KEY"
 """The one setting for the LLM server's API key: the server demands it, every client sends it."""
+
+MODELS_ROUTE = f"{ROOT_SUFFIX}/models"
+"""What every OpenAI-compatible root answers: a server that 404s it is no such root."""
 
 WATCH_PROCESS_S = 0.25
 """How often a started server's watcher checks that its process is alive."""
@@ -105,21 +110,19 @@ def _port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def _api_root(base_url: str) -> str:
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
-def openai_base_url(url: str) -> str:
-    """The OpenAI-compatible base URL (ending in `/v1`) of a server given with or without it."""
-    return f"{_api_root(url)}/v1"
-
-
 class VLLMAdmin:
     """Talks to a running vLLM server's model and LoRA endpoints."""
 
-    def __init__(self, base_url: str, *, timeout: float = 30.0, api_key: str | None = None):
-        self.root = _api_root(base_url)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        api_key: str | None = None,
+        option: str = "--llm-url",
+    ):
+        self.root = server_root(base_url, option)
+        """The server's root, less `/v1` (`serving.roots`: given with `/v1` or without)."""
         self._timeout = timeout
         key = llm_api_key(api_key)
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -141,6 +144,11 @@ class VLLMAdmin:
                 f"{method} {path} on {self.root} was refused (401): the server wants an API key; "
                 f"set {API_KEY_ENV} (or pass --api-key) to the key it was started with"
             )
+        if response.status_code == 404 and path == MODELS_ROUTE:
+            raise ServingError(
+                f"{self.root}{ROOT_SUFFIX} is not an OpenAI-compatible /v1 root (GET {path}: HTTP "
+                f"404); give the server's /v1 root, e.g. http://host:8000/v1"
+            )
         if response.status_code >= 400:
             raise ServingError(
                 f"{method} {path} on {self.root} failed with {response.status_code}: "
@@ -149,7 +157,7 @@ class VLLMAdmin:
         return response
 
     def _cards(self) -> list[dict]:
-        return self._request("GET", "/v1/models").json()["data"]
+        return self._request("GET", MODELS_ROUTE).json()["data"]
 
     def models(self) -> list[str]:
         """Names the server answers to: the base model, its aliases and every loaded adapter."""

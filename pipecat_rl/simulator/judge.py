@@ -12,17 +12,21 @@ Where the judge (and the persona) run: `--judge-llm-url/--judge-model` (and
 where it names an OpenAI-compatible endpoint (`service: ollama`, with its `endpoint`, default
 `http://localhost:11434/v1`, and `model`); else the served model. A block Pipecat would build
 with a `factory` or another provider cannot run offline: `endpoint_for` says which flag to use.
-Every endpoint is asked for its models once before the first call (`check_reachable`): one that
-does not answer stops the run as a service that is unavailable, rather than leaving each call
-without a caller or a verdict; one that stops answering mid-run makes the calls it left
-unjudged harness errors (`stopped_answering`), never a verdict nobody gave.
+Every URL goes through the one rule of `serving.roots` (a bare host gets `/v1`; any path but a
+`/v1` root is refused), and every endpoint is asked for its models once before the first call
+(`check_reachable`): one that does not answer, or answers 404 (no OpenAI-compatible `/v1` root),
+stops the run as a service that is unavailable, rather than leaving each call without a caller
+or a verdict. One that stops answering mid-run, or that, asked once more after a call it left
+unjudged, answers with HTTP 404 or 5xx (a model it does not serve, say), makes the calls it
+left unjudged harness errors (`stopped_answering`) and stops the run: never a verdict nobody
+gave, never a run of unscored calls that exits 0.
 
 Each answer may take `SimulationOptions.judge_timeout_s` (Pipecat's classifier default, 10 s, is
 too short for the embedded server under load). A question the judge could not answer in time
-(or at all) leaves what it decides unscored, with the judge's own error as the reason: never a
-guessed "no", never a failed call. The judge's OpenAI client is closed in the event loop that
-opened it (Pipecat leaves it open, and a client collected under a later loop logs "Event loop
-is closed" tracebacks).
+(or answered with something that is no verdict) leaves what it decides unscored, with the
+judge's own error as the reason: never a guessed "no", never a failed call. The judge's OpenAI
+client is closed in the event loop that opened it (Pipecat leaves it open, and a client
+collected under a later loop logs "Event loop is closed" tracebacks).
 """
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +45,7 @@ from pipecat.services.openai.llm import OpenAILLMService
 from pipecat_rl import compat
 from pipecat_rl.errors import ConfigError, ServingError
 from pipecat_rl.scenarios import Scenario
+from pipecat_rl.serving.roots import openai_base_url
 from pipecat_rl.serving.server import API_KEY_ENV, client_api_key
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S
 from pipecat_rl.simulator.transport import Line
@@ -89,8 +94,9 @@ def endpoint_for(
             f"offline; {fix}"
         )
     extra = block.get("extra")
+    key = f"{path}: {where}.endpoint" if path else f"{where}.endpoint"
     return Endpoint(
-        url=str(block.get("endpoint") or OLLAMA_URL).rstrip("/"),
+        url=openai_base_url(str(block.get("endpoint") or OLLAMA_URL), key),
         model=str(block.get("model") or DEFAULT_OLLAMA_JUDGE_MODEL),
         extra=dict(extra) if isinstance(extra, dict) else {},
         source=f"{where} of {path}",
@@ -106,13 +112,24 @@ def judge_block(scenario: Scenario) -> dict[str, Any] | None:
 PROBE_TIMEOUT_S = 3.0
 """How long the one request that checks an endpoint (GET /models) may take."""
 
+LLM_FLAG = "--llm-url"
+"""The bot's own server: probed as the persona's and judge's are, named by its flag."""
+
 _REFUSED = (401, 403)
 """Statuses that say the endpoint is there and will not serve us (the key)."""
+
+_NO_ROOT = "give the server's /v1 root, e.g. http://host:8000/v1"
+"""The fix for a URL that answers, but not as an OpenAI-compatible root."""
 
 
 def _probe_headers() -> dict[str, str]:
     """What the judge's and persona's clients send: the project's API key, or a placeholder."""
     return {"Authorization": f"Bearer {client_api_key()}"}
+
+
+def _cannot_serve(status: int) -> bool:
+    """Whether an HTTP status says this endpoint cannot serve us at all (not: this once)."""
+    return status in _REFUSED or status == 404 or status >= 500
 
 
 def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
@@ -122,10 +139,9 @@ def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
     verdict: the run stops here instead, with one cheap request per endpoint.
 
     Raises:
-        ServingError: an endpoint does not answer, answers with a server error, or refuses the
-            key (a service is unavailable), naming where it came from and what to do.
-        ConfigError: an endpoint answers, but not as an OpenAI-compatible `/v1` root (HTTP
-            404 and the like: the URL is wrong).
+        ServingError: an endpoint does not answer, answers with a server error, refuses the
+            key, or has no `/models` (HTTP 404 and the like: not an OpenAI-compatible `/v1`
+            root), naming where it came from and what to do.
     """
     seen: set[str] = set()
     for endpoint, flag in endpoints:
@@ -148,9 +164,10 @@ def check_reachable(endpoints: Iterable[tuple[Endpoint, str]]) -> None:
             ))  # fmt: skip
         if status >= 500:
             raise ServingError(_unreachable(endpoint, flag, f"answers HTTP {status}"))
-        raise ConfigError(_unreachable(
-            endpoint, flag, f"has no {endpoint.url}/models (HTTP {status})",
-            "name its OpenAI-compatible root, which ends in /v1",
+        raise ServingError(_unreachable(
+            endpoint, flag,
+            f"is not an OpenAI-compatible /v1 root (GET {endpoint.url}/models: HTTP {status})",
+            _NO_ROOT,
         ))  # fmt: skip
 
 
@@ -163,11 +180,14 @@ def _unreachable(endpoint: Endpoint, flag: str, why: str, fix: str = "start it")
     """The message for an endpoint that cannot serve: where it came from, why, what to do."""
     model_flag = flag.replace("-llm-url", "-model")
     if endpoint.source == SERVED:
-        role = flag.removeprefix("--").split("-")[0]  # judge, persona
-        return (
-            f"the served model at {endpoint.url} {why}; {fix}, point --llm-url at a server "
-            f"that serves, or give the {role} its own with {flag} URL {model_flag} NAME"
+        served = (
+            f"the served model at {endpoint.url} {why}; {fix}, point {LLM_FLAG} at a server "
+            "that serves"
         )
+        if flag == LLM_FLAG:
+            return served
+        role = flag.removeprefix("--").split("-")[0]  # judge, persona
+        return f"{served}, or give the {role} its own with {flag} URL {model_flag} NAME"
     return (
         f"{endpoint.source} names {endpoint.url} (model {endpoint.model}), which {why}; {fix}, "
         f"or pass {flag} URL {model_flag} NAME"
@@ -178,16 +198,54 @@ async def stopped_answering(endpoint: Endpoint, role: str) -> str | None:
     """Why `endpoint`, which answered before the run, cannot serve as `role` now (None: it can).
 
     Asked after a call whose caller went quiet or whose judge left something unanswered: a
-    server that is gone makes the call a harness error, never a verdict.
+    server that is gone, and one that lists its models but answers a one-token question with
+    HTTP 404 or 5xx (a model it does not serve, a broken engine), make the call a harness
+    error, never a verdict. A question that only takes too long says nothing: a busy server
+    leaves what it did not answer unscored, as it would have anyway.
     """
+    headers = _probe_headers()
+    question = {
+        "model": endpoint.model,
+        "messages": [{"role": "user", "content": "Answer yes."}],
+        "max_tokens": 1,
+    }
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
+        try:
+            listed = await client.get(f"{endpoint.url}/models", headers=headers)
+        except httpx.HTTPError as e:
+            return f"the {role} at {endpoint.url} stopped answering ({_why(e)})"
+        if _cannot_serve(listed.status_code):
+            return f"the {role} at {endpoint.url} stopped serving (HTTP {listed.status_code})"
+        try:
+            asked = await client.post(
+                f"{endpoint.url}/chat/completions", json=question, headers=headers
+            )
+        except httpx.TimeoutException:
+            return None  # busy, not gone
+        except httpx.HTTPError as e:
+            return f"the {role} at {endpoint.url} stopped answering ({_why(e)})"
+    if not _cannot_serve(asked.status_code):
+        return None
+    said = _error_message(asked)
+    return (
+        f"the {role} at {endpoint.url} answers a question for model {endpoint.model} with HTTP "
+        f"{asked.status_code}" + (f" ({said})" if said else "") + f"; check --{role}-model "
+        f"and --{role}-llm-url"
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    """What an OpenAI-compatible error body says (`error.message`, `message`, `detail`), or ""."""
     try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
-            response = await client.get(f"{endpoint.url}/models", headers=_probe_headers())
-    except httpx.HTTPError as e:
-        return f"the {role} at {endpoint.url} stopped answering ({_why(e)})"
-    if response.status_code in _REFUSED or response.status_code >= 500:
-        return f"the {role} at {endpoint.url} stopped serving (HTTP {response.status_code})"
-    return None
+        body = response.json()
+    except ValueError:  # an HTML error page says nothing a user needs
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error")
+    said = error.get("message") if isinstance(error, dict) else error
+    said = said or body.get("message") or body.get("detail")
+    return " ".join(str(said).split())[:200] if said else ""
 
 
 def judge_service(endpoint: Endpoint) -> OpenAILLMService:
@@ -357,12 +415,13 @@ def resolve_endpoint(
     neither a flag, nor a block, nor a served model.
     """
     if flag_url:
-        return Endpoint(flag_url.rstrip("/"), flag_model or "base", source=f"{flag} {flag_url}")
+        url = openai_base_url(flag_url, flag)
+        return Endpoint(url, flag_model or "base", source=f"{flag} {flag_url}")
     named = endpoint_for(block, where=where, flag=flag, path=path)
     if named is not None:
         return named if flag_model is None else Endpoint(
             named.url, flag_model, named.extra, named.source
         )
     if served_url:
-        return Endpoint(served_url, flag_model or "base")
+        return Endpoint(openai_base_url(served_url, LLM_FLAG), flag_model or "base")
     return None

@@ -11,10 +11,11 @@ decide whether anything runs.
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from pipecat_rl import defaults
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
+from pipecat_rl.serving.roots import openai_base_url
 
 if TYPE_CHECKING:  # both import Pipecat; this module must not
     from pipecat_rl.scenarios import ScenarioSet
@@ -82,6 +83,19 @@ class SimulationOptions(BaseModel):
     ray_endpoints: tuple[str, ...] = ()
     """Served models the Ray driver balances episodes over (one vLLM per node; each episode
     goes to the one with the fewest in flight); empty: the run's one served URL."""
+
+    @field_validator("persona_llm_url", "judge_llm_url")
+    @classmethod
+    def _openai_root(cls, url: str | None, info: ValidationInfo) -> str | None:
+        """Each URL as its /v1 root (`serving.roots`), or refused naming its flag."""
+        flag = "--" + str(info.field_name).replace("_", "-")
+        return None if url is None else openai_base_url(url, flag)
+
+    @field_validator("ray_endpoints")
+    @classmethod
+    def _ray_roots(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        """Each served model as its /v1 root: a Ray task points its bot there as it is."""
+        return tuple(openai_base_url(url, "--ray-endpoint") for url in urls)
 
     @model_validator(mode="after")
     def _ray_fields_need_ray(self) -> "SimulationOptions":

@@ -9,11 +9,11 @@ writes the reward, its parts (each also a ledger score), the labels and the worl
 executions to the ledger. Before any episode, `simulate` checks that every persona and judge
 endpoint answers and runs the bot once up to its pipeline's setup (`preflight`), so an LLM
 service that cannot be pointed at the served model stops the run before a call is made. A
-persona or judge that stops answering mid-run makes the calls it left without a caller or a
-verdict harness errors, and no further episode starts (`services_gone`): a verdict is never
-made up for a call nobody judged. Episodes run concurrently (asyncio), which is what lets vLLM
-batch. A failed simulated call is data (outcome "error" with its reason), never a crash of the
-run.
+persona or judge that stops answering mid-run, or answers a question with HTTP 404 or 5xx,
+makes the calls it left without a caller or a verdict harness errors, and no further episode
+starts (`services_gone`): a verdict is never made up for a call nobody judged. Episodes run
+concurrently (asyncio), which is what lets vLLM batch. A failed simulated call is data
+(outcome "error" with its reason), never a crash of the run.
 """
 
 import asyncio
@@ -31,6 +31,7 @@ from typing import Any, Literal
 from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.workers.runner import WorkerRunner
+from pydantic import field_validator
 
 from pipecat_rl.errors import ConfigError, LedgerError
 from pipecat_rl.ledger import LatencyRecord, Ledger, ScoreRecord, ToolCallRecord
@@ -46,7 +47,7 @@ from pipecat_rl.scoring import (
 )
 from pipecat_rl.scoring import SessionOutcome as Outcome
 from pipecat_rl.scoring import outcome as passed_outcome
-from pipecat_rl.serving.server import openai_base_url
+from pipecat_rl.serving.roots import openai_base_url
 from pipecat_rl.simulator import setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.audio import check_transport
@@ -59,6 +60,7 @@ from pipecat_rl.simulator.botloader import (
     simulation_environment,
 )
 from pipecat_rl.simulator.judge import (
+    LLM_FLAG,
     Endpoint,
     ToolCallSeen,
     check_reachable,
@@ -92,11 +94,17 @@ class SimulationConfig(SimulationOptions):
     """One run of episodes: the options, plus what `simulator.run` chose for them."""
 
     llm_url: str | None = None
-    """The served model (OpenAI-compatible, ends in /v1) for the agent and the LLM persona."""
+    """The served model for the agent and the LLM persona, as its /v1 root (`serving.roots`)."""
     adapter: str | None = None
     """The model name the agent's requests carry: an adapter, or None for `base`."""
     source: Source = "simulate"
     """The ledger label of the sessions: `gate` for the gate's paired runs."""
+
+    @field_validator("llm_url")
+    @classmethod
+    def _llm_root(cls, url: str | None) -> str | None:
+        """The served URL as its /v1 root, so every client of the run agrees on its routes."""
+        return None if url is None else openai_base_url(url, LLM_FLAG)
 
 
 @dataclass
@@ -260,16 +268,17 @@ def check_endpoints(
     """Resolve every persona and judge endpoint and ask each for its models, before any episode.
 
     `served_url` is a server that already runs (a given one, or the run's own once started), so
-    a persona or judge on the served model is asked too: without it every call would end with
-    no caller or no verdict. None: the embedded server is not started yet, and nothing is on it.
+    it is asked too, and so is a persona or judge on it: without it every call would end with
+    no agent, no caller or no verdict. None: the embedded server is not started yet, and
+    nothing is on it. Every URL is taken by the one rule of `serving.roots`.
 
     Raises:
-        ConfigError: a block names a provider the simulator cannot reach offline, or an
-            endpoint is not an OpenAI-compatible root; the message names the flag to use.
-        ServingError: an endpoint does not answer or refuses the key (a service is
-            unavailable), before any call is made.
+        ConfigError: a block names a provider the simulator cannot reach offline, or a URL is
+            no OpenAI-compatible root (`serving.roots`); the message names the flag to use.
+        ServingError: an endpoint does not answer, refuses the key or is not an
+            OpenAI-compatible `/v1` root (HTTP 404): a service is unavailable, before any call.
     """
-    served = openai_base_url(served_url) if served_url else None
+    served = openai_base_url(served_url, LLM_FLAG) if served_url else None
     named: list[tuple[Endpoint, str]] = []
     for scenario in scenarios:
         judge = judge_endpoint(scenario, options, served)
@@ -279,6 +288,8 @@ def check_endpoints(
             persona = persona_endpoint(scenario, options, served)
             if persona is not None:
                 named.append((persona, "--persona-llm-url"))
+    if served is not None:  # the bot's own server, last: a role on it is named by its flag
+        named.append((Endpoint(served, "base"), LLM_FLAG))
     check_reachable(named)
 
 
@@ -622,10 +633,13 @@ def caller_side_latencies(
 ) -> list[LatencyRecord]:
     """Per user turn, what the caller lived through: the heard gap (audio) or the response gap.
 
-    User turn k is the agent's answer to the caller's k-th line (0-based), the numbering the
-    recorder uses; the greeting, which answers no caller line, has none. In audio mode the
-    agent's own v2v (Pipecat's observer) fills a turn the recorder left without one.
+    User turn k is the agent's answer to the caller's k-th line (0-based); the greeting, which
+    answers no caller line, has none. In audio mode the agent's own v2v (Pipecat's observer, kept
+    per caller line) is written only for a session whose recorder timed no v2v at all: the
+    recorder numbers the agent's user turns by its VAD, which splits a line said with a pause,
+    so mixing the two put one measurement on two consecutive turns.
     """
+    recorder_timed = any(r.v2v_ms is not None for r in recorded.values())
     out, caller_lines = [], 0
     for line in result.transcript:
         if line.speaker == "caller":
@@ -634,10 +648,9 @@ def caller_side_latencies(
             turn = caller_lines - 1
             values: dict[str, float | None] = {"response_gap_ms": round(line.latency_ms, 3)}
             if result.mode == "audio":
-                has_v2v = turn in recorded and recorded[turn].v2v_ms is not None
                 values = {
                     "heard_gap_ms": values["response_gap_ms"],
-                    "v2v_ms": None if has_v2v else result.v2v_ms.get(turn),
+                    "v2v_ms": None if recorder_timed else result.v2v_ms.get(turn),
                 }
             out.append(LatencyRecord(session_id=result.session_id, user_turn=turn, **values))
     return out
@@ -721,7 +734,7 @@ class SimulationReport:
         return summarise(self.episodes)
 
     server_gone: str | None = None
-    """Why episodes were not run: the LLM server stopped answering mid-run."""
+    """Why episodes were not run: the LLM server, persona or judge stopped serving mid-run."""
 
     @property
     def harness_errors(self) -> int:
