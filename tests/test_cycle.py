@@ -172,6 +172,17 @@ def test_a_cycle_runs_every_stage_and_writes_its_receipt(tmp_path, world):
     assert names[0] == ("cycle_started", None) and names[-1] == ("cycle_ended", None)
     assert [s for e, s in names if e == "stage_finished"] == list(summary.stages)
     assert all("wall_s" in r for r in summary.stages.values())
+    # Every call is an event in the stage that ran it: filter and evaluate are never silent.
+    stage, calls = None, {}
+    for event in read_events(config):
+        if event["event"] == "stage_started":
+            stage = event["stage"]
+        elif event["event"] == "call_finished":
+            calls.setdefault(stage, []).append(event)
+    assert len(calls["filter"]) == 2 * 4  # two pool scenarios, filter repeats 4
+    assert len(calls["evaluate"]) == len(gated)
+    assert {e["session"] for e in calls["evaluate"]} == {s.id for s in gated}
+    assert all(e["outcome"] in ("pass", "fail") for e in calls["evaluate"])
 
 
 def test_a_stopped_cycle_resumes_at_the_next_stage_and_never_retrains(tmp_path, world):
@@ -411,3 +422,21 @@ def test_a_resumed_train_stage_reuses_the_sub_runs_that_finished(tmp_path, world
     assert sum(e["event"] == "demonstrations" for e in events) == 1
     with Ledger(tmp_path / "ledger.db") as ledger:
         assert len(ledger.sessions()) == sessions  # nothing simulated again before GRPO
+
+
+def test_a_cycle_not_on_a_terminal_prints_a_line_per_stage_call_and_step(tmp_path, world, capsys):
+    # `make cycle > log`: the events a real cycle wrote, shown as `--progress lines` shows them.
+    from pipecat_rl.cli import cycle as cycle_cli
+
+    clinic, _, vllm = world
+    config = loop(tmp_path, clinic, vllm)
+    shown = cycle_cli._Progress("lines")
+    run_cycle(config, emit=shown)
+    lines = capsys.readouterr().err.splitlines()
+    assert "cycle: filter started" in lines and "cycle: evaluate started" in lines
+    assert any(x.startswith("cycle: filter done in ") for x in lines)
+    calls = [x for x in lines if x.startswith("cycle: call ")]
+    events = [e for e in read_events(config) if e["event"] == "call_finished"]
+    assert len(calls) == len(events) > 0
+    assert any(x.startswith("cycle: train step 1, loss 0.5") for x in lines)
+    assert cycle_cli._Progress("auto").mode == "lines"  # pytest's stderr is no terminal

@@ -5,8 +5,9 @@ Exit codes: the gate's (0 PROMOTE, 1 REJECT, 2 INCONCLUSIVE) when the cycle reac
 """
 
 import contextlib
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.live import Live
@@ -20,14 +21,26 @@ from pipecat_rl.loop.config import STAGES, load_loop_config
 _STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
 
 
-class _Progress:
-    """A live table of the stages: done (with wall time), running, to do."""
+ProgressMode = Literal["auto", "bar", "lines", "none"]
 
-    def __init__(self, enabled: bool):
+
+class _Progress:
+    """The cycle as it goes, from its events.
+
+    A live table of the stages on a terminal (`bar`), or one line per stage, call and training
+    step when stderr is a file or pipe (`lines`): `make cycle > log` is never silent.
+    """
+
+    def __init__(self, mode: ProgressMode):
+        if mode == "auto":
+            mode = "bar" if console.is_terminal else "lines"
+        self.mode = mode
         self.status: dict[str, str] = {s: "·" for s in STAGES}
         self.detail = ""
-        self.enabled = enabled
-        self.live = Live(self._render(), console=console) if enabled else contextlib.nullcontext()
+        self.calls = 0
+        self.live = Live(self._render(), console=console) if mode == "bar" else (
+            contextlib.nullcontext()
+        )  # fmt: skip
 
     def _render(self):
         table = Table(title="cycle", title_justify="left", show_header=False, box=None)
@@ -40,13 +53,38 @@ class _Progress:
     def __call__(self, event: str, data: dict) -> None:
         stage = data.get("stage")
         if event == "stage_started":
-            self.status[stage], self.detail = "running", ""
+            self.status[stage], self.detail, self.calls = "running", "", 0
         elif event == "stage_finished":
             self.status[stage] = f"[green]done[/green] {data['result']['wall_s']:.0f} s"
+        elif event == "call_finished":
+            self.calls += 1
+            self.detail = f"{self.calls} call(s)"
         elif event in ("server_starting", "demonstrations", "train_progress"):
             self.detail = event.replace("_", " ")
-        if self.enabled:
+        if self.mode == "bar":
             self.live.update(self._render())
+        elif self.mode == "lines" and (line := _line(event, data, self.calls)):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _line(event: str, data: dict, calls: int) -> str | None:
+    """One event as a line of `--progress lines`, or None for an event not worth one."""
+    if event == "stage_started":
+        return f"cycle: {data['stage']} started"
+    if event == "stage_finished":
+        return f"cycle: {data['stage']} done in {data['result']['wall_s']:.0f} s"
+    if event == "call_finished":
+        return (
+            f"cycle: call {calls}: {data['scenario']}#{data['repeat']} {data['outcome']} "
+            f"({data['duration_s']:.1f} s)"
+        )
+    if event == "train_progress" and "step" in data and "loss" in data:
+        total = f"/{data['total_steps']}" if data.get("total_steps") else ""
+        return f"cycle: train step {data['step']}{total}, loss {data['loss']:.4g}"
+    if event in ("server_starting", "server_ready", "demonstrations", "budget_exhausted"):
+        shown = {k: v for k, v in data.items() if k not in ("at", "stage")}
+        return f"cycle: {event.replace('_', ' ')} {json.dumps(shown, default=str)}"
+    return None
 
 
 def cycle_command(
@@ -69,6 +107,14 @@ def cycle_command(
     stop_after: Annotated[
         str | None, typer.Option(help=f"Stop, resumably, after this stage ({', '.join(STAGES)}).")
     ] = None,
+    progress_mode: Annotated[
+        ProgressMode,
+        typer.Option(
+            "--progress",
+            help="auto: a live table on a terminal, else one line per stage, call and training "
+            "step (on stderr); bar, lines or none to choose.",
+        ),
+    ] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Run (or resume) one cycle: snapshot, preflight, filter, train, evaluate + gate, promote."""
@@ -89,7 +135,7 @@ def cycle_command(
         loop = load_loop_config(config_file(config, "--config"), **overrides)
         from pipecat_rl.loop.cycle import run_cycle
 
-        progress = _Progress(enabled=not json_out)
+        progress = _Progress("none" if json_out else progress_mode)
         with progress.live:
             summary = run_cycle(loop, emit=progress)
     if json_out:

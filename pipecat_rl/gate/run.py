@@ -9,7 +9,7 @@ every receipt any of them writes is one `promote` accepts (or refuses) for the s
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipecat_rl.gate.config import GateConfig
 from pipecat_rl.gate.evaluate import evaluate
@@ -40,6 +40,8 @@ class Simulated:
     """The scenario file or folder, hashed byte for byte into the receipt."""
     stop: Callable[[], bool] | None = None
     """Asked before each episode; once true nothing more starts and no receipt is written."""
+    on_episode: Callable[[Any], None] | None = None
+    """Called with each call as it ends (progress on a terminal, events in a cycle's log)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def gather(
 
         data = run_paired_simulations(
             ledger, evidence.scenarios, *names, evidence.bot, evidence.options, evidence.server,
-            judged, stop=evidence.stop,
+            judged, stop=evidence.stop, on_episode=evidence.on_episode,
         )  # fmt: skip
     else:
         data = load_ledger_runs(

@@ -6,6 +6,7 @@ and a latency difference is the policies' and not the time of day's. Sessions ar
 """
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from pipecat_rl.errors import ConfigError, GateStopped
 from pipecat_rl.gate.inputs import GateData, load_ledger_runs
@@ -27,6 +28,7 @@ def run_paired_simulations(
     judged: Mapping[str, float] | None = None,
     *,
     stop: Callable[[], bool] | None = None,
+    on_episode: Callable[[Any], None] | None = None,
 ) -> GateData:
     """Simulate both (resolved) policies on the held-out `scenarios` and return their runs.
 
@@ -42,7 +44,7 @@ def run_paired_simulations(
         options = options.model_copy(update={"transport": "local"})
     report = run(
         scenarios, bot, options, ledger, policies=(candidate, incumbent), source="gate",
-        server=server, stop=stop,
+        server=server, stop=stop, on_episode=on_episode,
     )  # fmt: skip
     if stop is not None and stop():
         raise GateStopped(

@@ -214,7 +214,19 @@ class Cycle:
         server = self.server() if served else Server(needed=False)
         return run(
             scenarios, load_bot(bot), self.options(repeats=repeats, **options), self.ledger,
-            policies=[adapter], server=server,
+            policies=[adapter], server=server, on_episode=self.call_finished,
+        )  # fmt: skip
+
+    def call_finished(self, episode: Any) -> None:
+        """One event per simulated call, in every stage that simulates.
+
+        So a long stage is never silent in `events.jsonl`, nor on the terminal, which shows the
+        same events.
+        """
+        self.log.write(
+            "call_finished", scenario=episode.scenario_id, repeat=episode.repeat,
+            session=episode.session_id, outcome=episode.outcome,
+            duration_s=round(episode.duration_s, 3),
         )  # fmt: skip
 
     def llm_busy_s(self, since: float) -> float:
@@ -653,7 +665,7 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
     salt = int(hashlib.sha256(f"{settings.seed}:{candidate}".encode()).hexdigest()[:8], 16)
     evidence = Simulated(
         scenarios=heldout, bot=load_bot(c.bot), server=cycle.server(), files=c.heldout,
-        options=cycle.options(repeats=c.gate.repeats, seed=salt),
+        options=cycle.options(repeats=c.gate.repeats, seed=salt), on_episode=cycle.call_finished,
     )  # fmt: skip
     done = run_gate(cycle.ledger, candidate, incumbent, evidence, settings, c.out / "receipt")
     receipt, paths, data = done.receipt, done.paths, done.data
