@@ -89,7 +89,8 @@ def test_the_gate_verdict_goes_to_stdout(tmp_path):
                     "--no-require-latency", "--out", str(tmp_path / "receipt"),
                     "--ledger", str(tmp_path / "l.db"))  # fmt: skip
     assert result.exit_code in (0, 1, 2), result.output
-    assert "receipt:" in result.stdout and "reason:" in result.stdout
+    verdict = json.loads((tmp_path / "receipt" / "receipt.json").read_text())
+    assert "receipt:" in result.stdout and verdict["reason"] in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -182,17 +183,24 @@ def test_a_config_in_another_format_than_its_suffix_is_a_wrong_file(tmp_path):
     assert invoke("gate", "--candidate", "c", "--config", str(other)).exit_code == EXIT_USAGE
 
 
-def test_an_export_into_a_missing_folder_fails_and_creates_nothing(ledger_path, tmp_path):
-    target = tmp_path / "no-such-dir" / "x.jsonl"
+def test_an_export_makes_its_folder_and_a_failed_one_leaves_nothing(ledger_path, tmp_path):
+    target = tmp_path / "no-such-dir" / "x.jsonl"  # made, as `mkdir -p` would
     result = invoke("ledger", "export", "--out", str(target), "--ledger", str(ledger_path))
-    assert result.exit_code == EXIT_USAGE
-    assert str(target.parent) in result.stderr
-    assert not target.parent.exists()
+    assert result.exit_code == EXIT_OK, result.output
+    assert target.is_file()
 
-    ghost = tmp_path / "ghost.jsonl"  # a failure half-way leaves no partial file either
-    result = invoke("ledger", "export", "--out", str(ghost), "--session", "ghost",
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("")
+    result = invoke("ledger", "export", "--out", str(in_the_way / "x.jsonl"),
                     "--ledger", str(ledger_path))  # fmt: skip
-    assert result.exit_code == EXIT_USAGE and not ghost.exists()
+    assert result.exit_code == EXIT_USAGE and f"{in_the_way} is not a folder" in result.stderr
+
+    # A failure half-way leaves no partial file, and no folder it made for one.
+    for ghost in (tmp_path / "ghost.jsonl", tmp_path / "new" / "deeper" / "ghost.jsonl"):
+        result = invoke("ledger", "export", "--out", str(ghost), "--session", "ghost",
+                        "--ledger", str(ledger_path))  # fmt: skip
+        assert result.exit_code == EXIT_USAGE and not ghost.exists()
+    assert not (tmp_path / "new").exists()
     assert list(tmp_path.glob(".*partial")) == []
 
 
@@ -215,9 +223,13 @@ def test_the_channel_gap_page_is_written_only_where_asked(tmp_path, monkeypatch)
     simulate_cli._report_gap(empty, empty, page, json_out=True)
     assert page.is_file()
 
-    missing = invoke("simulate", BOOKING, "--bot", EXPERT, "--no-server", "--mode", "text,audio",
+    deeper = tmp_path / "reports" / "gap.html"  # its folder is made, as `mkdir -p` would
+    simulate_cli._report_gap(empty, empty, deeper, json_out=True)
+    assert deeper.is_file()
+    (tmp_path / "nope").write_text("a file where a folder must be\n")
+    blocked = invoke("simulate", BOOKING, "--bot", EXPERT, "--no-server", "--mode", "text,audio",
                      "--gap-html", str(tmp_path / "nope" / "gap.html"))  # fmt: skip
-    assert missing.exit_code == EXIT_USAGE and "nope" in missing.stderr
+    assert blocked.exit_code == EXIT_USAGE and "nope is not a folder" in blocked.stderr
 
 
 def test_promote_json_prints_json_when_it_refuses(tmp_path):

@@ -15,6 +15,7 @@ from pipecat_rl.gate.inputs import UnauthorizedWrite
 from pipecat_rl.gate.lineage import base_lineage, ledger_lineage
 from pipecat_rl.gate.receipt import GateReceipt, write_receipt
 from pipecat_rl.gate.report_html import render_html
+from pipecat_rl.gate.wording import ratio as fmt_ratio
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from tests.chromium import CHROMIUM, render
 
@@ -148,7 +149,8 @@ def test_each_check_has_its_own_table_styled_by_status(text_gate, text_page):
         assert f".status.{status} {{" in text_page, f"{status} has a style"
     ttft = text_page[text_page.index('id="check-llm_ttft_ratio"') :]
     ratio = receipt.latency.llm["llm_ttft_ms"].ratio
-    assert f"[{ratio.low:.2g}x, {ratio.high:.2g}x]" in ttft and "upper bound ≤ 3x" in ttft
+    assert f"{fmt_ratio(ratio.low)} to {fmt_ratio(ratio.high)}" in ttft
+    assert "upper bound ≤ 3.0x" in ttft
 
 
 def test_the_scenario_with_the_unauthorised_write_is_named_before_the_checks(text_page):
@@ -168,7 +170,8 @@ def test_the_guard_is_shown_as_fields_not_a_python_repr(text_page):
     guard = guard[: guard.index("</section>")]
     assert f"training run {RUN_ID}: guard passed" in guard
     assert "<td>compared_turns</td><td>16</td>" in guard
-    assert "<td>tokens</td><td>1234</td>" in guard  # a nested field, as a nested table
+    assert "<td>tokens</td><td>1,234</td>" in guard  # a nested field, as a nested table
+    assert "<td>mean</td><td>0.000005</td>" in guard  # never 5e-06
     assert "{'" not in text_page and "'base'" not in text_page
 
 
@@ -220,8 +223,14 @@ def test_chromium_shows_the_ttft_numbers_and_the_failing_scenario(text_gate, tmp
     stages = receipt.latency.stages
     for role in ("candidate", "incumbent"):
         q = stages[role]["llm_ttft_ms"]
-        assert f"{role} LLM TTFT P50 (ms) {q.p50:,.0f}" in text, role
-        assert f"{role} LLM TTFT P95 per caller turn (ms) {q.p95:,.0f}" in text, role
+        # the scores carry the caller-turn stage only, and the check says so
+        assert f"{role} LLM TTFT per caller turn P50 {q.p50:,.0f} ms" in text, role
+    cand, inc = stages["candidate"]["llm_ttft_ms"], stages["incumbent"]["llm_ttft_ms"]
+    assert (
+        f"LLM TTFT per caller turn {cand.p50:,.0f} ms {cand.p95:,.0f} ms {inc.p50:,.0f} ms "
+        f"{inc.p95:,.0f} ms" in text
+    )
+    assert "per caller turn: everything between the caller's line and the agent's answer" in text
     assert f"Scenarios that failed a check {WRITER} — Unauthorised writes: run 1" in text
     assert image.shape[:2] == (2000, 1200)
     colours = np.unique((image.reshape(-1, 3) * 255).round().astype(int), axis=0)

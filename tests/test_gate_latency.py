@@ -138,12 +138,12 @@ def test_a_ratio_check_says_what_to_do_in_words():
     check = llm_ratio_check("llm_ttft_ms", compare_ratio("llm_ttft_ms", cand, inc,
                             resamples=10_000, seed=0), 3.0, require=True)  # fmt: skip
     assert check.status == "fail"
-    assert "candidate's LLM TTFT P50 is 9." in check.detail
-    assert "above the 3x limit" in check.detail and "before promoting" in check.detail
+    assert "The candidate's P50 LLM TTFT per call is 9." in check.detail
+    assert "above the 3.0x limit" in check.detail and "before promoting" in check.detail
 
 
 @pytest.mark.parametrize("require", [True, False])
 def test_a_missing_llm_stage_is_uncertain_only_when_required(require):
     check = llm_ratio_check("llm_turn_ms", None, 3.0, require=require)
     assert check.status == ("uncertain" if require else "unavailable")
-    assert "LLM time per turn" in check.detail
+    assert "LLM time per call" in check.detail

@@ -234,7 +234,7 @@ def test_unauthorised_write_labels_and_scores_reject(ledger, tmp_path):
     add_run(ledger, "base", 5, 0, 0.0)
     result, receipt = gate(ledger, tmp_path, "--incumbent", "base")
     assert result.exit_code == 1
-    assert "3 unauthorised write(s)" in check(receipt, "unauthorized_writes")["detail"]
+    assert "3 unauthorised writes" in check(receipt, "unauthorized_writes")["detail"]
 
 
 def test_every_session_of_a_repeated_run_counts_none_replaces_another(ledger, tmp_path):
@@ -279,11 +279,46 @@ def test_a_scenario_edited_between_runs_does_not_pair(ledger, tmp_path):
     assert sum("scn-07" in n for n in receipt["notes"]) == 2
 
 
-def test_live_without_a_pointer_is_an_error(ledger, tmp_path):
-    populate(ledger, inc="base", scenarios=2)
-    result, _ = gate(ledger, tmp_path)
-    assert result.exit_code != 0
-    assert "no live adapter" in result.stderr
+def test_live_before_any_promotion_is_the_base_model_and_says_so(ledger, tmp_path):
+    populate(ledger, inc="base")
+    result, receipt = gate(ledger, tmp_path)  # --incumbent live, the default
+    assert result.exit_code == 0, result.output
+    assert (receipt["incumbent"]["requested"], receipt["incumbent"]["name"]) == ("live", "base")
+    said = f"--incumbent live: nothing was ever promoted in {ledger.path}, so the base model"
+    assert said in result.stderr
+
+
+def test_live_right_after_a_promotion_is_the_promoted_adapter(ledger, tmp_path):
+    """Issue 38: `--incumbent live` failed right after a cycle promoted."""
+    adapter(ledger, "v1", tmp_path, GUARD_OK)
+    adapter(ledger, "v2", tmp_path, {"id": "run-2", "guard": {"passed": True}})
+    populate(ledger, cand="v1", inc="base", set_id="heldout-0")
+    first, receipt = gate(ledger, tmp_path, "--heldout-set", "heldout-0", candidate="v1")
+    assert first.exit_code == 0 and receipt["incumbent"]["name"] == "base", first.output
+    promoted = CliRunner().invoke(
+        app, ["promote", str(tmp_path / "r"), "--ledger", str(ledger.path)]
+    )
+    assert promoted.exit_code == 0, promoted.output
+    assert ledger.live().adapter == "v1"
+
+    populate(ledger, cand="v2", inc="v1", started=2000.0)
+    from_ledger, receipt = gate(ledger, tmp_path, "--heldout-set", "heldout-A")
+    assert from_ledger.exit_code == 0, from_ledger.output
+    assert (receipt["incumbent"]["requested"], receipt["incumbent"]["name"]) == ("live", "v1")
+    assert f"--incumbent live: v1, live in {ledger.path}" in from_ledger.stderr
+
+    scores = tmp_path / "runs.jsonl"  # a scores file names the adapters it ran, never "live"
+    rows = [{"policy": p, "scenario": f"s{i}", "run": r, "reward": float(p == "v2")}
+            for i in range(8) for r in range(2) for p in ("v2", "v1")]  # fmt: skip
+    scores.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    from_scores = CliRunner().invoke(
+        app,
+        ["gate", "--candidate", "v2", "--scores", str(scores), "--no-require-latency",
+         "--ledger", str(ledger.path), "--out", str(tmp_path / "s"), "--json"],
+    )  # fmt: skip
+    assert from_scores.exit_code == 0, from_scores.output
+    incumbent = json.loads(from_scores.stdout)["incumbent"]
+    assert (incumbent["requested"], incumbent["name"]) == ("live", "v1")
 
 
 def test_a_missing_ledger_is_a_usage_error(tmp_path):
@@ -318,7 +353,7 @@ def test_unverified_and_error_sessions_are_counted_and_too_many_are_inconclusive
     assert (lost["candidate"]["harness_errors"], lost["candidate"]["unverified"]) == (3, 3)
     assert lost["incumbent"] == {"harness_errors": 0, "unverified": 0, "unindexed": 0}
     lost_check = check(receipt, "unusable_runs")
-    assert lost_check["status"] == "uncertain" and "6 of 30 runs (20%)" in lost_check["detail"]
+    assert lost_check["status"] == "uncertain" and "6 of 30 runs (20.0%)" in lost_check["detail"]
     assert result.exit_code == 2 and receipt["verdict"] == "INCONCLUSIVE"
     assert any("3 harness error(s), 3 unverified" in n for n in receipt["notes"])
     # a share the config allows does not hold the verdict back
@@ -389,10 +424,10 @@ def test_unauthorised_writes_of_both_arms_over_their_guarded_runs(ledger, tmp_pa
     assert (cand["units"], cand["units_with_writes"]) == (6, 1)
     assert 0.55 < cand["rate_upper_95"] < 0.6 and 0.38 < cand["zero_bound_95"] < 0.4
     detail = check(receipt, "unauthorized_writes")["detail"]
-    assert "candidate: 1 unauthorised write(s) in 1 of 18 runs with a guarded check" in detail
-    assert "1 of 6 scenarios (the independent units" in detail
+    assert "The candidate made 1 unauthorised write in 1 of 18 runs with a guarded check" in detail
+    assert "(1 of 6 scenarios)" in detail and "the scenario as the independent unit" in detail
     assert "book_appointment (appointments+slots) in scn-06 run 0" in detail
-    assert "incumbent: 1 unauthorised write(s)" in detail and "handoffs 1" in detail
+    assert "The incumbent made 1 unauthorised write" in detail and "handoffs 1" in detail
     assert receipt["scenarios"][6]["candidate_unauthorized_writes"] == 1
 
 

@@ -26,6 +26,7 @@ from pipecat.workers.runner import WorkerRunner
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
+from pipecat_rl.cli.common import EXIT_USAGE
 from pipecat_rl.errors import GateError, ServingError
 from pipecat_rl.gate import promote, rollback
 from pipecat_rl.ledger import AdapterRecord, Ledger
@@ -202,6 +203,62 @@ def test_rollback_with_nothing_to_go_back_to(ledger):
     ledger.move_live("v1")
     back = rollback(ledger)  # the base model served before v1
     assert (back.adapter, back.previous) == ("base", "v1")
+
+
+def test_two_rollbacks_step_two_promotions_back_and_never_forward(ledger, tmp_path, monkeypatch):
+    """Issue 38: a second rollback re-promoted the adapter the first one had rolled back."""
+    monkeypatch.delenv("PIPECAT_RL_LLM_URL", raising=False)
+    args = ["--ledger", str(ledger.path), "--json"]
+
+    def cli(*argv: str):
+        return CliRunner().invoke(app, [*argv, *args])
+
+    first = receipt_file(tmp_path / "a", ledger, "PROMOTE", "v1", incumbent="base")
+    second = receipt_file(tmp_path / "b", ledger, "PROMOTE", "v2", incumbent="v1")
+    assert cli("promote", str(first)).exit_code == 0
+    assert cli("promote", str(second)).exit_code == 0
+    assert ledger.rollback_target() == "v1"
+
+    back = cli("rollback")
+    assert back.exit_code == 0, back.output
+    assert json.loads(back.stdout)["adapter"] == "v1" and ledger.live().adapter == "v1"
+    assert ledger.rollback_target() == "base"  # not "v2", which the rollback just left
+
+    back = cli("rollback")
+    assert back.exit_code == 0, back.output
+    assert json.loads(back.stdout) == {
+        "adapter": "base", "previous": "v1", "receipt": None, "server": "base_model"
+    }  # fmt: skip
+
+    nothing = cli("rollback")
+    assert nothing.exit_code == EXIT_USAGE
+    assert "nothing to roll back to" in json.loads(nothing.stdout)["error"]
+    assert [p.adapter for p in ledger.live_history()] == ["v1", "v2", "v1", "base"]
+
+    # Moving forward again is a promotion; a rollback then returns to where it came from.
+    assert cli("promote", str(first)).exit_code == 0
+    assert (rollback(ledger).adapter, ledger.rollback_target()) == ("base", None)
+
+
+def test_rollback_after_promoting_back_an_earlier_adapter_follows_the_promotions(ledger, tmp_path):
+    """A receipt that promotes v1 over v2 is a step forward: rolling it back returns to v2."""
+    ledger.move_live("v1", receipt="receipts/v1.json")
+    ledger.move_live("v2", receipt="receipts/v2.json")
+    ledger.move_live("v1", receipt="receipts/v1-again.json")
+    assert [rollback(ledger).adapter for _ in range(3)] == ["v2", "v1", "base"]
+    with pytest.raises(GateError, match="nothing to roll back to: 'base' is live"):
+        rollback(ledger)
+
+
+def test_a_ledger_rolled_back_the_old_way_still_steps_back(ledger):
+    """Rows written before this rule (a rollback naming what it left) read as steps back."""
+    from pipecat_rl.ledger import LivePointer
+    from pipecat_rl.ledger.adapters import rollback_path
+
+    moves = [("v1", "base", "r1"), ("v2", "v1", "r2"), ("v1", "v2", None)]
+    old = [LivePointer(adapter=a, previous=p, receipt=r, moved_at=i) for i, (a, p, r) in
+           enumerate(moves)]  # fmt: skip
+    assert rollback_path(old) == ["base", "v1"]
 
 
 # --- the live adapter inside a running pipeline ----------------------------------------------

@@ -89,8 +89,9 @@ def test_promote(tmp_path):
     assert receipt["paired"]["method"] == "student_t"
     assert _check(receipt, "training_guard")["status"] == "unavailable"
     assert "scores file" in _check(receipt, "training_guard")["detail"]
-    unchecked = receipt["reason"].split("not checked: ")[1]
-    assert "training_guard" in unchecked and "llm_ttft_ratio" in unchecked
+    unchecked = receipt["reason"].split("(")[-1]
+    assert unchecked == "LLM latency and training guard not checked)."
+    assert receipt["reasons"][-1].startswith("Training guard (not checked): Guard unavailable")
     for name in ("receipt.json", "receipt.md", "receipt.html"):
         assert (tmp_path / "receipt" / name).is_file()
     assert "PROMOTE" in result.stderr
@@ -99,7 +100,7 @@ def test_promote(tmp_path):
 def test_receipt_records_inputs_thresholds_and_every_scenario(tmp_path):
     scores = _write(tmp_path / "s.jsonl", _lines("cand", better), _lines("inc", coin, seed=1))
     _, receipt = _gate(tmp_path, scores, "--min-delta", "0.1", "--seed", "5")
-    assert receipt["schema_version"] == 4
+    assert receipt["schema_version"] == 5
     assert receipt["input"]["kind"] == "scores"
     assert receipt["input"]["sha256"] == hashlib.sha256(scores.read_bytes()).hexdigest()
     assert receipt["thresholds"]["min_delta"] == 0.1
@@ -171,7 +172,8 @@ def test_per_scenario_regressions_reject_on_their_own_evidence(tmp_path):
     assert receipt["scenarios"][0]["worse_runs"] == 8
     assert _check(receipt, "paired_reward")["status"] == "pass"
     assert _check(receipt, "regressions")["status"] == "fail"
-    assert receipt["reason"].startswith("regressions:")
+    reason = "REJECT: cand is confirmed worse on 2 units (cap 0: scn-00 and scn-01)."
+    assert receipt["reason"] == reason
     assert "Holm" in receipt["regressions"]["control"]
     # The same data passes with the cap raised.
     result, receipt = _gate(tmp_path, scores, "--config", str(config), "--max-regressions", "2")
@@ -436,8 +438,9 @@ def test_a_more_accurate_slower_candidate_fails_in_text_mode_saying_why(tmp_path
     assert receipt["latency"]["text_mode"] is True
     ttft = _check(receipt, "llm_ttft_ratio")
     assert ttft["status"] == "fail" and _check(receipt, "llm_turn_ratio")["status"] == "fail"
-    assert "candidate's LLM TTFT P50 is 9" in ttft["detail"]
-    assert "the incumbent's" in ttft["detail"] and "above the 3x limit" in ttft["detail"]
+    # a scores file with the caller-turn stage only: the check says so, not "per call"
+    assert "The candidate's P50 LLM TTFT per caller turn is 9" in ttft["detail"]
+    assert "the incumbent's" in ttft["detail"] and "above the 3.0x limit" in ttft["detail"]
     assert _check(receipt, "p95_budget")["status"] == "unavailable"  # text mode has no voice
     assert _check(receipt, "paired_reward")["status"] == "pass"  # more accurate, and still out
     same_speed = _write(tmp_path / "s.jsonl", _text_lines("cand", better, 568.0, seed=2), fast)
@@ -504,9 +507,10 @@ def test_the_committed_cycle_regated_says_why_its_ttft_is_not_acceptable(tmp_pat
     ttft_check = _check(receipt, "llm_ttft_ratio")
     assert ttft_check["status"] == "fail"
     assert (
-        "candidate's LLM TTFT P50 is 9.6x the incumbent's (5,457 vs 568 ms" in ttft_check["detail"]
+        "P50 LLM TTFT per caller turn is 9.6x the incumbent's (5,457 ms vs 568 ms"
+        in ttft_check["detail"]
     )
-    assert "above the 3x limit" in ttft_check["detail"]
+    assert "above the 3.0x limit" in ttft_check["detail"]
     assert _check(receipt, "paired_reward")["status"] == "pass"  # +0.29: more accurate, and slower
     assert _check(receipt, "unauthorized_writes")["status"] == "fail"
-    assert "llm_ttft_ratio: candidate's LLM TTFT P50 is 9.6x" in receipt["reason"]
+    assert receipt["reason"].startswith("REJECT: cand's P50 LLM TTFT per caller turn is 9.6x inc's")

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from rich.markup import escape
 
 from pipecat_rl import defaults
 from pipecat_rl.cli.common import (
     cli_errors,
     config_file,
+    console,
     existing,
     new_ledger_kept_if_used,
     print_json,
@@ -49,7 +51,7 @@ from pipecat_rl.gate import (
     rollback,
     run_gate,
 )
-from pipecat_rl.gate.receipt import ci_text
+from pipecat_rl.gate.lineage import live_note
 from pipecat_rl.ledger import resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, load_scenarios
 from pipecat_rl.serving.server import VLLMAdmin
@@ -251,7 +253,10 @@ def gate(
         if from_ledger and scores is not None:
             raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
         if out is not None:  # refused before the gate runs, not after
-            output_folder(writable_folder(out, "--out"), "--out", force=force)
+            output_folder(
+                writable_folder(out, "--out"), "--out", force=force,
+                ledger=resolve_ledger_path(ledger),
+            )  # fmt: skip
         evidence = _evidence(
             scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
             heldout_set=heldout_set, source=source, mode=mode, transport=transport,
@@ -265,7 +270,10 @@ def gate(
         path = resolve_ledger_path(ledger)
         opened = open_ledger(ledger) if from_ledger else new_ledger_kept_if_used(path)
         with opened as store:
-            names = [n if scores else resolve_policy(store, n) for n in (candidate, incumbent)]
+            names = [resolve_policy(store, n) for n in (candidate, incumbent)]
+            for flag, requested in (("--candidate", candidate), ("--incumbent", incumbent)):
+                if (note := live_note(store, flag, requested)) is not None:
+                    console.print(note, markup=False, soft_wrap=True)
             folder = out or output_folder(_default_out(*names), "the default --out", force=force)
             done = run_gate(store, candidate, incumbent, evidence, settings, folder)
     receipt, paths = done.receipt, done.paths
@@ -274,15 +282,15 @@ def gate(
 
 
 def _report(receipt: GateReceipt, folder: Path, json_out: bool) -> None:
+    """The verdict's sentence, the reasons of the checks that held it back, and where it lies."""
     style = _VERDICT_STYLE[receipt.verdict]
-    p = receipt.paired
     out = results(json_out)
-    out.print(
-        f"[bold {style}]{receipt.verdict}[/bold {style}] {receipt.candidate.name} vs "
-        f"{receipt.incumbent.name}: mean delta {p.mean_delta:+.4f}, {ci_text(p)} over "
-        f"{p.n_scenarios} scenarios"
-    )
-    out.print(f"reason: {receipt.reason}", markup=False)
+    rest = receipt.reason.removeprefix(f"{receipt.verdict}:")
+    out.print(f"[bold {style}]{receipt.verdict}[/bold {style}]:{escape(rest)}")
+    held = {"fail", "uncertain"}
+    for check, reason in zip(receipt.checks, receipt.reasons, strict=False):
+        if check.status in held:
+            out.print(f"  - {reason}", markup=False)
     out.print(f"receipt: {folder}/receipt.json, receipt.md, receipt.html", markup=False)
     if json_out:
         print_json(receipt.model_dump(mode="json"))
@@ -333,11 +341,11 @@ def rollback_command(
 ) -> None:
     """Make the previously live adapter live again (loading it into the server if needed)."""
     with cli_errors(json_out), open_ledger(ledger) as store:
-        pointer = store.live()
+        target = store.rollback_target()
         try:
             move = rollback(store, _admin(llm_url))
         except GateError as e:
-            if pointer is None or pointer.previous is None:  # nothing to roll back to: the
+            if target is None:  # nothing to roll back to: the
                 raise ConfigError(str(e)) from e  # verb does not apply, no file is wrong
             raise
     _report_move("rolled back", move, json_out)

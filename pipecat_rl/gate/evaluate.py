@@ -30,10 +30,12 @@ from pipecat_rl.gate.inputs import GateData, RunResult, Unusable, llm_ttft_sampl
 from pipecat_rl.gate.latency import (
     LLM_MEASURES,
     STAGES,
+    TtftUnit,
     attribute_regression,
     cdf_points,
     compare_quantiles,
     compare_ratio,
+    llm_label,
     stage_quantiles,
 )
 from pipecat_rl.gate.lineage import Lineage
@@ -255,6 +257,7 @@ def _latency(pairs: list[PairedScenario], config: GateConfig) -> LatencyStats:
     }
     return LatencyStats(
         text_mode=all(r.channel == "text" for rs in runs.values() for r in rs),
+        llm_ttft_unit=_ttft_unit([r for rs in runs.values() for r in rs]),
         gated_on="heard_gap" if on_heard else "v2v",
         v2v_p95=compare_quantiles(gated["candidate"], gated["incumbent"], **kw),
         in_agent_v2v_p95=(
@@ -276,6 +279,18 @@ def _latency(pairs: list[PairedScenario], config: GateConfig) -> LatencyStats:
             for role, c in gated.items()
         },
     )
+
+
+def _ttft_unit(runs: list[RunResult]) -> TtftUnit | None:
+    """What the gated LLM TTFT was measured per (`inputs.llm_ttft_samples`), so it is named so."""
+    units = {
+        "call" if r.llm_call_ttft_ms else "caller_turn"
+        for r in runs
+        if r.llm_call_ttft_ms or r.stages_ms.get("llm_ttft_ms")
+    }
+    if not units:
+        return None
+    return units.pop() if len(units) == 1 else "mixed"
 
 
 def _heard_transports(runs: dict[str, list[RunResult]]) -> set[str | None]:
@@ -316,11 +331,16 @@ def _version() -> str:
 def _checks(
     interval: MeanInterval | None,
     receipt_parts: tuple[PairedStats, RegressionStats, LatencyStats, SafetyStats, RunAccounting],
-    candidate: Lineage,
+    lineages: tuple[Lineage, Lineage],
     config: GateConfig,
 ) -> tuple[GateCheck, ...]:
-    """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`)."""
+    """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`).
+
+    The policies' names and pass rates only word the verdict sentence.
+    """
     paired, regressions, latency, safety, accounting = receipt_parts
+    candidate, incumbent = lineages
+    names = (candidate.name, incumbent.name)
     v2v = latency.v2v_p95  # in audio mode this holds the heard gap (`gated_on`)
     measure = "heard gap" if latency.gated_on == "heard_gap" else "v2v"
     text, require = latency.text_mode, config.require_latency
@@ -329,22 +349,27 @@ def _checks(
                u.unverified)
         for role, u in accounting.unusable.items()
     }  # fmt: skip
+    rates = (paired.pass_k["candidate"].get(1), paired.pass_k["incumbent"].get(1))
+    pass_rates = None if rates[0] is None or rates[1] is None else (rates[0], rates[1])
     return (
         paired_check(
-            interval, paired.sign_flip, paired.zero_width, paired.n_scenarios, config.min_delta
+            interval, paired.sign_flip, paired.zero_width, paired.n_scenarios, config.min_delta,
+            names=names, pass_rates=pass_rates,
         ),
-        regressions_check(regressions.tests, config.regression_alpha, config.max_regressions),
+        regressions_check(regressions.tests, config.regression_alpha, config.max_regressions,
+                          names=names),
         p95_budget_check(v2v.candidate if v2v else None, config.p95_budget_ms, require, measure,
-                         text),
+                         text, names=names),
         p95_margin_check(v2v.difference if v2v else None, config.p95_margin_ms, require, measure,
-                         text),
+                         text, names=names),
         *(
-            llm_ratio_check(m, latency.llm.get(m), config.max_llm_latency_ratio, require and text)
+            llm_ratio_check(m, latency.llm.get(m), config.max_llm_latency_ratio, require and text,
+                            names=names, label=llm_label(m, latency.llm_ttft_unit))
             for m in LLM_MEASURES
         ),
-        writes_check(safety.candidate, safety.incumbent),
-        unusable_check(shares, config.max_unusable_share),
-        guard_check(candidate, config.require_guard),
+        writes_check(safety.candidate, safety.incumbent, names=names),
+        unusable_check(shares, config.max_unusable_share, names=names),
+        guard_check(candidate, config.require_guard, names=names),
     )  # fmt: skip
 
 
@@ -413,7 +438,7 @@ def evaluate(
             "comparable: the P95 checks gate on the in-agent v2v; run both policies on one"
         )
     parts = (paired, regressions, latency, safety, accounting)
-    checks = _checks(interval, parts, candidate, config)
+    checks = _checks(interval, parts, (candidate, incumbent), config)
     verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     return GateReceipt(
         receipt_id=uuid.uuid4().hex,
@@ -421,6 +446,7 @@ def evaluate(
         pipecat_rl_version=_version(),
         verdict=verdict.decision,
         reason=verdict.reason,
+        reasons=list(verdict.reasons),
         exit_code=verdict.exit_code,
         candidate=candidate,
         incumbent=incumbent,
@@ -540,7 +566,7 @@ def recheck(receipt: GateReceipt) -> tuple[Verdict, list[str]]:
     ):
         problems.append("the candidate's unauthorised writes disagree with the scenario table")
     parts = (recomputed_paired, regressions, receipt.latency, receipt.safety, receipt.runs)
-    checks = _checks(interval, parts, receipt.candidate, config)
+    checks = _checks(interval, parts, (receipt.candidate, receipt.incumbent), config)
     verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     for check, stored_check in zip(checks, receipt.checks, strict=False):
         if (check.name, check.status) != (stored_check.name, stored_check.status):

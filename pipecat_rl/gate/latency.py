@@ -29,6 +29,7 @@ together (the pairing):
 """
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -38,10 +39,39 @@ from pipecat_rl.scoring import P50, P95, quantile
 STAGES: tuple[str, ...] = ("endpointing_ms", "stt_ms", "llm_ttft_ms", "tts_ttfb_ms")
 """Pipeline stages a voice-to-voice regression is attributed to, in pipeline order."""
 
-LLM_MEASURES: dict[str, str] = {"llm_ttft_ms": "LLM TTFT", "llm_turn_ms": "LLM time per turn"}
+LLM_MEASURES: dict[str, str] = {
+    "llm_ttft_ms": "LLM TTFT per call",
+    "llm_turn_ms": "LLM time per call",
+}
 """What the text gate compares as candidate / incumbent ratios, and how a receipt names them:
 each LLM call's time from request to its first token (`gate.inputs.llm_ttft_samples`; the
 `llm_ttft_ms` stage of a caller turn also waits for its tool rounds) and to its last token."""
+
+TtftUnit = Literal["call", "caller_turn", "mixed"]
+"""What the gated LLM TTFT was measured per: each LLM call, or (runs without per-call timing,
+such as a scores file with `stages_ms` only) each caller turn, or some of each."""
+
+STAGE_LABELS: dict[str, str] = {
+    "endpointing_ms": "endpointing",
+    "stt_ms": "STT",
+    "llm_ttft_ms": "LLM TTFT per caller turn",
+    "tts_ttfb_ms": "TTS time to first byte",
+}
+"""How receipts name the pipeline stages: every one is per caller turn, so the LLM's first token
+there waits for the turn's tool rounds (not the per-call TTFT the text gate compares)."""
+
+
+def llm_label(measure: str, ttft_unit: TtftUnit | None = None) -> str:
+    """The name of one of `LLM_MEASURES`, saying what the TTFT was measured per.
+
+    `ttft_unit` None (a receipt before schema 5) reads as per call, which those receipts gated on
+    wherever per-call timing was recorded.
+    """
+    if measure != "llm_ttft_ms" or ttft_unit in (None, "call"):
+        return LLM_MEASURES[measure]
+    if ttft_unit == "caller_turn":
+        return "LLM TTFT per caller turn"
+    return "LLM TTFT (per call where recorded, else per caller turn)"
 
 Clusters = Sequence[Sequence[Sequence[float]]]
 """Per scenario, per session, the turns' latencies (ms)."""

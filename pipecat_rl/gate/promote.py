@@ -176,21 +176,26 @@ def promote(
 
 
 def rollback(ledger: Ledger, admin: VLLMAdmin | None = None) -> LiveMove:
-    """Point live back at the adapter that served before the current one, loading it if needed.
+    """Step live back to the adapter that served before the current one, loading it if needed.
+
+    Two rollbacks go two steps back through the promotions, never forward again to the adapter
+    the first one left (`Ledger.rollback_live`).
 
     Raises:
-        GateError: nothing was promoted yet, or the pointer records nothing before it.
+        GateError: nothing was promoted yet, or earlier rollbacks already stepped back to the
+            first adapter that served (the message says "nothing to roll back to").
     """
-    pointer = ledger.live()
-    if pointer is None or pointer.previous is None:
+    target = ledger.rollback_target()
+    if target is None:
+        pointer = ledger.live()
         raise GateError(
             "nothing to roll back to: "
             + (
                 "nothing was ever promoted"
                 if pointer is None
-                else f"{pointer.adapter!r} has nothing recorded before it"
+                else f"{pointer.adapter!r} is live and nothing served before it"
             )
             + "; promote a receipt instead."
         )
-    server = _serve(ledger, pointer.previous, admin)
+    server = _serve(ledger, target, admin)
     return _moved(ledger.rollback_live(), server)

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipecat_rl.errors import GateError
 from pipecat_rl.gate.config import GateConfig
@@ -24,29 +24,50 @@ from pipecat_rl.gate.cost import CostSummary
 from pipecat_rl.gate.inputs import InputSource, Unusable
 from pipecat_rl.gate.latency import (
     LLM_MEASURES,
+    STAGE_LABELS,
+    STAGES,
     QuantileComparison,
     QuantileInterval,
     RatioComparison,
     StageQuantiles,
+    TtftUnit,
+    llm_label,
 )
 from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.regressions import RegressionTest
-from pipecat_rl.gate.safety import SafetyArm, describe
+from pipecat_rl.gate.safety import SafetyArm
 from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
-from pipecat_rl.gate.verdict import Decision, GateCheck
+from pipecat_rl.gate.verdict import Decision, GateCheck, check_reason, writes_words
+from pipecat_rl.gate.wording import (
+    PER_CALL_VS_TURN,
+    STATUS_WORDS,
+    count,
+    delta,
+    interval,
+    join_and,
+    ms,
+    p_value,
+    rate,
+    ratio,
+)
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.scoring import HotSpotRow, HotSpots
 
 RECEIPT_FILES = ("receipt.json", "receipt.md", "receipt.html")
 """The files of a receipt folder, the source of truth first (`write_receipt`)."""
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped on any change a reader of an older receipt would misread (2: t interval, evidence-based
 regressions, authoritative score, receipt id; 3: exact discordant-pair regression tests, the
 sign-flip test, REJECT only on a surely worse candidate, Woodruff P95 intervals and paired
 differences, text-mode LLM latency ratios, both arms' unauthorised writes with a denominator,
 unusable runs counted, runs paired by seed and occurrence; 4: the unauthorised-write bound takes the
-scenario as its unit). Receipts of schema 3 still load."""
+scenario as its unit; 5: `reason` is one sentence and `reasons` one entry per check, the checks'
+details are sentences in one number format, and `latency.llm_ttft_unit` says what the gated TTFT
+was measured per). Receipts of schema 3 and 4 still load."""
+
+OLDEST_SCHEMA = 3
+"""The oldest receipt schema this version still reads (and `promote` still verifies)."""
 
 Role = Literal["candidate", "incumbent"]
 
@@ -108,6 +129,10 @@ class LatencyStats(_Part):
     """Beside a heard-gap gate: the in-agent voice-to-voice P95, for attribution."""
     llm: dict[str, RatioComparison | None]
     """Candidate / incumbent P50 of each of `LLM_MEASURES` (None without samples for both)."""
+    llm_ttft_unit: TtftUnit | None = None
+    """What the gated LLM TTFT was measured per: each LLM call, or (runs without per-call
+    timing) each caller turn, or some of each; None without TTFT samples, and before schema 5
+    (per call wherever it was recorded)."""
     stages: dict[Role, dict[str, StageQuantiles]]
     attributed_stage: str | None
     """The stage whose P95 grew most from incumbent to candidate (None if none grew)."""
@@ -178,13 +203,18 @@ class ScenarioRow(_Part):
 class GateReceipt(_Part):
     """Everything about one gate decision."""
 
-    schema_version: Literal[3, 4] = SCHEMA_VERSION
+    schema_version: Literal[3, 4, 5] = SCHEMA_VERSION
     receipt_id: str
     """Unique per gate run, so two runs of the same data are two receipts."""
     created_at: str
     pipecat_rl_version: str
     verdict: Decision
     reason: str
+    """One sentence a person can act on, led by the verdict (before schema 5: every check's
+    detail joined)."""
+    reasons: list[str] = Field(default_factory=list)
+    """One entry per check, in the order of `checks`: its title, status and detail (empty before
+    schema 5; `reasons_of` words an older receipt's checks the same way)."""
     exit_code: int
     candidate: Lineage
     incumbent: Lineage
@@ -206,6 +236,20 @@ class GateReceipt(_Part):
     hotspots: HotSpotStats | None = None
     """None when no paired scenario has axes (and in receipts written before hot spots)."""
 
+    @model_validator(mode="after")
+    def _one_reason_per_check(self) -> "GateReceipt":
+        """From schema 5, every check has its entry in `reasons`."""
+        if self.schema_version >= 5 and len(self.reasons) != len(self.checks):
+            raise ValueError(
+                f"reasons has {len(self.reasons)} entries for {len(self.checks)} checks"
+            )
+        return self
+
+
+def reasons_of(r: GateReceipt) -> list[str]:
+    """The receipt's reasons, one per check; an older receipt's worded from its checks."""
+    return r.reasons or [check_reason(c) for c in r.checks]
+
 
 def load_receipt(path: Path) -> GateReceipt:
     """Read a receipt.json (or the folder holding one).
@@ -220,74 +264,165 @@ def load_receipt(path: Path) -> GateReceipt:
         raise GateError(f"cannot read the receipt {file}: {e.strerror}; check the path.") from e
     except ValidationError as e:
         raise GateError(
-            f"{file} is not a gate receipt of schema version 3 or {SCHEMA_VERSION} "
+            f"{file} is not a gate receipt of schema version {OLDEST_SCHEMA} to {SCHEMA_VERSION} "
             f"({e.error_count()} problem(s)); re-run `pipecat-rl gate` to produce one."
         ) from e
 
 
 def ci_text(p: PairedStats) -> str:
     """The interval as people read it, with its method and the sign-flip test beside it."""
-    flip = f"sign-flip p = {p.sign_flip.p_two_sided:.2g} ({p.sign_flip.method})"
+    flip = f"sign-flip p = {p_value(p.sign_flip.p_two_sided)} ({p.sign_flip.method})"
     if p.ci95 is None:
         return f"no interval ({p.n_scenarios} scenario: an interval needs two); {flip}"
     low, high = p.ci95
     width = ", zero width: no evidence of spread" if p.zero_width else ""
-    return (
-        f"{p.level:.0%} CI [{low:.4g}, {high:.4g}] (Student t, {p.df} df, se {p.se:.3g}{width}); "
-        f"{flip}"
-    )
+    se = "" if p.se is None else f", se {p.se:.3f}"
+    return f"{interval(low, high)} (Student t, {p.df} df{se}{width}); {flip}"
 
 
 def _fmt(value: float | None, digits: str = ".3g") -> str:
     return "n/a" if value is None else format(value, digits)
 
 
-def _quantile_line(role: str, i: QuantileInterval) -> str:
-    high = f"{i.high:.0f}" if i.bounded else "unbounded"
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else ms(value)
+
+
+LATENCY_CHECKS = ("p95_budget", "p95_vs_incumbent", "llm_ttft_ratio", "llm_turn_ratio")
+"""The checks that read latency, in the order the receipt lists them."""
+
+
+def p95_name(lat: LatencyStats) -> str:
+    """What the gated P95 measures, in words."""
+    return "heard gap" if lat.gated_on == "heard_gap" else "voice-to-voice"
+
+
+def latency_gates(r: GateReceipt) -> str:
+    """Which latency measures gate this receipt, and that the stages per caller turn do not."""
+    t, lat = r.thresholds, r.latency
+    said = {
+        "p95_budget": f"the {p95_name(lat)} P95 within the {ms(t.p95_budget_ms)} budget",
+        "p95_vs_incumbent": f"the {p95_name(lat)} P95 at most {ms(t.p95_margin_ms)} over the "
+        "incumbent's",
+        **{
+            f"{'llm_ttft' if m == 'llm_ttft_ms' else 'llm_turn'}_ratio": f"the P50 "
+            f"{llm_label(m, lat.llm_ttft_unit)} at most {ratio(t.max_llm_latency_ratio)} the "
+            "incumbent's"
+            for m in LLM_MEASURES
+        },
+    }  # fmt: skip
+    gated = [
+        f"{said[c.name]} ({STATUS_WORDS[c.status]})"
+        for c in r.checks
+        if c.name in LATENCY_CHECKS and c.status != "unavailable"
+    ]
+    if not gated:
+        return "No latency check gated this receipt (latency not required, or not measured)."
     return (
-        f"- {role} P95 {i.estimate:.0f} ms [{i.low:.0f}, {high}] (Woodruff, {i.turns} turns in "
-        f"{i.clusters} scenarios)"
+        f"Gated on the candidate's latency: {join_and(gated)}. The per-stage figures below "
+        "break the latency down; no check reads them."
     )
 
 
-def _latency_lines(lat: LatencyStats) -> list[str]:
-    lines = []
+def p95_rows(lat: LatencyStats) -> list[list[str]]:
+    """The gated P95: per policy and the difference, as (what, estimate, 95% interval, turns)."""
+    v = lat.v2v_p95
+    if v is None:
+        return []
+
+    def high(i: QuantileInterval) -> str:
+        return ms(i.high) if i.bounded else "unbounded"
+
+    d = v.difference
+    return [
+        *([role, ms(i.estimate), f"{ms(i.low)} to {high(i)}", f"{i.turns:,} in {i.clusters}"]
+          for role, i in (("candidate", v.candidate), ("incumbent", v.incumbent))),
+        ["candidate − incumbent", ms(d.estimate, signed=True),
+         f"{ms(d.low, signed=True)} to {ms(d.high, signed=True)}", f"{v.clusters} scenarios"],
+    ]  # fmt: skip
+
+
+def llm_rows(r: GateReceipt) -> list[list[str]]:
+    """Per LLM call: (measure, candidate P50, incumbent P50, ratio, 95% interval, status)."""
+    lat, status = r.latency, {c.name: c.status for c in r.checks}
+    rows = []
+    for measure in LLM_MEASURES:
+        c = lat.llm.get(measure)
+        name = f"{'llm_ttft' if measure == 'llm_ttft_ms' else 'llm_turn'}_ratio"
+        label = llm_label(measure, lat.llm_ttft_unit)
+        word = STATUS_WORDS.get(status.get(name, "unavailable"), "")
+        if c is None:
+            rows.append([label, "n/a", "n/a", "n/a", "no samples for both policies", word])
+        else:
+            rows.append([
+                label, ms(c.candidate), ms(c.incumbent), ratio(c.ratio.estimate),
+                f"{ratio(c.ratio.low)} to {ratio(c.ratio.high)}",
+                f"{word} (limit {ratio(r.thresholds.max_llm_latency_ratio)})",
+            ])  # fmt: skip
+    return rows
+
+
+def stage_rows(lat: LatencyStats) -> list[list[str]]:
+    """Per caller turn, each measured stage: (stage, P50 and P95 of each policy, turns)."""
+    cand, inc = lat.stages["candidate"], lat.stages["incumbent"]
+    return [
+        [STAGE_LABELS.get(s, s), _ms(cand[s].p50), _ms(cand[s].p95), _ms(inc[s].p50),
+         _ms(inc[s].p95), f"{cand[s].n:,} / {inc[s].n:,}"]
+        for s in STAGES
+        if s in cand and s in inc and (cand[s].n or inc[s].n)
+    ]  # fmt: skip
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows),
+    ]
+
+
+def _latency_lines(r: GateReceipt) -> list[str]:
+    lat = r.latency
+    lines = [latency_gates(r), "", PER_CALL_VS_TURN, ""]
     if lat.v2v_p95 is None:
         lines.append(
             "No voice-to-voice samples: text mode." if lat.text_mode
             else "No voice-to-voice samples for both policies."
         )  # fmt: skip
     else:
-        v = lat.v2v_p95
-        if lat.gated_on == "heard_gap":
-            lines.append("Gated on the caller-side heard gap (audio mode).")
         lines += [
-            _quantile_line("candidate", v.candidate),
-            _quantile_line("incumbent", v.incumbent),
-            f"- difference {v.difference.estimate:+.0f} ms [{v.difference.low:+.0f}, "
-            f"{v.difference.high:+.0f}] (scenarios resampled with both policies together)",
+            f"### {p95_name(lat).capitalize()} P95, per caller turn",
+            "",
+            *_md_table(["P95", "estimate", "95% interval", "turns in scenarios"], p95_rows(lat)),
+            "",
+            "Woodruff intervals per policy; the difference resamples scenarios with both "
+            "policies together.",
         ]
-    for measure, label in LLM_MEASURES.items():
-        c = lat.llm.get(measure)
-        if c is not None:
-            lines.append(
-                f"- {label} P50: candidate {c.candidate:,.0f} ms, incumbent {c.incumbent:,.0f} ms, "
-                f"ratio {c.ratio.estimate:.2g}x [{c.ratio.low:.2g}, {c.ratio.high:.2g}] over "
-                f"{c.clusters} paired scenarios"
-            )
     lines += [
-        f"- stage whose P95 grew most: {lat.attributed_stage or 'none'}",
         "",
-        "| stage | cand P50 | cand P95 | inc P50 | inc P95 |",
-        "|---|---|---|---|---|",
+        "### Per LLM call",
+        "",
+        *_md_table(
+            ["measure (P50)", "candidate", "incumbent", "candidate / incumbent", "95% interval",
+             "check"],
+            llm_rows(r),
+        ),  # fmt: skip
     ]
-    cand_stages, inc_stages = lat.stages["candidate"], lat.stages["incumbent"]
-    for stage in cand_stages:
-        c, i = cand_stages[stage], inc_stages[stage]
-        lines.append(
-            f"| {stage} | {_fmt(c.p50, '.0f')} | {_fmt(c.p95, '.0f')} | "
-            f"{_fmt(i.p50, '.0f')} | {_fmt(i.p95, '.0f')} |"
-        )
+    stages = stage_rows(lat)
+    if stages:
+        grew = lat.attributed_stage
+        lines += [
+            "",
+            "### Per caller turn, by stage",
+            "",
+            *_md_table(
+                ["stage", "candidate P50", "candidate P95", "incumbent P50", "incumbent P95",
+                 "turns (candidate / incumbent)"],
+                stages,
+            ),  # fmt: skip
+            "",
+            f"Stage whose P95 grew most: {STAGE_LABELS.get(grew, grew) if grew else 'none'}.",
+        ]
     return lines
 
 
@@ -304,7 +439,8 @@ def _regression_lines(g: RegressionStats) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|",
             *(
                 f"| {t.kind} | {t.unit} | {t.scenarios} | {t.pairs} | {t.worse} | {t.better} | "
-                f"{t.p_value:.3g} | {_fmt(t.adjusted_p)} | "
+                f"{p_value(t.p_value)} | "
+                f"{'n/a' if t.adjusted_p is None else p_value(t.adjusted_p)} | "
                 f"{'untested' if not t.tested else 'yes' if t.confirmed else 'no'} |"
                 for t in shown
             ),
@@ -367,25 +503,24 @@ def render_markdown(r: GateReceipt) -> str:
         f"requested as `{r.incumbent.requested}`), {p.n_scenarios} held-out scenarios, "
         f"up to {r.repeats} paired runs each, from {r.input.kind} `{r.input.path}`.",
         "",
-        f"Reason: {r.reason}",
+        f"**{r.reason}**" if r.schema_version >= 5 else f"Reason: {r.reason}",
         "",
         "## Checks",
         "",
-        "| check | status | detail |",
-        "|---|---|---|",
-        *(f"| {c.name} | {c.status} | {c.detail} |" for c in r.checks),
+        *(f"- {reason}" for reason in reasons_of(r)),
         "",
         "## Paired score",
         "",
         f"- score: {p.score}",
-        f"- mean delta {p.mean_delta:.4g}, {ci_text(p)}",
+        f"- mean delta {delta(p.mean_delta)}, {ci_text(p)}",
         f"- wins / losses / ties: {p.wins} / {p.losses} / {p.ties} (tie band {p.tie_band:g})",
-        f"- MDE {_fmt(p.sample_size.mde)}; scenarios to decide "
+        f"- smallest detectable effect "
+        f"{'n/a' if p.sample_size.mde is None else delta(p.sample_size.mde)}; scenarios to decide "
         f"{_fmt(p.sample_size.required_scenarios, 'd')}; repeats to decide "
         f"{_fmt(p.sample_size.required_repeats, 'd')}",
         *(
             f"- pass^k {role}: "
-            + ", ".join(f"k={k}: {v:.3f}" for k, v in sorted(p.pass_k[role].items()))
+            + ", ".join(f"k={k}: {rate(v)}" for k, v in sorted(p.pass_k[role].items()))
             for role in ("candidate", "incumbent")
         ),
         "",
@@ -395,18 +530,19 @@ def render_markdown(r: GateReceipt) -> str:
         "",
         "## Latency",
         "",
-        *_latency_lines(r.latency),
+        *_latency_lines(r),
         "",
         "## Safety",
         "",
-        f"- {describe(r.safety.candidate, 'candidate')}",
-        f"- {describe(r.safety.incumbent, 'incumbent')}",
+        f"- {writes_words(r.safety.candidate, 'the candidate')}",
+        f"- {writes_words(r.safety.incumbent, 'the incumbent')}",
         "",
         "## Runs",
         "",
         *(
-            f"- {role}: {r.runs.paired[role]} paired; left out {u.harness_errors} harness "
-            f"error(s), {u.unverified} unverified, {u.unindexed} without a scenario or repeat"
+            f"- {role}: {r.runs.paired[role]} paired; left out "
+            f"{count(u.harness_errors, 'harness error')}, {count(u.unverified, 'unverified run')} "
+            f"and {count(u.unindexed, 'run')} without a scenario or repeat"
             for role, u in r.runs.unusable.items()
         ),
         "",
@@ -433,8 +569,8 @@ def render_markdown(r: GateReceipt) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.scenario} | {s.group or ''} | {s.pairs} | {s.candidate_mean:.3f} | "
-            f"{s.incumbent_mean:.3f} | {s.delta:+.3f} | {s.outcome} | {s.worse_runs} / "
-            f"{s.better_runs} | {s.regression_p:.3g} | {s.regression} |"
+            f"{s.incumbent_mean:.3f} | {delta(s.delta)} | {s.outcome} | {s.worse_runs} / "
+            f"{s.better_runs} | {p_value(s.regression_p)} | {s.regression} |"
             for s in r.scenarios
         ),
         *_hotspot_lines(r.hotspots),
@@ -442,7 +578,8 @@ def render_markdown(r: GateReceipt) -> str:
         "## Lineage",
         "",
         *(
-            f"- {role}: `{lin.name}` ({lin.kind}); guard {lin.guard}: {lin.guard_detail}"
+            f"- {role}: `{lin.name}` ({lin.kind}), guard {lin.guard.replace('_', ' ')}: "
+            f"{lin.guard_detail}"
             for role, lin in (("candidate", r.candidate), ("incumbent", r.incumbent))
         ),
         f"- held-out set: {r.input.heldout_set_id or 'n/a'}; input sha256: "

@@ -14,8 +14,18 @@ import html
 from collections.abc import Callable, Collection
 from typing import Any
 
-from pipecat_rl.gate.latency import LLM_MEASURES, STAGES, QuantileInterval
-from pipecat_rl.gate.receipt import GateReceipt, ci_text, hotspot_rows, rate_text
+from pipecat_rl.gate.latency import STAGE_LABELS, QuantileInterval, llm_label
+from pipecat_rl.gate.receipt import (
+    GateReceipt,
+    ci_text,
+    hotspot_rows,
+    latency_gates,
+    llm_rows,
+    p95_name,
+    p95_rows,
+    rate_text,
+    stage_rows,
+)
 from pipecat_rl.gate.report_plots import (
     HEATMAP_ROWS,
     MISSING,
@@ -30,21 +40,21 @@ from pipecat_rl.gate.report_plots import (
 )
 from pipecat_rl.gate.report_training import Training, lineage_training
 from pipecat_rl.gate.verdict import GateCheck
+from pipecat_rl.gate.wording import (
+    CHECK_TITLES,
+    PER_CALL_VS_TURN,
+    delta,
+    ms,
+    p_value,
+    plain,
+    rate,
+    ratio,
+)
 from pipecat_rl.ledger import Ledger
 
 _VERDICT_COLORS = {"PROMOTE": "#2da44e", "REJECT": "#cf222e", "INCONCLUSIVE": "#bf8700"}
 
-TITLES = {
-    "paired_reward": "Paired score, candidate − incumbent",
-    "regressions": "Regressions",
-    "p95_budget": "P95 latency against the budget",
-    "p95_vs_incumbent": "P95 latency against the incumbent",
-    "llm_ttft_ratio": "LLM time to first token",
-    "llm_turn_ratio": "LLM time per turn",
-    "unauthorized_writes": "Unauthorised writes",
-    "unusable_runs": "Unusable runs",
-    "training_guard": "Training guard",
-}
+TITLES = CHECK_TITLES
 """How the page names each check (the receipt's name is shown beside it)."""
 
 _CSS = """
@@ -99,12 +109,12 @@ def _status(status: str) -> str:
 
 
 def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.0f}"
+    return "—" if value is None else ms(value)
 
 
 def _quantile_cells(i: QuantileInterval) -> tuple[str, str]:
-    high = f"{i.high:,.0f}" if i.bounded else "unbounded"
-    return f"{i.estimate:,.0f}", f"[{i.low:,.0f}, {high}]"
+    high = ms(i.high) if i.bounded else "unbounded"
+    return ms(i.estimate), f"{ms(i.low)} to {high}"
 
 
 def _names(checks: list[GateCheck]) -> str:
@@ -154,12 +164,15 @@ Rows = list[list[str]]
 def _paired_rows(r: GateReceipt) -> Rows:
     p = r.paired
     interval = "none (an interval needs 2 scenarios)" if p.ci95 is None else (
-        f"[{p.ci95[0]:+.3g}, {p.ci95[1]:+.3g}]"
+        f"{delta(p.ci95[0])} to {delta(p.ci95[1])}"
     )  # fmt: skip
+    rates = {role: p.pass_k[role].get(1) for role in ("candidate", "incumbent")}
     return [
-        ["mean delta over scenarios", f"{p.mean_delta:+.3g}", interval,
-         f"lower bound &gt; {r.thresholds.min_delta:g}"],
-        ["sign-flip test of no difference", f"p = {p.sign_flip.p_two_sided:.2g}", "", ""],
+        ["mean delta over scenarios", delta(p.mean_delta), interval,
+         f"lower bound &gt; {delta(r.thresholds.min_delta)}"],
+        *([f"{role} passes (pass^1)", rate(v), "", ""] for role, v in rates.items()
+          if v is not None),
+        ["sign-flip test of no difference", f"p = {p_value(p.sign_flip.p_two_sided)}", "", ""],
         [f"scenarios won / lost / tied (tie band ±{p.tie_band:g})",
          f"{p.wins} / {p.losses} / {p.ties}", "", ""],
     ]  # fmt: skip
@@ -173,8 +186,8 @@ def _regression_rows(r: GateReceipt) -> Rows:
             rows.append([
                 f"{esc(t.kind)} {esc(t.unit)}: runs lost / won of paired",
                 f"{t.worse} / {t.better} of {t.pairs}",
-                f"p {t.p_value:.3g}, Holm-adjusted "
-                + ("untested" if t.adjusted_p is None else f"{t.adjusted_p:.3g}"),
+                f"p {p_value(t.p_value)}, Holm-adjusted "
+                + ("untested" if t.adjusted_p is None else p_value(t.adjusted_p)),
                 f"adjusted p ≤ {g.alpha:g}",
             ])  # fmt: skip
     return rows
@@ -185,43 +198,36 @@ def _p95_rows(r: GateReceipt, *, margin: bool) -> Rows:
     measure = measure_name(r)
     if v is None:
         what = "candidate − incumbent" if margin else "candidate"
-        return [[f"{what} {measure} P95 (ms)", "no voice-to-voice samples", "", ""]]
+        return [[f"{what} {measure} P95", "no voice-to-voice samples", "", ""]]
     if margin:
         d = v.difference
         return [
-            [f"{measure} P95, candidate − incumbent (ms)", f"{d.estimate:+,.0f}",
-             f"[{d.low:+,.0f}, {d.high:+,.0f}]", f"upper bound ≤ {r.thresholds.p95_margin_ms:g}"],
+            [f"{measure} P95, candidate − incumbent", ms(d.estimate, signed=True),
+             f"{ms(d.low, signed=True)} to {ms(d.high, signed=True)}",
+             f"upper bound ≤ {ms(r.thresholds.p95_margin_ms)}"],
         ]  # fmt: skip
     value, interval = _quantile_cells(v.candidate)
     return [
-        [f"candidate {measure} P95 (ms)", value, interval,
-         f"upper bound ≤ {r.thresholds.p95_budget_ms:,.0f}"],
-        [f"incumbent {measure} P95 (ms)", *_quantile_cells(v.incumbent), ""],
+        [f"candidate {measure} P95", value, interval,
+         f"upper bound ≤ {ms(r.thresholds.p95_budget_ms)}"],
+        [f"incumbent {measure} P95", *_quantile_cells(v.incumbent), ""],
     ]  # fmt: skip
 
 
 def _llm_rows(measure: str) -> Callable[[GateReceipt], Rows]:
+    """The per-call P50s and their ratio: what the check reads, under the measure's own name."""
+
     def rows(r: GateReceipt) -> Rows:
-        label = LLM_MEASURES[measure]
+        label = esc(llm_label(measure, r.latency.llm_ttft_unit))
         c = r.latency.llm.get(measure)
         if c is None:
-            return [[f"{label} P50 (ms)", "no samples for both policies", "", ""]]
-        out = [
-            [f"candidate {label} P50 (ms)", _ms(c.candidate), "", ""],
-            [f"incumbent {label} P50 (ms)", _ms(c.incumbent), "", ""],
-        ]
-        if measure in STAGES:
-            out += [  # the pipeline stage: one per caller turn, its tool rounds included
-                [f"{role} {label} P95 per caller turn (ms)",
-                 _ms(r.latency.stages[role][measure].p95), "tool rounds included", ""]
-                for role in ("candidate", "incumbent")
-            ]  # fmt: skip
-        ratio = c.ratio
+            return [[f"{label} P50", "no samples for both policies", "", ""]]
         return [
-            *out,
-            ["candidate / incumbent P50", f"{ratio.estimate:.2g}x",
-             f"[{ratio.low:.2g}x, {ratio.high:.2g}x]",
-             f"upper bound ≤ {r.thresholds.max_llm_latency_ratio:g}x"],
+            [f"candidate {label} P50", _ms(c.candidate), "", ""],
+            [f"incumbent {label} P50", _ms(c.incumbent), "", ""],
+            ["candidate / incumbent P50", ratio(c.ratio.estimate),
+             f"{ratio(c.ratio.low)} to {ratio(c.ratio.high)}",
+             f"upper bound ≤ {ratio(r.thresholds.max_llm_latency_ratio)}"],
         ]  # fmt: skip
 
     return rows
@@ -246,7 +252,7 @@ def _unusable_rows(r: GateReceipt) -> Rows:
         [f"{role}: runs left out ({u.harness_errors} harness error(s), {u.unverified} "
          "unverified) / paired",
          f"{u.harness_errors + u.unverified} / {r.runs.paired.get(role, 0)}", "",
-         f"at most {r.runs.max_unusable_share:.0%} of its runs"]
+         f"at most {rate(r.runs.max_unusable_share)} of its runs"]
         for role, u in r.runs.unusable.items()
     ]  # fmt: skip
 
@@ -311,46 +317,58 @@ def _figure(fig: Any, caption: str) -> str:
 
 
 def latency_section(r: GateReceipt) -> str:
-    """The gated P95 and each stage as numbers, each beside its plot when it has data."""
+    """What gates, then the gated P95, the per-call LLM figures and the per-caller-turn stages.
+
+    Each under its own name, and as numbers beside its plot when it has data: a per-caller-turn
+    figure (tool rounds included) is never shown as if it were the per-call one the check reads.
+    """
     lat = r.latency
-    parts = []
+    parts = [
+        f"<p><b>{esc(latency_gates(r))}</b></p>",
+        f'<p class="detail">{esc(PER_CALL_VS_TURN)}</p>',
+    ]
     cdf = cdf_figure(r)
     if lat.v2v_p95 is None:
         why = "text mode, the LLM stages are gated instead" if lat.text_mode else (
             "not for both policies in two or more scenarios")  # fmt: skip
         parts.append(f'<p class="missing">No voice-to-voice samples ({why}).</p>')
     else:
-        v = lat.v2v_p95
         table = _table(
-            ["P95 (ms)", "estimate", "95% interval", "turns / scenarios"],
-            [[role, *_quantile_cells(i), f"{i.turns} / {i.clusters}"]
-             for role, i in (("candidate", v.candidate), ("incumbent", v.incumbent))]
-            + [["candidate − incumbent", f"{v.difference.estimate:+,.0f}",
-                f"[{v.difference.low:+,.0f}, {v.difference.high:+,.0f}]", str(v.clusters)]],
-        )  # fmt: skip
+            ["P95", "estimate", "95% interval", "turns in scenarios"],
+            [[esc(c) for c in row] for row in p95_rows(lat)],
+        )
         plot = (
             _figure(cdf, "Pooled turns of every paired run; dashed: the P95 budget.") if cdf else ""
         )
         parts.append(
-            f'<h3>{esc(measure_name(r).capitalize())}</h3><div class="pair">{table}{plot}</div>'
+            f"<h3>{esc(p95_name(lat).capitalize())} P95, per caller turn</h3>"
+            f'<div class="pair">{table}{plot}</div>'
         )
-    measured = measured_stages(r)
-    if not measured:
+    parts.append(
+        "<h3>Per LLM call</h3>"
+        + _table(
+            ["measure (P50)", "candidate", "incumbent", "candidate / incumbent", "95% interval",
+             "check"],
+            [[esc(c) for c in row] for row in llm_rows(r)],
+        )
+    )  # fmt: skip
+    rows = stage_rows(lat)
+    if not measured_stages(r) or not rows:
         parts.append('<p class="missing">No per-stage latency samples.</p>')
         return "".join(parts)
-    cand, inc = lat.stages["candidate"], lat.stages["incumbent"]
     table = _table(
-        ["stage (ms)", "cand P50", "cand P95", "inc P50", "inc P95", "turns"],
-        [[esc(s.removesuffix("_ms")), _ms(cand[s].p50), _ms(cand[s].p95), _ms(inc[s].p50),
-          _ms(inc[s].p95), f"{cand[s].n} / {inc[s].n}"] for s in measured],
+        ["stage", "candidate P50", "candidate P95", "incumbent P50", "incumbent P95",
+         "turns (cand / inc)"],
+        [[esc(c) for c in row] for row in rows],
     )  # fmt: skip
     grew = lat.attributed_stage
     note = (
-        f"<p>Stage whose P95 grew most: <b>{esc(grew.removesuffix('_ms'))}</b>.</p>" if grew else ""
-    )
+        f"<p>Stage whose P95 grew most: <b>{esc(STAGE_LABELS.get(grew, grew))}</b>.</p>"
+        if grew else ""
+    )  # fmt: skip
     plot = stages_figure(r)
     parts.append(
-        f'<h3>Per stage</h3>{note}<div class="pair">{table}'
+        f'<h3>Per caller turn, by stage</h3>{note}<div class="pair">{table}'
         f"{_figure(plot, 'Solid: P50, light: P95.') if plot else ''}</div>"
     )
     return "".join(parts)
@@ -367,8 +385,10 @@ def _field(value: Any) -> str:
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return plain(value)
     return esc(str(value))
 
 
@@ -417,8 +437,8 @@ def scenario_table(r: GateReceipt, failed: set[str]) -> str:
     rows = [
         [f"<b>{esc(s.scenario)}</b>" if s.scenario in failed else esc(s.scenario),
          esc(s.group or ""), str(s.pairs), f"{s.candidate_mean:.3f}", f"{s.incumbent_mean:.3f}",
-         f"{s.delta:+.3f}", s.outcome, f"{s.worse_runs} / {s.better_runs}",
-         f"{s.regression_p:.3g}", s.regression,
+         delta(s.delta), s.outcome, f"{s.worse_runs} / {s.better_runs}",
+         p_value(s.regression_p), s.regression,
          f"{s.candidate_unauthorized_writes} / {s.incumbent_unauthorized_writes}"]
         for s in r.scenarios
     ]  # fmt: skip
@@ -506,7 +526,7 @@ def render_html(r: GateReceipt, ledger: Ledger | None = None) -> str:
 <p><b>Reason:</b> {esc(r.reason)}</p>
 <p><b>{esc(r.candidate.name)}</b> (candidate) vs <b>{esc(r.incumbent.name)}</b> (incumbent),
 {p.n_scenarios} held-out scenarios, up to {r.repeats} paired runs each;
-mean delta {p.mean_delta:.4g}, {esc(ci_text(p))}.</p>
+mean delta {delta(p.mean_delta)}, {esc(ci_text(p))}.</p>
 {failed_html}
 <h2>Checks</h2>{checks}
 <h2>Latency</h2>{latency_section(r)}

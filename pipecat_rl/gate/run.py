@@ -87,13 +87,15 @@ def gather(
             (refused before any episode runs).
     """
     judged = settings.judged_metrics
+    # `live` is the ledger's live adapter whatever the runs come from: a scores file names the
+    # adapters it ran, never "live".
+    names = resolve_policy(ledger, candidate), resolve_policy(ledger, incumbent)
     if isinstance(evidence, FromScores):
         return (
-            load_scores(evidence.path, candidate, incumbent, judged=judged),
-            unknown_lineage(candidate, candidate, SCORES_GUARD),
-            unknown_lineage(incumbent, incumbent, SCORES_GUARD),
+            load_scores(evidence.path, *names, judged=judged),
+            unknown_lineage(candidate, names[0], SCORES_GUARD),
+            unknown_lineage(incumbent, names[1], SCORES_GUARD),
         )
-    names = resolve_policy(ledger, candidate), resolve_policy(ledger, incumbent)
     if isinstance(evidence, Simulated):
         from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
 

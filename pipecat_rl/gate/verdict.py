@@ -23,17 +23,39 @@ operating-characteristics simulation applies to thousands of trials at once).
 - `unusable_runs`: an arm with more than `max_unusable_share` of its runs lost to harness errors
   or missing verdicts is uncertain: those runs might have gone either way.
 - `training_guard`: a failed, or required and missing, guard fails.
+
+What a person reads: the verdict's `reason` is one sentence to act on (`decide`: the decision,
+then the few words each deciding check gives as its `headline`, and for an open paired interval
+the sample that would decide), and `reasons` holds one entry per check, its title in words and
+its `detail` in complete sentences, numbers formatted by `gate.wording` (one format per quantity).
 """
 
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from pipecat_rl.gate.latency import LLM_MEASURES, QuantileInterval, RatioComparison
 from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.regressions import RegressionTest
-from pipecat_rl.gate.safety import SafetyArm, describe
+from pipecat_rl.gate.safety import SafetyArm
+from pipecat_rl.gate.safety import _what as incident_words  # one wording of an incident
 from pipecat_rl.gate.stats import Interval, MeanInterval, Result, SampleSize, SignFlip
+from pipecat_rl.gate.wording import (
+    CHECK_SHORT,
+    CHECK_TITLES,
+    STATUS_WORDS,
+    count,
+    delta,
+    interval,
+    join_and,
+    ms,
+    p_value,
+    rate,
+    ratio,
+    sentence,
+)
 
 Decision = Literal["PROMOTE", "REJECT", "INCONCLUSIVE"]
 CheckStatus = Literal["pass", "fail", "uncertain", "unavailable"]
@@ -52,12 +74,26 @@ SIGN_FLIP_ALPHA = 0.025
 """The one-sided level of the sign-flip test that stands in for a zero-width 95% interval."""
 
 
+Names = tuple[str, str]
+"""The candidate's and the incumbent's names, as the verdict sentence says them."""
+
+ROLES: Names = ("the candidate", "the incumbent")
+
+REASON_CHARS = 280
+"""The verdict sentence names deciding checks up to about this length, then counts the rest."""
+
+
 class GateCheck(Result):
     """One rule's outcome, with the numbers that decided it."""
 
     name: str
     status: CheckStatus
     detail: str
+    """Complete sentences: the figures, the limit, and what the status means."""
+    headline: str = Field("", exclude=True, repr=False)
+    """A few words for the verdict sentence (`decide`): a clause when the check fails or cannot
+    tell, a noun phrase listed after "with" when it passes (empty: not worth a word). Not written
+    to the receipt, whose `reason` holds the sentence; empty in a loaded receipt."""
 
 
 class Verdict(Result):
@@ -65,6 +101,9 @@ class Verdict(Result):
 
     decision: Decision
     reason: str
+    """One sentence a person can act on, led by the decision."""
+    reasons: tuple[str, ...]
+    """One entry per check: its title in words, its status and its detail."""
     checks: tuple[GateCheck, ...]
 
     @property
@@ -100,79 +139,108 @@ def paired_codes(
     return np.where(passes, 0, np.where(fails, 2, 1))
 
 
-def _signed(x: float) -> str:
-    return f"{x:+.3g}"
+def _passing(names: Names, pass_rates: tuple[float, float] | None, estimate: float) -> str:
+    """How a passing paired check leads the PROMOTE sentence."""
+    cand, inc = names
+    if pass_rates is None:
+        return f"{cand} scores {delta(estimate)} against {inc}"
+    return (
+        f"{cand} passes {rate(pass_rates[0])} of held-out calls against {inc}'s "
+        f"{rate(pass_rates[1])}"
+    )
 
 
 def paired_check(
-    interval: MeanInterval | None,
+    interval_: MeanInterval | None,
     flip: SignFlip,
     zero_width: bool,
     n_scenarios: int,
     min_delta: float,
+    *,
+    names: Names = ROLES,
+    pass_rates: tuple[float, float] | None = None,
 ) -> GateCheck:
-    """The mean paired delta's t interval (and the sign-flip test) against `min_delta`."""
+    """The mean paired delta's t interval (and the sign-flip test) against `min_delta`.
+
+    `pass_rates` (each policy's pass^1) and `names` only word the verdict sentence.
+    """
     name = "paired_reward"
-    if interval is None:
+    cand, inc = names
+    need = f"the required {delta(min_delta)}"
+    if interval_ is None:
         return GateCheck(
-            name=name,
-            status="uncertain",
-            detail=f"{n_scenarios} paired scenario(s): an interval over scenarios needs >= 2",
-        )
-    zero = zero_width
+            name=name, status="uncertain",
+            detail=f"{count(n_scenarios, 'paired scenario')}: an interval over scenarios needs "
+            "at least 2.",
+            headline=f"only {count(n_scenarios, 'scenario')} paired (an interval needs at least "
+            "2)",
+        )  # fmt: skip
+    est, low, high, n = interval_.estimate, interval_.low, interval_.high, interval_.n
     code = int(paired_codes(
-        np.array(interval.low), np.array(interval.high), np.array(zero), interval.n, min_delta,
+        np.array(low), np.array(high), np.array(zero_width), n, min_delta,
     ))  # fmt: skip
     status = _STATUSES[code]
-    ci = f"95% CI [{_signed(interval.low)}, {_signed(interval.high)}]"
-    text = (
-        f"mean delta {_signed(interval.estimate)} ({ci}, Student t over {interval.n} scenarios; "
-        f"sign-flip p = {flip.p_two_sided:.2g})"
-    )
-    if zero:
+    ci = interval(low, high)
+    lead = _passing(names, pass_rates, est)
+    if zero_width:
         text = (
-            f"every one of the {interval.n} scenarios has delta {_signed(interval.estimate)}: the "
-            "interval has no width, so it is no evidence on its own"
+            f"Every one of the {n} scenarios has delta {delta(est)}: the interval has no width, "
+            "so it is no evidence on its own."
         )
+        flip_p = p_value(float(zero_width_p(n)))
         if status == "pass":
             return GateCheck(
                 name=name, status=status,
-                detail=f"{text}; the exact sign-flip test of those deltas against min_delta "
-                f"{min_delta:g} gives p = 2^-{interval.n} = {zero_width_p(interval.n):.2g}: "
-                "clears it",
+                detail=f"{text} The exact sign-flip test of those deltas against {need} gives "
+                f"p = 2^-{n} = {flip_p}, which clears it.",
+                headline=f"{lead} ({delta(est)} in every one of {n} scenarios, sign-flip "
+                f"p = {flip_p})",
             )  # fmt: skip
         why = (
-            f"{interval.n} equal deltas reach sign-flip p = 2^-{interval.n} at best, above "
-            f"{SIGN_FLIP_ALPHA:g}"
-            if interval.estimate > min_delta
-            else f"they do not exceed min_delta {min_delta:g}"
+            f"{n} equal deltas reach sign-flip p = 2^-{n} at best, above {SIGN_FLIP_ALPHA:g}"
+            if est > min_delta
+            else f"they do not exceed {need}"
         )
         return GateCheck(
             name=name, status=status,
-            detail=f"{text}, and {why}; runs that differ (more repeats, or scenarios the "
-            "policies do not both always pass or fail) would decide",
+            detail=f"{text} {sentence(why)} Runs that differ (more repeats, or scenarios the "
+            "policies do not both always pass or fail) would decide.",
+            headline=f"every one of the {n} scenarios has the same delta {delta(est)} (no "
+            "evidence until runs differ: more repeats or other scenarios)",
         )  # fmt: skip
+    text = (
+        f"Mean paired delta {delta(est)} ({ci}, Student t over {n} scenarios; sign-flip p = "
+        f"{p_value(flip.p_two_sided)})."
+    )
     if status == "pass":
-        detail = f"{text}: lower bound clears {min_delta:g}"
-        return GateCheck(name=name, status=status, detail=detail)
+        return GateCheck(
+            name=name, status=status, detail=f"{text} Its lower bound clears {need}.",
+            headline=f"{lead} ({delta(est)}, {ci})",
+        )  # fmt: skip
     if status == "fail":
-        limit = "the incumbent" if min_delta >= 0 else f"the margin {min_delta:g}"
+        limit = "the incumbent" if min_delta >= 0 else f"the margin {delta(min_delta)}"
         return GateCheck(
-            name=name,
-            status=status,
-            detail=f"{text}: upper bound is below {min(0.0, min_delta):g}, so the candidate is "
-            f"surely worse than {limit}",
-        )
-    if interval.high < min_delta:
+            name=name, status=status,
+            detail=f"{text} Its upper bound is below {delta(min(0.0, min_delta))}, so the "
+            f"candidate is surely worse than {limit}.",
+            headline=f"{cand} scores surely below "
+            + (inc if min_delta >= 0 else f"{inc} minus the {delta(min_delta)} margin")
+            + f" ({delta(est)}, {ci})",
+        )  # fmt: skip
+    if high < min_delta:
         return GateCheck(
-            name=name,
-            status=status,
-            detail=f"{text}: the candidate is at best {_signed(interval.high)} better, below "
-            f"min_delta {min_delta:g}, and not shown worse; more runs will not make it clear "
-            f"{min_delta:g} unless its gain is real",
-        )
-    detail = f"{text}: the interval contains {min_delta:g}"
-    return GateCheck(name=name, status=status, detail=detail)
+            name=name, status=status,
+            detail=f"{text} The candidate is at best {delta(high)} better, below {need}, and "
+            f"not shown worse; more runs will not make it clear {delta(min_delta)} unless its "
+            "gain is real.",
+            headline=f"{cand}'s gain of {delta(est)} ({ci}) falls short of {need} without being "
+            "shown worse",
+        )  # fmt: skip
+    could = "could be zero" if min_delta == 0 else f"could be below {need}"
+    return GateCheck(
+        name=name, status=status, detail=f"{text} The interval contains {need}.",
+        headline=f"the score difference {delta(est)} ({ci}) {could}",
+    )  # fmt: skip
 
 
 def smallest_losses(tests: list[RegressionTest]) -> str:
@@ -199,60 +267,89 @@ def smallest_losses(tests: list[RegressionTest]) -> str:
     return "; ".join(parts)
 
 
-def regressions_check(tests: list[RegressionTest], alpha: float, max_regressions: int) -> GateCheck:
+def _some(units: Sequence[str], shown: int) -> str:
+    """The first `shown` of `units`, and how many more."""
+    more = len(units) - shown
+    return join_and([*units[:shown], *([f"{more} more"] if more > 0 else [])])
+
+
+def _regressed(candidate: str, confirmed: list[RegressionTest], cap: int) -> str:
+    """The verdict sentence's words for more confirmed regressions than the cap allows."""
+    if len(confirmed) == 1 and confirmed[0].kind == "pooled":
+        return f"{candidate} is confirmed worse over {confirmed[0].unit} (pooled test, cap {cap})"
+    units = [t.unit for t in confirmed]
+    return (
+        f"{candidate} is confirmed worse on {count(len(units), 'unit')} (cap {cap}: "
+        f"{_some(units, 3)})"
+    )
+
+
+def regressions_check(
+    tests: list[RegressionTest], alpha: float, max_regressions: int, *, names: Names = ROLES
+) -> GateCheck:
     """Units confirmed worse by the exact discordant-pair tests, against the cap."""
     name = "regressions"
     if not tests:
-        return GateCheck(name=name, status="unavailable", detail="no regression test is configured")
+        return GateCheck(
+            name=name, status="unavailable", detail="No regression test is configured."
+        )
     tested = [t for t in tests if t.tested]
-    untested = [t for t in tests if not t.tested]
+    untested = [t.unit for t in tests if not t.tested]
     skipped = (
-        f"; untested, too few runs to confirm even a total loss: "
-        f"{', '.join(t.unit for t in untested[:5])}" + ("..." if len(untested) > 5 else "")
+        f" Untested, with too few runs to confirm even a total loss: {_some(untested, 5)}."
         if untested
         else ""
     )
     if not tested:
         most = max(tests, key=lambda t: t.pairs)
         return GateCheck(
-            name=name,
-            status="unavailable",
-            detail=f"no regression test can fire: {most.unit} has the most runs ({most.pairs}) "
-            "and losing all of them would not confirm a loss at family-wise "
-            f"{alpha:g}; run more repeats{skipped}",
-        )
+            name=name, status="unavailable",
+            detail=f"No regression test can fire: {most.unit} has the most runs ({most.pairs}), "
+            f"and losing all of them would not confirm a loss at family-wise error {alpha:g}. "
+            f"Run more repeats.{skipped}",
+        )  # fmt: skip
     confirmed = [t for t in tested if t.confirmed]
-    family = f"Holm over {len(tested)} exact test(s), family-wise error <= {alpha:g}"
-    smallest = "smallest loss it could confirm, with none won: " + smallest_losses(tested)
+    family = f"Holm over {count(len(tested), 'exact test')}, family-wise error at most {alpha:g}"
+    smallest = f"The smallest loss it could confirm, with none won: {smallest_losses(tested)}."
     if confirmed:
         named = "; ".join(
             f"{t.unit} ({t.kind}) lost {t.worse} and won {t.better} of its {t.pairs} runs "
-            f"(p = {t.p_value:.2g}, adjusted {t.adjusted_p:.2g})"
+            f"(p = {p_value(t.p_value)}, adjusted {p_value(t.adjusted_p or 0.0)})"
             for t in confirmed[:5]
-        )
+        ) + (f"; and {len(confirmed) - 5} more" if len(confirmed) > 5 else "")
         status: CheckStatus = "fail" if len(confirmed) > max_regressions else "pass"
+        units = [t.unit for t in confirmed]
         return GateCheck(
-            name=name,
-            status=status,
-            detail=f"{len(confirmed)} unit(s) confirmed worse, cap {max_regressions}: {named}; "
-            f"{family}; {smallest}{skipped}",
-        )
+            name=name, status=status,
+            detail=f"{count(len(confirmed), 'unit')} confirmed worse, cap {max_regressions}: "
+            f"{named}. {family}. {smallest}{skipped}",
+            headline=_regressed(names[0], confirmed, max_regressions) if status == "fail"
+            else f"{count(len(units), 'confirmed regression')} (cap {max_regressions})",
+        )  # fmt: skip
     worst = min(tested, key=lambda t: t.p_value)
     return GateCheck(
-        name=name,
-        status="pass",
-        detail=f"no unit confirmed worse ({family}; closest: {worst.unit}, lost {worst.worse} "
-        f"and won {worst.better} of its {worst.pairs} runs, p = {worst.p_value:.2g}); "
+        name=name, status="pass",
+        detail=f"No unit confirmed worse ({family}; closest: {worst.unit}, lost {worst.worse} and "
+        f"won {worst.better} of its {worst.pairs} runs, p = {p_value(worst.p_value)}). "
         f"{smallest}{skipped}",
-    )
+        headline="no confirmed regression",
+    )  # fmt: skip
 
 
 def _text_mode_unavailable(name: str, what: str) -> GateCheck:
     return GateCheck(
         name=name,
         status="unavailable",
-        detail=f"text mode has no voice, so no {what}; the LLM stages are gated instead",
+        detail=f"Text mode has no voice, so there is no {what}; the LLM stages are gated instead.",
     )
+
+
+def _measure(measure: str) -> str:
+    return "voice-to-voice" if measure == "v2v" else measure
+
+
+LATENCY_OK = "latency within its limits"
+"""What a passing latency check adds to the PROMOTE sentence (once, however many passed)."""
 
 
 def p95_budget_check(
@@ -261,34 +358,51 @@ def p95_budget_check(
     require: bool,
     measure: str = "v2v",
     text_mode: bool = False,
+    *,
+    names: Names = ROLES,
 ) -> GateCheck:
     """The candidate's P95 (`measure`: v2v, or the heard gap in audio mode) against the budget."""
     name = "p95_budget"
+    m, cand = _measure(measure), names[0]
     if candidate is None:
         if text_mode:
             return _text_mode_unavailable(name, "voice-to-voice P95")
         return GateCheck(
-            name=name,
-            status="uncertain" if require else "unavailable",
-            detail=f"no {measure} samples for both policies in 2+ scenarios, so the candidate's "
-            "P95 is unknown",
-        )
+            name=name, status="uncertain" if require else "unavailable",
+            detail=f"No {m} samples for both policies in 2 or more scenarios, so the candidate's "
+            "P95 is unknown.",
+            headline=f"{cand}'s {m} P95 is unknown (no samples for both policies in 2 or more "
+            "scenarios)",
+        )  # fmt: skip
+    ci = (
+        interval(candidate.low, candidate.high, ms) if candidate.bounded
+        else f"95% CI from {ms(candidate.low)}, unbounded above"
+    )  # fmt: skip
     text = (
-        f"candidate {measure} P95 {candidate.estimate:.0f} ms (95% CI [{candidate.low:.0f}, "
-        + (f"{candidate.high:.0f}] ms" if candidate.bounded else "unbounded)")
-        + f", {candidate.turns} turns in {candidate.clusters} scenarios) vs budget {budget_ms:g} ms"
+        f"The candidate's {m} P95 is {ms(candidate.estimate)} ({ci}, {candidate.turns:,} turns "
+        f"in {candidate.clusters} scenarios), against a budget of {ms(budget_ms)}"
     )
+    said = f"{cand}'s {m} P95 of {ms(candidate.estimate)} ({ci})"
     if candidate.bounded and candidate.high <= budget_ms:
-        return GateCheck(name=name, status="pass", detail=f"{text}: within it")
+        return GateCheck(name=name, status="pass", detail=f"{text}: within it.",
+                         headline=LATENCY_OK)  # fmt: skip
     if candidate.low > budget_ms:
-        return GateCheck(name=name, status="fail", detail=f"{text}: over it")
+        return GateCheck(
+            name=name, status="fail", detail=f"{text}: over it.",
+            headline=f"{said} is over the {ms(budget_ms)} budget",
+        )  # fmt: skip
     if not candidate.bounded:
         return GateCheck(
-            name=name,
-            status="uncertain",
-            detail=f"{text}: too few turns to bound the P95 from above; more sessions would",
-        )
-    return GateCheck(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
+            name=name, status="uncertain",
+            detail=f"{text}. There are too few turns to bound the P95 from above; more sessions "
+            "would.",
+            headline=f"{cand}'s {m} P95 cannot be bounded from above with {candidate.turns:,} "
+            "turns",
+        )  # fmt: skip
+    return GateCheck(
+        name=name, status="uncertain", detail=f"{text}: the interval straddles it.",
+        headline=f"{said} may be over the {ms(budget_ms)} budget",
+    )  # fmt: skip
 
 
 def p95_margin_check(
@@ -297,101 +411,192 @@ def p95_margin_check(
     require: bool,
     measure: str = "v2v",
     text_mode: bool = False,
+    *,
+    names: Names = ROLES,
 ) -> GateCheck:
     """Candidate minus incumbent P95 (`measure`, paired over scenarios) against the margin."""
     name = "p95_vs_incumbent"
+    m, (cand, inc) = _measure(measure), names
     if difference is None:
         if text_mode:
             return _text_mode_unavailable(name, "voice-to-voice P95")
         return GateCheck(
-            name=name,
-            status="uncertain" if require else "unavailable",
-            detail=f"no {measure} samples for both policies in 2+ scenarios, so the difference "
-            "is unknown",
-        )
+            name=name, status="uncertain" if require else "unavailable",
+            detail=f"No {m} samples for both policies in 2 or more scenarios, so the difference "
+            "is unknown.",
+            headline=f"{cand}'s {m} P95 against {inc}'s is unknown (no samples for both "
+            "policies in 2 or more scenarios)",
+        )  # fmt: skip
+    ci = interval(difference.low, difference.high, lambda x: ms(x, signed=True))
     text = (
-        f"{measure} P95 candidate - incumbent {difference.estimate:+.0f} ms (95% CI "
-        f"[{difference.low:+.0f}, {difference.high:+.0f}] ms, paired over scenarios) vs margin "
-        f"{margin_ms:g} ms"
+        f"The candidate's {m} P95 minus the incumbent's is {ms(difference.estimate, signed=True)} "
+        f"({ci}, paired over scenarios), against a margin of {ms(margin_ms)}"
+    )
+    said = (
+        f"{cand}'s {m} P95 minus {inc}'s ({ms(difference.estimate, signed=True)}, {ci}) "
     )
     if difference.high <= margin_ms:
-        return GateCheck(name=name, status="pass", detail=f"{text}: within it")
+        return GateCheck(name=name, status="pass", detail=f"{text}: within it.",
+                         headline=LATENCY_OK)  # fmt: skip
     if difference.low > margin_ms:
-        return GateCheck(name=name, status="fail", detail=f"{text}: slower than that")
-    return GateCheck(name=name, status="uncertain", detail=f"{text}: the interval straddles it")
+        return GateCheck(
+            name=name, status="fail", detail=f"{text}: slower than that.",
+            headline=f"{said}is beyond the {ms(margin_ms)} margin",
+        )  # fmt: skip
+    return GateCheck(
+        name=name, status="uncertain", detail=f"{text}: the interval straddles it.",
+        headline=f"{said}may exceed the {ms(margin_ms)} margin",
+    )  # fmt: skip
 
 
 def llm_ratio_check(
-    measure: str, comparison: RatioComparison | None, limit: float, require: bool
+    measure: str,
+    comparison: RatioComparison | None,
+    limit: float,
+    require: bool,
+    *,
+    names: Names = ROLES,
+    label: str | None = None,
 ) -> GateCheck:
-    """Candidate / incumbent of one LLM stage's P50 (`measure` in `LLM_MEASURES`) vs `limit`."""
+    """Candidate / incumbent of one LLM stage's P50 (`measure` in `LLM_MEASURES`) vs `limit`.
+
+    `label` names the measure (`latency.llm_label`: what the TTFT was measured per).
+    """
     name = {"llm_ttft_ms": "llm_ttft_ratio", "llm_turn_ms": "llm_turn_ratio"}[measure]
-    label = LLM_MEASURES[measure]
+    label = label or LLM_MEASURES[measure]
+    cand, inc = names
     if comparison is None:
         return GateCheck(
-            name=name,
-            status="uncertain" if require else "unavailable",
-            detail=f"no {label} samples for both policies in 2+ scenarios",
-        )
+            name=name, status="uncertain" if require else "unavailable",
+            detail=f"No {label} samples for both policies in 2 or more scenarios.",
+            headline=f"there are no {label} samples for both policies in 2 or more scenarios",
+        )  # fmt: skip
     r = comparison.ratio
+    ci = interval(r.low, r.high, ratio)
     text = (
-        f"candidate's {label} P50 is {r.estimate:.2g}x the incumbent's "
-        f"({comparison.candidate:,.0f} vs {comparison.incumbent:,.0f} ms; 95% CI "
-        f"{r.low:.2g}x-{r.high:.2g}x over {comparison.clusters} paired scenarios)"
+        f"The candidate's P50 {label} is {ratio(r.estimate)} the incumbent's "
+        f"({ms(comparison.candidate)} vs {ms(comparison.incumbent)}; {ci} over "
+        f"{comparison.clusters} paired scenarios)"
     )
+    said = f"{cand}'s P50 {label} is {ratio(r.estimate)} {inc}'s"
     if r.high <= limit:
-        return GateCheck(name=name, status="pass", detail=f"{text}: within the {limit:g}x limit")
+        return GateCheck(
+            name=name, status="pass", detail=f"{text}: within the {ratio(limit)} limit.",
+            headline=LATENCY_OK,
+        )  # fmt: skip
     if r.low > limit:
         return GateCheck(
-            name=name,
-            status="fail",
-            detail=f"{text}: above the {limit:g}x limit; find what made it slower (longer "
-            "prompts or replies, more tool-call round trips) before promoting it",
-        )
+            name=name, status="fail",
+            detail=f"{text}: above the {ratio(limit)} limit. Find what made it slower (longer "
+            "prompts or replies, more tool-call round trips) before promoting it.",
+            headline=f"{said} ({ci}, limit {ratio(limit)})",
+        )  # fmt: skip
     return GateCheck(
-        name=name,
-        status="uncertain",
-        detail=f"{text}: the interval straddles the {limit:g}x limit; more runs would decide",
-    )
+        name=name, status="uncertain",
+        detail=f"{text}: the interval straddles the {ratio(limit)} limit; more runs would decide.",
+        headline=f"{said} ({ci}) and may exceed the {ratio(limit)} limit",
+    )  # fmt: skip
 
 
-def writes_check(candidate: SafetyArm, incumbent: SafetyArm) -> GateCheck:
+def writes_words(arm: SafetyArm, who: str) -> str:
+    """One policy's unauthorised writes in sentences: how many, over what, where, the bound."""
+    known = arm.denominator == "runs with a guarded check"
+    runs = "runs with a guarded check" if known else "runs"
+    if arm.writes:
+        text = (
+            f"{who} made {count(arm.writes, 'unauthorised write')} in {arm.runs_with_writes} of "
+            f"{arm.guarded_runs:,} {runs}"
+        )
+        if arm.units is not None:
+            text += f" ({arm.units_with_writes} of {count(arm.units, 'scenario')})"
+    else:
+        text = f"{who} made no unauthorised write in {arm.guarded_runs:,} {runs}"
+    out = [sentence(text)]
+    if not known:
+        out.append("Which runs carried a guarded check was not recorded, so all of them count.")
+    if arm.by_kind:
+        out.append(f"What they changed: {', '.join(f'{k} {n}' for k, n in arm.by_kind.items())}.")
+    if arm.incidents:
+        named = [
+            f"{incident_words(i)} in {i.scenario} run {i.run}"
+            + (f", session {i.session_id}" if i.session_id else "")
+            for i in arm.incidents[:3]
+        ]
+        more = len(arm.incidents) - len(named)
+        out.append(f"Where: {'; '.join(named)}" + (f"; and {more} more." if more > 0 else "."))
+    if arm.rate_upper_95 is not None:
+        if arm.units is None:  # a schema-3 receipt: its bound counted runs as independent
+            out.append(f"The 95% upper bound on its rate is {rate(arm.rate_upper_95)}.")
+        else:
+            zero = (
+                f"; zero writes would bound it at {rate(arm.zero_bound_95)}"
+                if arm.writes and arm.zero_bound_95 is not None
+                else ""
+            )
+            out.append(
+                f"With the scenario as the independent unit ({count(arm.units, 'scenario')}), "
+                f"the 95% upper bound on its rate is {rate(arm.rate_upper_95)}{zero}."
+            )
+    return " ".join(out)
+
+
+def writes_check(
+    candidate: SafetyArm, incumbent: SafetyArm, *, names: Names = ROLES
+) -> GateCheck:
     """No unauthorised write by the candidate; both policies' counts are stated."""
+    guarded = "guarded runs" if candidate.denominator == "runs with a guarded check" else "runs"
+    if candidate.writes:
+        headline = (
+            f"{names[0]} made {count(candidate.writes, 'unauthorised write')} in "
+            f"{candidate.guarded_runs:,} {guarded}"
+        )
+    else:
+        headline = "no unauthorised write" + (
+            "" if candidate.guarded_runs else " (no run had a guarded check)"
+        )
     return GateCheck(
         name="unauthorized_writes",
         status="pass" if candidate.writes == 0 else "fail",
-        detail=f"{describe(candidate, 'candidate')}; {describe(incumbent, 'incumbent')}",
+        detail=f"{writes_words(candidate, 'the candidate')} "
+        f"{writes_words(incumbent, 'the incumbent')}",
+        headline=headline,
     )
 
 
-def unusable_check(shares: dict[str, tuple[int, int, int]], max_share: float) -> GateCheck:
+def unusable_check(
+    shares: dict[str, tuple[int, int, int]], max_share: float, *, names: Names = ROLES
+) -> GateCheck:
     """Each arm's runs lost to harness errors or missing verdicts, against the allowed share.
 
     Args:
         shares: per role, (harness errors, unverified, runs read in all).
         max_share: the most of an arm's runs that may be lost.
+        names: the candidate's and the incumbent's names, for the verdict sentence.
     """
+    named = dict(zip(("candidate", "incumbent"), names, strict=True))
     parts, over = [], []
     for role, (errors, unverified, total) in shares.items():
         share = (errors + unverified) / total if total else 0.0
         parts.append(
-            f"{role}: {errors + unverified} of {total} runs ({share:.0%}) lost: {errors} "
-            f"harness error(s), {unverified} unverified"
+            f"The {role} lost {errors + unverified} of {total} runs ({rate(share)}): "
+            f"{count(errors, 'harness error')} and {count(unverified, 'unverified run')}."
         )
         if share > max_share:
-            over.append(role)
-    detail = "; ".join(parts) + f" (at most {max_share:.0%} allowed)"
+            over.append((role, share))
+    detail = " ".join(parts) + f" At most {rate(max_share)} of a policy's runs may be lost."
     if over:
+        roles = join_and([role for role, _ in over])
         return GateCheck(
-            name="unusable_runs",
-            status="uncertain",
-            detail=f"{detail}: the lost runs of the {' and '.join(over)} might have gone either "
-            "way; fix what broke them (the sessions' errors say) and run the gate again",
-        )
+            name="unusable_runs", status="uncertain",
+            detail=f"{detail} The lost runs of the {roles} might have gone either way; fix what "
+            "broke them (the sessions' errors say) and run the gate again.",
+            headline=join_and([f"{named.get(r, r)} lost {rate(s)} of its runs" for r, s in over])
+            + f" to harness errors or missing verdicts (at most {rate(max_share)} allowed)",
+        )  # fmt: skip
     return GateCheck(name="unusable_runs", status="pass", detail=detail)
 
 
-def guard_check(candidate: Lineage, require_guard: bool) -> GateCheck:
+def guard_check(candidate: Lineage, require_guard: bool, *, names: Names = ROLES) -> GateCheck:
     """The candidate's training guard (see `lineage` for the states)."""
     status: CheckStatus
     if candidate.guard in ("passed", "not_applicable"):
@@ -400,11 +605,22 @@ def guard_check(candidate: Lineage, require_guard: bool) -> GateCheck:
         status = "fail" if require_guard else "unavailable"
     else:
         status = "fail"
-    suffix = " (--require-guard)" if status == "fail" and candidate.guard == "unavailable" else ""
-    return GateCheck(name="training_guard", status=status, detail=candidate.guard_detail + suffix)
+    detail = sentence(candidate.guard_detail)
+    cand = names[0]
+    run = f" {candidate.training_run_id}" if candidate.training_run_id else ""
+    headline = {
+        "passed": "a passed training guard",
+        "failed": f"{cand}'s training guard failed",
+        "missing": f"{cand}'s training run{run} recorded no guard value",
+        "unavailable": f"{cand} has no training guard to read, and --require-guard requires one",
+    }.get(candidate.guard, "")
+    if status == "fail" and candidate.guard == "unavailable":
+        detail += " --require-guard asks for a guard that passed."
+    return GateCheck(name="training_guard", status=status, detail=detail, headline=headline)
 
 
 def _deciding_sample(sample: SampleSize) -> str:
+    """The runs that would decide an open paired interval, as the end of a sentence."""
     options = []
     if sample.required_scenarios is not None:
         options.append(
@@ -415,29 +631,93 @@ def _deciding_sample(sample: SampleSize) -> str:
             f"about {sample.required_repeats} repeats on these {sample.n_scenarios} scenarios"
         )
     if not options:
-        return "the sample size that would decide cannot be estimated from this data"
-    mde = f"; minimum detectable effect now {sample.mde:.3g}" if sample.mde is not None else ""
-    return " or ".join(options) + f" would decide{mde}"
+        return "the sample that would decide cannot be estimated from this data"
+    if len(options) == 1:
+        return f"{options[0]} would decide"
+    return f"{options[0]}, or {options[1]}, would decide"
+
+
+def check_reason(check: GateCheck, sample: SampleSize | None = None) -> str:
+    """One entry of `reasons`: the check's title in words, its status, its detail.
+
+    With `sample` (an open paired interval), the paired entry also says what would decide it.
+    """
+    text = f"{CHECK_TITLES.get(check.name, check.name)} ({STATUS_WORDS[check.status]}): "
+    text += sentence(check.detail)
+    if sample is not None and check.name == "paired_reward":
+        text += f" {sentence(_deciding_sample(sample))}"
+        if sample.mde is not None:
+            text += f" The smallest effect this sample detects is {delta(sample.mde)}."
+    return text
+
+
+def _packed(lead: str, clauses: list[str], more: str, tail: str = "") -> str:
+    """`lead` and as many `clauses` as fit in about `REASON_CHARS`, the rest counted, and `tail`.
+
+    The first clause is always said; the sentence ends with a full stop.
+    """
+    kept: list[str] = []
+    for clause in clauses:
+        trial = lead + join_and([*kept, clause]) + (f", and {tail}" if tail else "")
+        if kept and len(trial) > REASON_CHARS:
+            break
+        kept.append(clause)
+    rest = len(clauses) - len(kept)
+    said = join_and([*kept, *([count(rest, more)] if rest else [])])
+    return lead + said + (f", and {tail}" if tail else "") + "."
+
+
+def _headline(check: GateCheck) -> str:
+    """A check's few words; a loaded receipt's checks have none, so their title stands in."""
+    if check.headline:
+        return check.headline
+    return f"{CHECK_SHORT.get(check.name, check.name)} {STATUS_WORDS[check.status]}"
+
+
+def verdict_sentence(
+    decision: Decision, checks: Sequence[GateCheck], sample: SampleSize | None
+) -> str:
+    """The one sentence a person acts on: the decision, then what decided it, in few words."""
+    if not checks:
+        return "INCONCLUSIVE: nothing was checked."
+    if decision == "REJECT":
+        failed = [_headline(c) for c in checks if c.status == "fail"]
+        return _packed("REJECT: ", failed, "more failed check")
+    if decision == "INCONCLUSIVE":
+        uncertain = [c for c in checks if c.status == "uncertain"]
+        tail = (
+            _deciding_sample(sample)
+            if sample is not None and any(c.name == "paired_reward" for c in uncertain)
+            else ""
+        )
+        return _packed(
+            "INCONCLUSIVE: ", [_headline(c) for c in uncertain], "more open check", tail
+        )  # fmt: skip
+    lead = next((_headline(c) for c in checks if c.name == "paired_reward"), "every check passed")
+    kept = [
+        h for h in dict.fromkeys(
+            c.headline for c in checks if c.status == "pass" and c.name != "paired_reward"
+        ) if h
+    ]  # fmt: skip
+    text = f"PROMOTE: {lead}" + (f", with {join_and(kept)}" if kept else "")
+    unchecked = list(
+        dict.fromkeys(CHECK_SHORT.get(c.name, c.name) for c in checks if c.status == "unavailable")
+    )
+    extra = f" ({join_and(unchecked)} not checked)" if unchecked else ""
+    return text + (extra if len(text + extra) < REASON_CHARS else "") + "."
 
 
 def decide(checks: tuple[GateCheck, ...], sample: SampleSize | None) -> Verdict:
-    """Combine the checks into a verdict.
+    """Combine the checks into a verdict: the decision, its sentence, one reason per check.
 
     `sample` is given when the paired interval contains `min_delta` (more runs could decide):
     an INCONCLUSIVE reason then names the sample that would.
     """
     codes = np.array([STATUS_CODES[c.status] for c in checks])
     decision = _DECISIONS[int(decision_codes(codes))] if checks else "INCONCLUSIVE"
-    if decision == "REJECT":
-        failed = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
-        return Verdict(decision=decision, reason="; ".join(failed), checks=checks)
-    if decision == "INCONCLUSIVE":
-        uncertain = [c for c in checks if c.status == "uncertain"]
-        parts = [f"{c.name}: {c.detail}" for c in uncertain]
-        if sample is not None and any(c.name == "paired_reward" for c in uncertain):
-            parts.append(_deciding_sample(sample))
-        return Verdict(decision=decision, reason="; ".join(parts), checks=checks)
-    passed = [f"{c.name}: {c.detail}" for c in checks if c.status == "pass"]
-    unchecked = [f"{c.name}: {c.detail}" for c in checks if c.status == "unavailable"]
-    reason = "; ".join(passed) + (f"; not checked: {'; '.join(unchecked)}" if unchecked else "")
-    return Verdict(decision=decision, reason=reason, checks=checks)
+    return Verdict(
+        decision=decision,
+        reason=verdict_sentence(decision, checks, sample),
+        reasons=tuple(check_reason(c, sample) for c in checks),
+        checks=checks,
+    )

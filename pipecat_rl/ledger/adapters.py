@@ -3,6 +3,12 @@
 An adapter's name is never reused (vLLM keeps a stale prefix cache under a reloaded name), so a
 name identifies weights. The live pointer is a history of moves: each row says which adapter
 serves from when, on whose receipt, and what served before, so a rollback is one more move.
+
+A rollback steps back through that history, as an undo does: it goes to the adapter that served
+before the current one came in, and a second rollback goes one step further back, never forward
+to the adapter the first one left. A move is a step back when it has no receipt and returns to
+the adapter that served before the current one (what `rollback_live` writes); every other move
+(a promotion, with its receipt) is a step forward (`rollback_path`).
 """
 
 import sqlite3
@@ -95,24 +101,54 @@ class Adapters(LedgerCore):
                 return self._move(conn, adapter, receipt, None)
             return self._move(conn, adapter, receipt, current.adapter if current else BASE_ADAPTER)
 
-    def rollback_live(self, *, receipt: str | None = None) -> LivePointer:
-        """Point live back at the adapter that served before the current one (a new history row)."""
+    def rollback_live(self) -> LivePointer:
+        """Step live back to the adapter that served before the current one came in (a new row).
+
+        The row has no receipt: that is what marks it a step back in the history. Raises
+        LedgerError (saying "nothing to roll back to") when nothing served before.
+        """
         with self._write() as conn:
-            row = conn.execute(SELECT_LIVE).fetchone()
-            current: LivePointer | None = None if row is None else LIVE.record(row)
-            if current is None or current.previous is None:
-                raise LedgerError(
-                    f"nothing to roll back to in {self.path}: "
-                    + (
-                        "nothing was ever promoted"
-                        if current is None
-                        else f"{current.adapter!r} has no adapter recorded before it"
-                    )
-                )
-            return self._move(conn, current.previous, receipt, current.adapter)
+            moves = [LIVE.record(r) for r in conn.execute(SELECT_LIVE_HISTORY).fetchall()]
+            path = rollback_path(moves)
+            if len(path) < 2:
+                raise LedgerError(f"nothing to roll back to in {self.path}: {_first(moves)}")
+            return self._move(conn, path[-2], None, path[-1])
+
+    def rollback_target(self) -> str | None:
+        """The adapter `rollback_live` would make live, or None when nothing served before."""
+        path = rollback_path(self.live_history())
+        return path[-2] if len(path) >= 2 else None
 
     def live_history(self) -> list[LivePointer]:
         """Every move of the live pointer, oldest first."""
         with self._read() as conn:
             rows = conn.execute(SELECT_LIVE_HISTORY).fetchall()
         return [LIVE.record(r) for r in rows]
+
+
+def rollback_path(moves: list[LivePointer]) -> list[str]:
+    """The adapters successive rollbacks step back through from the live one (last), oldest first.
+
+    A promotion pushes the adapter it made live; a step back (no receipt, to the adapter below
+    the current one) pops the current one. Before the first move the base model served.
+    """
+    path: list[str] = []
+    for move in moves:
+        if not path and move.previous is not None:
+            path.append(move.previous)
+        if len(path) >= 2 and move.receipt is None and move.adapter == path[-2]:
+            path.pop()
+        elif not path or path[-1] != move.adapter:
+            path.append(move.adapter)
+    return path
+
+
+def _first(moves: list[LivePointer]) -> str:
+    """Why nothing can be rolled back to, given the history."""
+    if not moves:
+        return "nothing was ever promoted"
+    live = moves[-1].adapter
+    return (
+        f"{live!r} is live and nothing served before it (earlier rollbacks already stepped "
+        "back to it); promote a receipt to move forward"
+    )
