@@ -100,7 +100,9 @@ class DelayedTTS(FrameProcessor):
                 await self.push_frame(BotStartedSpeakingFrame())
             else:
                 await asyncio.sleep(self.per_word_s)
-            await self.push_frame(TTSTextFrame(frame.text, text_type="word"))
+            spoken = TTSTextFrame(frame.text, text_type="word")
+            spoken.includes_inter_frame_spaces = True  # LLM tokens, spaces and all
+            await self.push_frame(spoken)
             return
         if isinstance(frame, LLMFullResponseEndFrame) and self._speaking:
             self._speaking = False

@@ -53,7 +53,7 @@ from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
 from pipecat_rl.scenarios.loading import select_scenarios
 from pipecat_rl.scoring import VIOLATIONS, AxisRun, HotSpots, SessionOutcome, hot_spots
 from pipecat_rl.scoring.hotspots import DEFAULT_MIN_RUNS, axes_seen
-from pipecat_rl.simulator.audio import check_transport
+from pipecat_rl.simulator.audio import check_recording, check_transport
 from pipecat_rl.simulator.junit import call_lines, case_name, junit_xml
 from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S, MAX_SEED, SimulationOptions
 from pipecat_rl.simulator.world import World
@@ -210,7 +210,7 @@ def simulate_command(
     scenarios: Annotated[
         list[Path],
         typer.Argument(
-            metavar="SCENARIO...", help="Scenario files or folders (searched recursively)."
+            metavar="SCENARIO", help="Scenario files or folders (searched recursively)."
         ),
     ],
     bot: Annotated[
@@ -273,6 +273,14 @@ def simulate_command(
     tts: Annotated[
         Literal["piper", "cartesia"] | None,
         typer.Option("--tts", help="Audio: who speaks (cartesia: CARTESIA_API_KEY)."),
+    ] = None,
+    record_audio: Annotated[
+        Path | None,
+        typer.Option(
+            "--record-audio", metavar="DIR", show_default=False,
+            help="Audio: write each call as a stereo WAV in DIR (created), caller left, agent "
+            "right, as heard on the line; `ledger show` names the file.",
+        ),
     ] = None,
     gap_html: Annotated[
         Path | None,
@@ -415,11 +423,13 @@ def simulate_command(
         from pipecat_rl.simulator import Server
         from pipecat_rl.simulator.runner import check_endpoints
 
+        record_audio = check_recording(modes, record_audio)  # made and writable, before any call
         options = SimulationOptions(
             persona=persona, mode=modes[0], seed=seed, repeats=repeats, concurrency=concurrency,
             max_tokens=max_tokens, persona_llm_url=persona_llm_url, persona_model=persona_model,
             judge_llm_url=judge_llm_url, judge_model=judge_model, judge_timeout_s=judge_timeout,
-            stt=stt, tts=tts, **executor_fields(executor, ray_address, ray_endpoints),
+            stt=stt, tts=tts, record_audio=record_audio,
+            **executor_fields(executor, ray_address, ray_endpoints),
         )  # fmt: skip
         check_endpoints(loaded, options, llm_url)  # before any server starts: fail fast
         server = Server(url=llm_url, model=model, needed=not no_server)

@@ -184,6 +184,8 @@ def _header(out: Console, s: SessionRecord, store: Ledger) -> None:
         + (f"   parts {escape(parts)} (training reward {num(s.reward)})" if parts else "")
     )
     out.print(f"  labels {escape(', '.join(s.failure_labels) or '-')}")
+    if wav := s.metadata.get("audio_wav"):  # --record-audio: the call, caller left, agent right
+        out.print(f"  audio {escape(str(wav))}")
     flags = [f for f, on in (("excluded from training", s.excluded_from_training),
                              ("no consent", not s.consent)) if on]  # fmt: skip
     if flags:

@@ -60,6 +60,7 @@ from pipecat.services.openai.responses.llm import (
     OpenAIResponsesLLMService,
 )
 from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TTSService
 
 from pipecat_rl import compat
 from pipecat_rl.ledger import LatencyRecord, Ledger, ToolCallRecord, TurnRecord, resolve_ledger_path
@@ -72,6 +73,7 @@ from pipecat_rl.recording.llm_tee import LLMCall, serves_token_ids, tee_llm_serv
 from pipecat_rl.recording.redaction import Redactor, recording_redactor
 from pipecat_rl.recording.responses_tee import ResponsesDemonstration, tee_responses_service
 from pipecat_rl.recording.session import SessionInfo, current_recording, new_call_id
+from pipecat_rl.recording.spoken import SpokenPart, join_spoken, spoken_part
 from pipecat_rl.recording.writer import LedgerWriter, acquire_writer
 
 
@@ -80,7 +82,7 @@ class _Turn:
     """One LLM call while the call is in progress."""
 
     call: LLMCall | None = None
-    spoken: list[str] = field(default_factory=list)
+    spoken: list[SpokenPart] = field(default_factory=list)
     heard_tts: bool = False
     speaking: bool = True
     interrupted: bool = False
@@ -129,6 +131,8 @@ class RecorderObserver(BaseObserver):
         self._writer: LedgerWriter = acquire_writer(ledger)
         self._llms: list[BaseOpenAILLMService | OpenAIResponsesHttpLLMService] = []
         self._demos: list[Any] = []
+        self._speaks = False
+        """Whether the pipeline has a TTS: its turns end with their speech, not their text."""
         self._turns: list[_Turn] = []
         self._calls_seen = 0
         self._user_turn: _UserTurn | None = None
@@ -182,6 +186,9 @@ class RecorderObserver(BaseObserver):
                 "pipecat-rl: no OpenAI-compatible LLM service in this pipeline; recording "
                 "latency and tool calls only"
             )
+        # A TTS says a reply's text after the LLM's end (a sentence or a word once played):
+        # closing the turn at that end would lose what it said.
+        self._speaks = bool(_processors(worker.pipeline, TTSService))
         # The end of the call is when the pipeline finishes, not when an EndFrame is first pushed
         # (which is before the processors have worked through what was queued ahead of it).
         worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
@@ -235,14 +242,14 @@ class RecorderObserver(BaseObserver):
             if self._user_turn:
                 self._user_turn.mark("llm_first_token_at", at)
         elif isinstance(frame, LLMFullResponseEndFrame) and data.source in self._llms:
-            if self._turns and not self._turns[-1].heard_tts:
+            if self._turns and not self._turns[-1].heard_tts and not self._speaks:
                 self._close_turn(len(self._turns) - 1)  # nothing spoken: the text was the turn
         elif isinstance(frame, TTSAudioRawFrame):
             if self._user_turn and "llm_request_at" in self._user_turn.stamps:
                 self._user_turn.mark("tts_first_audio_at", at)
         elif isinstance(frame, TTSTextFrame):
             if self._turns:
-                self._turns[-1].spoken.append(frame.text)
+                self._turns[-1].spoken.append(spoken_part(frame))
                 self._turns[-1].heard_tts = True
         elif isinstance(frame, BotStartedSpeakingFrame):
             if self._user_turn and "llm_request_at" in self._user_turn.stamps:
@@ -376,7 +383,7 @@ class RecorderObserver(BaseObserver):
         assert call is not None
         exact = call.token_exact
         request, text = call.request, call.text
-        spoken = "".join(turn.spoken) if turn.heard_tts else None
+        spoken = join_spoken(turn.spoken) if turn.heard_tts else None
         tools = [
             {"id": c["id"], "name": c["name"], "arguments": c["arguments"]}
             for _, c in sorted(call.tool_calls.items())

@@ -9,6 +9,7 @@ decide whether anything runs.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -58,6 +59,9 @@ class SimulationOptions(BaseModel):
     stt: Literal["whisper", "deepgram"] | None = None
     tts: Literal["piper", "cartesia"] | None = None
     """Audio mode: the speech services chosen over the scenarios' `channel` (None: theirs)."""
+    record_audio: Path | None = None
+    """Audio mode: a folder for one stereo WAV per call, caller left, agent right, as heard on
+    the line (`simulator.audio.recorder`); its path is the session's `audio_wav`."""
     judge_model: str | None = None
     """The judge's model (default: a `judge.eval:` block's, else `base` on the served model)."""
     judge_llm_url: str | None = None

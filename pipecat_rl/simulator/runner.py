@@ -141,6 +141,8 @@ class EpisodeResult:
     """Audio mode: how long the call ran on the wire (its real-time duration)."""
     v2v_ms: dict[int, float] = field(default_factory=dict)
     """Audio mode: the agent pipeline's own voice-to-voice figure per user turn."""
+    audio_wav: str | None = None
+    """Audio mode with `record_audio`: the call's stereo WAV (`simulator.audio.recorder`)."""
     caller: dict[str, Any] = field(default_factory=dict)
     """What a scripted caller says of the call: `fallbacks` (lines that restated its need when
     nothing the agent said matched) and `caller_gave_up` (it hung up after repeated non-answers)."""
@@ -465,6 +467,7 @@ async def run_episode(
         audio = AudioEpisode.build(
             scenario, seed, stt=config.stt, tts=config.tts, transport=config.transport,
             agent_params=bot.webrtc_transport_params() if config.transport == "webrtc" else None,
+            record_audio=config.record_audio, repeat=repeat, session_id=str(info.call_id),
         )  # fmt: skip
         audio.adapt(episode)
         pair: LocalTransportPair = audio.pair
@@ -515,6 +518,8 @@ async def run_episode(
             result.error = "; ".join(episode.errors + [f"persona {e}" for e in persona_errors])
     except asyncio.CancelledError:  # Ctrl-C, a cancelled job: end this call, then stop
         await _stop_cancelled(pair, episode, persona, persona_task, bot_task, handle)
+        if audio is not None:
+            result.audio_wav = audio.finish_recording()  # the call so far, its header fixed up
         await episode.close_clients()
         if caller_llm is not None:
             await close_llm_client(caller_llm)
@@ -546,6 +551,7 @@ async def run_episode(
         result.speech = audio.agent_speech.notes
         result.call_s = audio.pair.audio_seconds
         result.v2v_ms = dict(audio.pair.v2v_ms)
+        result.audio_wav = audio.finish_recording()  # closed by `audio.close()` above
     world.close()
     if not episode.workers and result.error is None:
         result.error = "the bot built no PipelineWorker (is --bot a Pipecat bot?)"
@@ -607,6 +613,7 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "unscored": result.unscored,
             **result.caller,
             **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
+            **({"audio_wav": result.audio_wav} if result.audio_wav else {}),
         },
         latencies=caller_side_latencies(result, recorded),
         scores=scores,
@@ -803,7 +810,10 @@ async def simulate(
     if config.mode == "audio":  # so is a missing speech model or key (before any call starts)
         from pipecat_rl.simulator.audio.episode import check_audio
 
-        check_audio(scenarios, stt=config.stt, tts=config.tts, transport=config.transport)
+        check_audio(
+            scenarios, stt=config.stt, tts=config.tts, transport=config.transport,
+            record_audio=config.record_audio,
+        )  # fmt: skip
     if config.transport == "webrtc":
         bot.webrtc_transport_params()  # a bot whose own params fail says so now, not per call
     gate = asyncio.Semaphore(max(1, config.concurrency))

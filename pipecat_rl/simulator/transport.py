@@ -47,6 +47,7 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 from pipecat.utils.time import time_now_iso8601
 
 from pipecat_rl import compat
+from pipecat_rl.recording.spoken import SpokenPart, join_spoken, spoken_part
 
 Speaker = Literal["caller", "agent"]
 EndReason = Literal[
@@ -233,7 +234,7 @@ class _PairOutput(BaseOutputTransport):
         super().__init__(_params(), **kwargs)
         self._deliver = deliver
         self._join_tool_turns = join_tool_turns
-        self._parts: list[str] = []
+        self._parts: list[SpokenPart] = []
         self._first_text_at: float | None = None
         self._calls_in_flight = 0
         self._segments: set[int] = set()
@@ -257,7 +258,7 @@ class _PairOutput(BaseOutputTransport):
             # so a gap stamped here would leave out the model's whole time to first token.
             self.responding = True
         elif isinstance(frame, TTSSpeakFrame):
-            self._heard(frame.text, spaced=False)
+            self._heard((frame.text, False))
             if not self.responding and not self._calls_in_flight:
                 self._turn_done()  # spoken on its own (a greeting), not inside an LLM response
         elif isinstance(frame, (LLMTextFrame, AggregatedTextFrame)):
@@ -267,7 +268,7 @@ class _PairOutput(BaseOutputTransport):
                 return  # a word of a segment already heard
             if isinstance(frame, AggregatedTextFrame):
                 self._segments.add(frame.id)
-            self._heard(frame.text, spaced=frame.includes_inter_frame_spaces)
+            self._heard(spoken_part(frame))
         elif isinstance(frame, FunctionCallInProgressFrame) and self._join_tool_turns:
             self._calls_in_flight += 1
         elif isinstance(frame, (FunctionCallResultFrame, FunctionCallCancelFrame)):
@@ -277,16 +278,14 @@ class _PairOutput(BaseOutputTransport):
             if not self._calls_in_flight:
                 self._turn_done()
 
-    def _heard(self, text: str, *, spaced: bool) -> None:
-        """Text the other side hears: LLM tokens carry their spaces, sentences do not."""
-        if text.strip():
+    def _heard(self, part: SpokenPart) -> None:
+        """Text the other side hears, joined at the turn's end by the recorder's rule."""
+        if part[0].strip():
             self._first_text_at = self._first_text_at or time.monotonic()
-        if not spaced and self._parts and text and not self._parts[-1].endswith(" "):
-            text = " " + text.lstrip()
-        self._parts.append(text)
+        self._parts.append(part)
 
     def _turn_done(self) -> None:
-        text, first = "".join(self._parts).strip(), self._first_text_at
+        text, first = join_spoken(self._parts).strip(), self._first_text_at
         self._parts, self._first_text_at, self._segments = [], None, set()
         self._deliver(text, first)
 

@@ -12,6 +12,9 @@ Persona side (`persona_audio_stages`): Silero VAD -> STT (`persona_ear`) -> `Per
 before the persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes
 and long numbers character by character, as a caller does (`spoken`). A scripted scenario's
 recorded turns (`audio:`) are played instead of being spoken (`recordings`).
+
+With `record_audio` (`--record-audio DIR`) the call is also written, both sides on one clock,
+to a stereo WAV in that folder (`recorder`), closed with the episode.
 """
 
 from collections.abc import Iterable, Mapping
@@ -31,7 +34,9 @@ from pipecat_rl.compat import user_aggregator_vad
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.scenarios import Scenario
 from pipecat_rl.scenarios.turns import recordings, spoken
+from pipecat_rl.simulator.audio import check_recording
 from pipecat_rl.simulator.audio.channel import ChannelPerturbation
+from pipecat_rl.simulator.audio.recorder import CallRecording, recording_path
 from pipecat_rl.simulator.audio.services import (
     OFFLINE_STT,
     OFFLINE_TTS,
@@ -147,6 +152,9 @@ class AudioEpisode:
     agent_speech: AgentSpeech
     recorded: dict[int, str] = field(default_factory=dict)
     """A scripted scenario's recorded turns (caller line -> file), played instead of spoken."""
+    recording: CallRecording | None = None
+    """`--record-audio`: the call's WAV, written as the call goes (`recorder`)."""
+    _wav: Path | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def build(
@@ -158,11 +166,16 @@ class AudioEpisode:
         tts: TtsName | None = None,
         transport: Literal["local", "webrtc"] = "local",
         agent_params: Any = None,
+        record_audio: Path | None = None,
+        repeat: int = 0,
+        session_id: str = "",
     ) -> "AudioEpisode":
         """The episode's audio call, with the scenario's channel perturbations seeded by `seed`.
 
         `transport="webrtc"` carries it over SmallWebRTC on loopback, the agent's transport built
         with `agent_params` (the bot's own `transport_params["webrtc"]`, if it has one).
+        `record_audio`: a folder to write the call's WAV in, named for the scenario, `repeat`
+        and `session_id` (`recorder.recording_path`).
         """
         choice = SpeechChoice.for_scenario(scenario, stt, tts)
         channel = scenario.channel
@@ -181,11 +194,15 @@ class AudioEpisode:
             )
         else:
             pair = AudioTransportPair(max_turns=scenario.max_turns, perturb=perturb)
+        if record_audio is not None:
+            path = recording_path(record_audio, scenario.id, repeat, session_id)
+            pair.recording = CallRecording(path)
         return cls(
             pair=pair,
             choice=choice,
             agent_speech=AgentSpeech(choice),
             recorded=recordings(spoken(scenario.parsed_turns or [])),
+            recording=pair.recording,
         )
 
     def adapt(self, episode: Episode) -> None:
@@ -198,9 +215,18 @@ class AudioEpisode:
         """The persona's ear and mouth."""
         return persona_audio_stages(self.pair, self.choice, self.recorded)
 
+    def finish_recording(self) -> str | None:
+        """Close the call's WAV (idempotent): its path, or None if none was written."""
+        if self.recording is not None:
+            self.pair.recording = None  # a frame still in flight is not written
+            self._wav = self.recording.close()
+            self.recording = None
+        return None if self._wav is None else str(self._wav)
+
     async def close(self) -> None:
-        """Let go of the call's connections, if it holds any (WebRTC's peers)."""
+        """Let go of the call's connections, if it holds any (WebRTC's peers); close its WAV."""
         await self.pair.close()
+        self.finish_recording()
 
 
 def check_audio(
@@ -209,8 +235,13 @@ def check_audio(
     stt: SttName | None = None,
     tts: TtsName | None = None,
     transport: Literal["local", "webrtc"] = "local",
+    record_audio: Path | None = None,
 ) -> None:
-    """A `ConfigError` now for a missing model, key or WebRTC stack, not a failed call later."""
+    """A `ConfigError` now for a missing model, key or WebRTC stack, not a failed call later.
+
+    So is a `record_audio` folder that cannot be written (`check_recording`).
+    """
+    check_recording(["audio"], record_audio)
     if transport == "webrtc":
         from pipecat_rl.simulator.audio.webrtc import require_webrtc
 

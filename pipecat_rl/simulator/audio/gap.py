@@ -114,6 +114,7 @@ td:first-child,th:first-child{text-align:left}.bars{width:16em}
 
 def write_gap_page(gap: ChannelGap, path: Path) -> Path:
     """A self-contained HTML page holding the gap section (no scripts, no external files)."""
+    path.parent.mkdir(parents=True, exist_ok=True)  # as `mkdir -p`: --gap-html reports/gap.html
     path.write_text(
         f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>pipecat-rl channel gap</title><style>{_STYLE}</style></head>"

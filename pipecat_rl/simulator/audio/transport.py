@@ -63,7 +63,9 @@ from pipecat.transports.base_transport import BaseTransport, TransportParams
 from pipecat.utils.time import time_now_iso8601
 
 from pipecat_rl import compat
+from pipecat_rl.recording.spoken import SpokenPart, join_spoken, spoken_part
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE, VOICED_RMS
+from pipecat_rl.simulator.audio.recorder import CallRecording, Side
 from pipecat_rl.simulator.audio.recordings import RecordingFrame, read_recording
 from pipecat_rl.simulator.audio.stages import StageTimeline
 from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, client_ready
@@ -232,13 +234,16 @@ class AudioTransportPair(LocalTransportPair):
         self.meter = HeardLatencyMeter(on_gap=self.stages.heard)
         self.v2v_ms: dict[int, float] = {}
         """Caller line index -> the agent pipeline's own voice-to-voice figure."""
-        self.agent_spoken: list[str] = []
+        self.agent_spoken: list[SpokenPart] = []
+        """What the agent's TTS said since its last turn, joined by the recorder's rule."""
         self._agent_reply_played = asyncio.Event()
         self._agent_reply_played.set()
         self.caller_speaking = False
         self._caller_quiet_since: float | None = None
         self.audio_seconds = 0.0
         """How long the call has run on the wire (the caller's mouth ticks)."""
+        self.recording: CallRecording | None = None
+        """`--record-audio`: the call's stereo WAV, told every frame each side sends."""
         self.agent = self._agent_transport()
         self.caller = AudioCallerTransport(self)
 
@@ -256,6 +261,11 @@ class AudioTransportPair(LocalTransportPair):
     async def caller_audio_out(self, pcm: bytes, at: float) -> None:
         """A 20 ms frame leaves the caller's mouth for the agent."""
         await self.agent.input().receive(pcm, at)
+
+    def record(self, side: Side, pcm: bytes, at: float) -> None:
+        """A frame of `side` went by on the line (recorded, when the call is)."""
+        if self.recording is not None:
+            self.recording.add(side, pcm, at)
 
     def agent_audio_heard(self, is_voiced: bool, at: float) -> None:
         """An agent frame reached the caller: the heard-gap meter and the call's activity."""
@@ -322,7 +332,7 @@ class AudioTransportPair(LocalTransportPair):
         """The caller heard a whole agent turn; False once the call is over (no reply)."""
         if self.done.is_set():
             return False
-        spoken = " ".join(t.strip() for t in self.agent_spoken if t.strip())
+        spoken = join_spoken(self.agent_spoken).strip()
         self.agent_spoken = []
         gap = self.meter.gaps_ms.get(self.caller_turns - 1) if self.caller_turns else None
         answers = max(self.meter.gaps_ms, default=-1) + 1  # the lines its voice has followed
@@ -507,6 +517,12 @@ class AudioAgentTransport(BaseTransport):
 class AudioCallerInput(_AudioInput):
     """The persona's ear: the agent's audio, as frames."""
 
+    async def receive(self, pcm: bytes, at: float) -> None:
+        """A frame of the agent's, as the caller receives it (the call's right channel)."""
+        if self._ready:  # before its pipeline runs, the caller hears nothing
+            self._pair.record("agent", pcm, at)
+        await super().receive(pcm, at)
+
     async def start(self, frame: StartFrame):
         """Connect to the agent once the persona pipeline runs; speak the opening line, if any."""
         await super().start(frame)
@@ -528,6 +544,7 @@ class AudioCallerOutput(_MouthOutput):
         self.mouth = Mouth(self._deliver, pair.caller_sent)
 
     async def _deliver(self, pcm: bytes, at: float) -> None:
+        self._pair.record("caller", pcm, at)
         await self._pair.caller_audio_out(pcm, at)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
@@ -825,7 +842,7 @@ class AgentHearingObserver(BaseObserver):
         elif isinstance(data.destination, BaseOutputTransport):
             if isinstance(frame, TTSTextFrame) and data.direction == FrameDirection.DOWNSTREAM:
                 self._seen.add(frame.id)
-                self._pair.agent_spoken.append(frame.text)
+                self._pair.agent_spoken.append(spoken_part(frame))
             elif isinstance(frame, LLMFullResponseStartFrame):
                 self._seen.add(frame.id)
                 self._pair.agent_replying(True)
@@ -833,4 +850,4 @@ class AgentHearingObserver(BaseObserver):
                 self._seen.add(frame.id)
                 self._pair.agent_replying(False)
                 if self._bot_speaking:  # its text so far was not all heard: say so
-                    self._pair.agent_spoken.append("[interrupted]")
+                    self._pair.agent_spoken.append(("[interrupted]", False))
