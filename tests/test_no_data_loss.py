@@ -244,6 +244,41 @@ def test_gate_refuses_its_default_folder_taken_in_the_same_second(tmp_path, monk
     assert _digest(tmp_path / "receipts/same/receipt.json") == digest
 
 
+@pytest.mark.parametrize("spelling", ["receipts/v2", "./receipts/v2/", "deep/er/receipts/v2"])
+def test_gate_makes_the_folders_missing_above_its_out(tmp_path, monkeypatch, spelling):
+    """Issue 38: `--out receipts/v2` failed on a clone with no `receipts/` yet."""
+    monkeypatch.delenv("PIPECAT_RL_LEDGER", raising=False)
+    monkeypatch.chdir(tmp_path)
+    made = _gate(tmp_path, "--out", spelling)
+    assert made.exit_code in (0, 1, 2), made.output
+    assert (tmp_path / spelling / "receipt.json").is_file()
+
+
+def test_gate_refuses_an_out_under_a_file_or_on_the_ledger(tmp_path, monkeypatch):
+    monkeypatch.delenv("PIPECAT_RL_LEDGER", raising=False)
+    (tmp_path / "receipts").write_text("a file, not a folder\n")
+    under_a_file = _gate(tmp_path, "--out", str(tmp_path / "receipts" / "v2"))
+    assert under_a_file.exit_code == EXIT_USAGE, under_a_file.output
+    assert "receipts is not a folder" in under_a_file.stderr
+    # The ledger the gate is about to make, and the one it has made, are never its receipt.
+    not_yet = _gate(tmp_path, "--out", str(tmp_path / "gate.db"))
+    assert not_yet.exit_code == EXIT_USAGE and "is the ledger" in not_yet.stderr
+    assert not (tmp_path / "gate.db").exists()  # refused before anything ran
+    assert _gate(tmp_path, "--out", str(tmp_path / "r")).exit_code in (0, 1, 2)
+    made = _gate(tmp_path, "--out", str(tmp_path / "gate.db"), "--force")
+    assert made.exit_code == EXIT_USAGE and "is the ledger" in made.stderr
+    with Ledger(tmp_path / "gate.db") as store:
+        assert store.sessions() == [] and store.path.is_file()
+
+
+def test_an_export_makes_the_folders_missing_above_its_out(ledger, tmp_path):
+    made = _export(ledger, "exports/2026/calls.jsonl")
+    assert made.exit_code == 0, made.output
+    assert len((tmp_path / "exports/2026/calls.jsonl").read_text().splitlines()) == 3
+    blocked = _export(ledger, "calls.db/x.jsonl")  # the ledger is a file: nothing goes under it
+    assert blocked.exit_code == EXIT_USAGE and "calls.db is not a folder" in blocked.stderr
+
+
 # -- ledger migrate --------------------------------------------------------------------------------
 
 

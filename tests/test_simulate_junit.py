@@ -106,7 +106,7 @@ def cases(root: ET.Element) -> dict[str, ET.Element]:
 def test_the_report_has_a_case_per_scenario_and_repeat_and_names_the_failed_check(
     tmp_path, scenarios
 ):
-    report = tmp_path / "junit.xml"
+    report = tmp_path / "reports" / "ci" / "junit.xml"  # its folders are made, as pytest's are
     result = simulate(tmp_path, scenarios, "--junit-xml", str(report), "--fail-under", "0.9")
     assert result.exit_code == EXIT_NO, result.output  # 2 of 4 verified runs passed
     root = ET.parse(report).getroot()  # written before the exit code, as CI needs it
@@ -160,8 +160,10 @@ def test_the_report_is_refused_where_it_would_destroy_something(tmp_path, scenar
     over_ledger = simulate(tmp_path, scenarios, "--junit-xml", str(ledger))
     assert over_ledger.exit_code == EXIT_USAGE
     assert "is the ledger this reads" in over_ledger.stderr and not ledger.exists()
-    nowhere = simulate(tmp_path, scenarios, "--junit-xml", str(tmp_path / "no" / "j.xml"))
-    assert nowhere.exit_code == EXIT_USAGE and "does not exist" in nowhere.stderr
+    blocker = tmp_path / "reports"
+    blocker.write_text("a file where a folder must be\n")
+    under_a_file = simulate(tmp_path, scenarios, "--junit-xml", str(blocker / "j.xml"))
+    assert under_a_file.exit_code == EXIT_USAGE and "is not a folder" in under_a_file.stderr
     other = tmp_path / "other.db"
     with Ledger(other):
         pass

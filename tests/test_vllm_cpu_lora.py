@@ -98,24 +98,6 @@ def test_expand_slice_equals_vllm_per_qkv_slice(indices, add):
     expect_rows(ys["new"], ys["ref"], y0 if add else torch.zeros_like(y0), indices)
 
 
-@pytest.mark.parametrize("inference", [False, True], ids=["buffer", "inference tensor"])
-def test_an_index_buffer_refilled_in_place_gets_its_new_adapters(inference):
-    # A step's indices are views of one buffer the punica wrapper refills in place; the slots
-    # present are kept per fill, so a stale answer would add the previous step's adapter.
-    x, a = torch.randn(4, HIDDEN), weights(RANK, HIDDEN, 3)
-    buffer = torch.full((8,), -1, dtype=torch.long)
-    context = torch.inference_mode() if inference else contextlib.nullcontext()
-    with context:
-        for fill in ([0, 0, -1, 1], [-1, -1, -1, -1], [2, 2, 2, 2], [1, -1, 1, 0]):
-            buffer[:4].copy_(torch.tensor(fill))
-            for _ in range(3):  # each layer's call sees the same view of the same fill
-                out = {name: torch.zeros(4, RANK) for name, _ in both("bgmv_shrink")}
-                for name, shrink in both("bgmv_shrink"):
-                    shrink(x, a, out[name], buffer[:4], 1.0)
-                expect_rows(out["new"], out["ref"], torch.zeros(4, RANK), fill)
-                assert vllm_cpu_lora.present_slots(buffer[:4]) == sorted(set(fill))
-
-
 def test_vllm_adds_the_last_slot_where_the_index_is_minus_one():
     a = weights(RANK, HIDDEN, 1)
     x = torch.randn(4, HIDDEN)

@@ -236,11 +236,18 @@ def existing(path: Path, flag: str) -> Path:
 
 
 def writable_folder(path: Path, flag: str) -> Path:
-    """`path` as given to `flag`, a file to write; its folder must exist (none is created)."""
-    folder = path.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise ConfigError(f"{flag} {path}: {folder} {what}; create the folder, or name another")
+    """`path` as given to `flag`, somewhere to write; folders missing above it are fine.
+
+    The writer makes them (as `mkdir -p`), so `--out receipts/v2` works on a fresh clone; only
+    a file standing where a folder must be is refused, before the verb does any work.
+    """
+    for above in path.parents:  # nearest first; the first that exists decides
+        if above.exists():
+            if not above.is_dir():
+                raise ConfigError(
+                    f"{flag} {path}: {above} is not a folder; name a path under a folder"
+                )
+            break
     return path
 
 
@@ -305,6 +312,13 @@ def verbose_first(args: list[str]) -> list[str]:
 
 class CLIGroup(TyperGroup):
     """The top-level group: one exit-code table and one error line for every verb."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """The group Typer built, every verb's parameters given a readable metavar."""
+        super().__init__(*args, **kwargs)
+        from pipecat_rl.cli.metavars import name_parameters
+
+        name_parameters(self)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # noqa: D102 (see the class)
         return super().parse_args(ctx, verbose_first(list(args)))

@@ -216,7 +216,10 @@ def export(
     fmt: Annotated[str, typer.Option("--format", help="Output format (jsonl).")] = "jsonl",
     out: Annotated[
         Path | None,
-        typer.Option("--out", help="Write to this file (default: stdout).", show_default=False),
+        typer.Option(
+            "--out", metavar="FILE", help="Write to this file (default: stdout).",
+            show_default=False,
+        ),
     ] = None,
     session: Annotated[
         list[str] | None,
@@ -230,9 +233,9 @@ def export(
 ) -> None:
     """Export sessions, each with its turns, tool calls, latencies and scores, one per line.
 
-    With --json and --out, prints {"count", "out"} on stdout once the file is written. The
-    folder of --out must exist; the file appears only once the export is complete, and never
-    over the ledger itself (exit 64; a symlink, device, receipt or SQLite file needs --force).
+    With --json and --out, prints {"count", "out"} on stdout once the file is written. Folders
+    missing on the way to --out are made; the file appears only once the export is complete, and
+    never over the ledger itself (exit 64; a symlink, device, receipt or SQLite file needs --force).
     """
     with cli_errors(json_out and out is not None), open_ledger(ledger, read_only=True) as store:
         if fmt != "jsonl":

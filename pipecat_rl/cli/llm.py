@@ -120,7 +120,7 @@ def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
     folder = Path(spec).expanduser()
     if (folder / "adapter_config.json").is_file():
         return folder.resolve().name, folder.resolve()
-    from pipecat_rl.gate.lineage import LIVE
+    from pipecat_rl.gate.lineage import resolve_policy
     from pipecat_rl.ledger import BASE_ADAPTER, Ledger, ledger_file_missing, resolve_ledger_path
 
     path = resolve_ledger_path(ledger)
@@ -130,8 +130,7 @@ def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
             "look the name up in; pass an adapter folder, or --ledger"
         )
     with Ledger(path) as store:
-        pointer = store.live() if spec == LIVE else None
-        name = (BASE_ADAPTER if pointer is None else pointer.adapter) if spec == LIVE else spec
+        name = resolve_policy(store, spec)  # `live`: the live adapter, or base before any
         if name == BASE_ADAPTER:
             raise ConfigError(
                 f"--merged {spec}: the base model is live in {store.path}, and it needs no "

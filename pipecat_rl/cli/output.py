@@ -12,13 +12,17 @@ policy answers for all of them, and no command destroys data by a slip of the pa
   names is replaced and the link kept) and a device or FIFO is written to in place, never
   replaced by a plain file;
 - a file is written atomically (`written`): beside its target, fsynced, then moved over it with
-  `os.replace`, so a failure, a full disk among them, leaves what was there as it was.
+  `os.replace`, so a failure, a full disk among them, leaves what was there as it was;
+- folders missing on the way to a file or receipt folder are made, as `mkdir -p` does
+  (`common.writable_folder` refuses a file standing where one of them must be); a failed write
+  removes those it made.
 
 A refusal is a `ConfigError` (exit 64) naming the path and why; a write that fails is an
 `OSError` (exit 74, `common.EXIT_IO`). A closed stdout stays `CLIGroup`'s (exit 141), and a full
 one is an `OSError` when it is flushed (exit 74).
 """
 
+import contextlib
 import os
 import secrets
 import stat
@@ -88,14 +92,22 @@ def output_file(
     return path
 
 
-def output_folder(path: Path, flag: str, *, force: bool = False) -> Path:
+def output_folder(
+    path: Path, flag: str, *, force: bool = False, ledger: Path | str | None = None
+) -> Path:
     """Check `path`, given to `flag`, as a folder to write a receipt into (made if missing).
 
-    A folder that already holds a receipt is refused unless `force`, as a symlink is.
+    A folder that already holds a receipt is refused unless `force`, as a symlink is; the
+    ledger the verb writes (`ledger`), even one not made yet, is refused always.
 
     Raises:
         ConfigError: `path` is not a folder, or is one `force` is needed for.
     """
+    if ledger is not None and is_ledger_file(path, ledger):
+        raise ConfigError(
+            f"{flag} {path} is the ledger this writes ({ledger}), or one of its files; name a "
+            "new folder for the receipt"
+        )
     if path.is_symlink() and not force:
         raise ConfigError(
             f"{flag} {path} is a symbolic link (to {os.readlink(path)}); name the folder "
@@ -155,6 +167,9 @@ def written(path: Path) -> Iterator[TextIO]:
 
 def _replaced(path: Path, kind: Kind | None) -> Iterator[TextIO]:
     partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)  # as `mkdir -p`
+    done = False
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -164,8 +179,12 @@ def _replaced(path: Path, kind: Kind | None) -> Iterator[TextIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, path)
+        done = True
     finally:
         partial.unlink(missing_ok=True)
+        for folder in made if not done else ():  # deepest first: a failure leaves none it made
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     _sync_folder(path.parent)
 
 

@@ -59,7 +59,7 @@ def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 def list_scenarios(
     paths: Annotated[
         list[Path],
-        typer.Argument(metavar="PATH...", help="Scenario files or folders (searched recursively)."),
+        typer.Argument(metavar="PATH", help="Scenario files or folders (searched recursively)."),
     ],
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:

@@ -28,7 +28,6 @@ module that touches vLLM's internals; its test pins each reliance against vLLM's
 """
 
 import os
-import weakref
 from contextvars import ContextVar
 from typing import Any
 
@@ -60,35 +59,9 @@ _PROMPT_HIDDEN: ContextVar[torch.Tensor | None] = ContextVar("prompt_hidden", de
 """The step's hidden states while vLLM computes prompt logprobs from slices of them, else None."""
 
 
-_PRESENT: dict[int, tuple[weakref.ref, dict[tuple[int, ...], list[int]]]] = {}
-"""The slots present in views of an index buffer: by the buffer's id, a weak reference to it (an
-id is reused once its tensor is gone) and, per (address, offset, length, version), the slots."""
-
-
 def present_slots(indices: torch.Tensor) -> list[int]:
-    """The distinct adapter slots in `indices`, ascending; -1 (no adapter) among them if present.
-
-    A step calls the ops ~3 times per LoRA layer with views of the same index buffer (the punica
-    wrapper's), and `torch.unique(...).tolist()` each time cost more than the adapter's matmuls
-    at decode. The buffer is refilled in place each step, which moves its version counter, so the
-    answer is kept per version. Tensors made in inference mode (the sgmv ops' per-token repeat)
-    carry no version counter and are computed each time.
-    """
-    base = indices._base if indices._base is not None else indices
-    try:
-        view = (indices.data_ptr(), indices.storage_offset(), indices.numel(), indices._version)
-    except RuntimeError:  # "Inference tensors do not track version counter"
-        return torch.unique(indices).tolist()
-    ref, views = _PRESENT.get(id(base), (None, {}))
-    if ref is None or ref() is not base or len(views) > 16:  # a new buffer, or old versions
-        views = {}
-        if len(_PRESENT) > 64:
-            _PRESENT.clear()
-        _PRESENT[id(base)] = (weakref.ref(base), views)
-    found = views.get(view)
-    if found is None:
-        found = views[view] = torch.unique(indices).tolist()
-    return found
+    """The distinct adapter slots in `indices`, ascending; -1 (no adapter) among them if present."""
+    return torch.unique(indices).tolist()
 
 
 def lora_rows(
