@@ -215,6 +215,10 @@ def test_gate_a_bot_refused_inside_its_runs_is_64_with_its_own_message(tmp_path)
         result, ledger = _gate(tmp_path, BOTS / "anthropic_bot.py", url)
     assert result.exit_code == EXIT_USAGE, result.output
     assert "AnthropicLLMService" in result.stderr and "--bot file.py:entry" in result.stderr
+    # said before any call: how many, on which channel
+    assert "gate: 8 calls (2 held-out scenario(s) x 2 run(s) x 2 policies), in text:" in (
+        result.stderr
+    )
     _no_group(result.output)
     assert not (tmp_path / "receipt").exists()
     assert not ledger.exists() or Ledger(ledger).sessions() == []

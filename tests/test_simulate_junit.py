@@ -259,3 +259,17 @@ def test_two_channels_are_two_suites_and_xml_text_keeps_what_xml_allows():
     kept = "tab\tnew\nline é 日本 🙂 <&>"
     assert xml_text(kept) == kept
     assert xml_text("\x00\x08\x0b\x1f\ud800\uffff") == "\\x00\\x08\\x0b\\x1f\\ud800\\uffff"
+
+
+def test_progress_is_a_line_per_call_where_stderr_is_no_terminal(tmp_path, scenarios):
+    # A CI log or `> log`: a rich bar would show nothing until the end; each call gets a line.
+    result = simulate(tmp_path, scenarios, "--progress", "lines")
+    assert result.exit_code == 0, result.output
+    lines = [x for x in result.stderr.splitlines() if x.startswith("simulating [")]
+    assert len(lines) == 3 * 2 and lines[-1].startswith("simulating [6/6] ")
+    assert all(x.split()[-3] in ("pass", "fail", "unverified") for x in lines), lines
+    quiet = invoke(
+        "simulate", str(scenarios), "--bot", EXPERT, "--persona", "scripted", "--no-server",
+        "--ledger", str(tmp_path / "quiet.db"), "-r", "1", "--progress", "none",
+    )  # fmt: skip
+    assert quiet.exit_code == 0 and "simulating [" not in quiet.stderr

@@ -13,6 +13,7 @@ stdout holds only JSON, a refusal included. A receipt folder that already holds 
 unless `--force` (`cli.output.output_folder`).
 """
 
+import contextlib
 import os
 import re
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, 
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.cli.output import output_folder
+from pipecat_rl.cli.progress import CallProgress, ProgressMode, ProgressOpt
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate import (
     Evidence,
@@ -90,14 +92,18 @@ def _evidence(
     transport: Literal["local", "webrtc"],
     options: SimulationOptions,
     llm_url: str | None,
-) -> Evidence:
-    """What the gate decides from: a scores file, the ledger, or its own paired runs."""
+    progress_mode: ProgressMode,
+) -> tuple[Evidence, CallProgress | None]:
+    """What the gate decides from: a scores file, the ledger, or its own paired runs.
+
+    Its own runs come with their progress, after a line saying how many calls, on which channel.
+    """
     if scenarios is not None:
         existing(scenarios, "--scenarios")
     if scores is not None:
-        return FromScores(existing(scores, "--scores"), files=scenarios)
+        return FromScores(existing(scores, "--scores"), files=scenarios), None
     if from_ledger:
-        return FromLedger(heldout_set=heldout_set, source=source, files=scenarios)
+        return FromLedger(heldout_set=heldout_set, source=source, files=scenarios), None
     if scenarios is None or bot is None:
         raise ConfigError(
             "to run the paired simulations name the held-out scenarios and the bot with "
@@ -110,12 +116,27 @@ def _evidence(
         mode = "audio" if audio_available() else "text"
     check_transport([mode], transport)  # before the server starts
     from pipecat_rl.simulator import Server, load_bot  # imports Pipecat: only to simulate
+    from pipecat_rl.simulator.runner import total_episodes
 
-    return Simulated(
-        scenarios=load_scenarios([scenarios]), bot=load_bot(bot),
-        options=options.model_copy(update={"mode": mode, "transport": transport}),
-        server=Server(url=llm_url), files=scenarios,
+    loaded = load_scenarios([scenarios])
+    options = options.model_copy(update={"mode": mode, "transport": transport})
+    calls = 2 * total_episodes(loaded, options)
+    what = (
+        "audio: the full pipeline, the bot's own STT, LLM and TTS, as callers hear it"
+        if mode == "audio"
+        else "text: the LLM stages only, no voice-to-voice latency"
+    )
+    console.print(
+        f"gate: {calls} calls ({len(loaded)} held-out scenario(s) x "
+        f"{options.repeats or 'their own'} run(s) x 2 policies), in {what}"
+        + (" (--mode text for a quicker, LLM-only gate)" if mode == "audio" else ""),
+        markup=False, soft_wrap=True,
     )  # fmt: skip
+    shown = CallProgress(calls, "gate", progress_mode)
+    return Simulated(
+        scenarios=loaded, bot=load_bot(bot), options=options, server=Server(url=llm_url),
+        files=scenarios, on_episode=shown.ended,
+    ), shown  # fmt: skip
 
 
 def gate(
@@ -233,6 +254,7 @@ def gate(
     executor: ExecutorOpt = "local",
     ray_address: RayAddressOpt = None,
     ray_endpoints: RayEndpointOpt = None,
+    progress_mode: ProgressOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
     """Decide PROMOTE / REJECT / INCONCLUSIVE for a candidate on held-out scenarios."""
@@ -257,7 +279,7 @@ def gate(
                 writable_folder(out, "--out"), "--out", force=force,
                 ledger=resolve_ledger_path(ledger),
             )  # fmt: skip
-        evidence = _evidence(
+        evidence, shown = _evidence(
             scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
             heldout_set=heldout_set, source=source, mode=mode, transport=transport,
             options=SimulationOptions(
@@ -265,7 +287,7 @@ def gate(
                 concurrency=concurrency, max_tokens=max_tokens,
                 **executor_fields(executor, ray_address, ray_endpoints),
             ),
-            llm_url=llm_url,
+            llm_url=llm_url, progress_mode="none" if json_out else progress_mode,
         )  # fmt: skip
         path = resolve_ledger_path(ledger)
         opened = open_ledger(ledger) if from_ledger else new_ledger_kept_if_used(path)
@@ -275,7 +297,8 @@ def gate(
                 if (note := live_note(store, flag, requested)) is not None:
                     console.print(note, markup=False, soft_wrap=True)
             folder = out or output_folder(_default_out(*names), "the default --out", force=force)
-            done = run_gate(store, candidate, incumbent, evidence, settings, folder)
+            with shown or contextlib.nullcontext():
+                done = run_gate(store, candidate, incumbent, evidence, settings, folder)
     receipt, paths = done.receipt, done.paths
     _report(receipt, paths["json"].parent, json_out)
     raise typer.Exit(receipt.exit_code)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipecat_rl import defaults
@@ -47,6 +46,7 @@ from pipecat_rl.cli.common import (
 from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, executor_fields
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.cli.output import output_file, written
+from pipecat_rl.cli.progress import CallProgress, ProgressMode, ProgressOpt
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
@@ -180,7 +180,7 @@ def _run(
     policy: str,
     ledger_path: Path | str,
     server: "Server",
-    show_progress: bool,
+    progress_mode: ProgressMode,
 ) -> "SimulationReport":
     from pipecat_rl.simulator import load_bot, run
     from pipecat_rl.simulator.runner import total_episodes
@@ -188,15 +188,11 @@ def _run(
     entry = load_bot(bot)
     if server.needed and server.url is None:
         console.print("no --llm-url: starting the embedded vLLM server…")
-    progress = Progress(
-        TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, disable=not show_progress,
-    )  # fmt: skip
+    progress = CallProgress(total_episodes(scenarios, options), "simulating", progress_mode)
     with Ledger(ledger_path) as ledger, progress:
-        task = progress.add_task("episodes", total=total_episodes(scenarios, options))
 
         def ended(episode: "EpisodeResult") -> None:
-            progress.advance(task)
+            progress.ended(episode)
             if common.verbosity >= 1:  # read now: the app's callback sets it
                 _print_call(episode)
 
@@ -393,6 +389,7 @@ def simulate_command(
             "replaced), a device or FIFO, or a SQLite file; never over the ledger, or a folder.",
         ),
     ] = False,
+    progress_mode: ProgressOpt = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Simulate calls to BOT for every scenario, write them to the ledger, print a table.
@@ -439,9 +436,9 @@ def simulate_command(
                 update={"mode": channel, "transport": transport if channel == "audio" else "local"}
             )
             path = resolve_ledger_path(ledger)
-            show = not json_out
+            shown: ProgressMode = "none" if json_out else progress_mode
             reports.append(
-                _run(loaded, bot, run_options, adapter or "base", path, server, show)
+                _run(loaded, bot, run_options, adapter or "base", path, server, shown)
             )
             if reports[-1].server_gone:
                 break  # no second channel against a server that is gone
