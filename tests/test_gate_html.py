@@ -268,7 +268,7 @@ def test_the_committed_cycle_receipt_shows_its_ttft_and_the_failing_scenarios(tm
     image, dom, console = render(COMMITTED / "receipt.html", tmp_path)
     assert console == [] and np.asarray(image).std() > 0.05
     text = re.sub(r"<[^>]+>", " ", dom)
-    assert f"{ttft.candidate:,.0f} vs {ttft.incumbent:,.0f} ms" in text
+    assert f"{ttft.candidate:,.0f} ms vs {ttft.incumbent:,.0f} ms" in text
     if failed:
         start = text.index("Scenarios that failed a check")
         listed = text[start : text.index("Checks", start)]

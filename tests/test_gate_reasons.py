@@ -32,7 +32,7 @@ from pipecat_rl.gate.wording import CHECK_TITLES, PER_CALL_VS_TURN, STATUS_WORDS
 from pipecat_rl.ledger import AdapterRecord, Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = ROOT / "docs" / "results" / "cycle-clinic" / "receipt" / "receipt.json"
+COMMITTED = ROOT / "docs" / "results" / "cycle-clinic-78f4918" / "receipt" / "receipt.json"
 """A real schema-4 receipt (PROMOTE), its reason ~1,900 characters of joined details."""
 
 GUARD = {
