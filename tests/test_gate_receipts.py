@@ -130,7 +130,7 @@ def test_statistics_that_do_not_support_promote_are_refused(ledger, tmp_path):
     path = gated_receipt(tmp_path / "r", ledger, "REJECT", "v2", "base")
     data = edit(path, lambda d: d.update(verdict="PROMOTE", exit_code=0))
     forge_row(ledger, path, data)
-    with pytest.raises(GateError, match=r"\(statistics\).*recomputed: REJECT \(REJECT: v2 scores "):
+    with pytest.raises(GateError, match=r"\(statistics\).*recomputed, REJECT: v2 scores "):
         verify_receipt(path, ledger)
 
 

@@ -135,7 +135,8 @@ def verify_receipt(
         )
     verdict, problems = recheck(receipt)
     if verdict.decision != "PROMOTE" or problems:
-        said = "; ".join(problems) or f"recomputed: {verdict.decision} ({verdict.reason})"
+        said = "; ".join(problems) or f"recomputed, {verdict.reason}"  # it names its verdict
+        said = said.rstrip(".")
         raise _refused(
             "statistics", f"the receipt's own statistics do not support PROMOTE: {said}."
         )
