@@ -463,8 +463,8 @@ def simulate_command(
     if gone is not None:
         error_line(
             f"{gone.server_gone}; {gone.not_run} episode(s) not run (nothing was written "
-            "for them); start the server again and re-run"
-        )
+            "for them); once the server answers again, re-run"
+        )  # the first part says what to fix: a dead server, or a judge that is misnamed
         raise typer.Exit(EXIT_UNAVAILABLE)
     failed = [e for r in reports for e in r.episodes if e.outcome == SessionOutcome.ERROR]
     if failed:
