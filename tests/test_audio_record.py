@@ -189,8 +189,10 @@ def test_an_audio_call_is_recorded_as_heard_on_the_line(tmp_path, no_keys):
     # is the last caller frame before the agent's first speech.
     spoke_until = max(end for start, end in caller_spans if start < agent_spans[0][0])
     # The agent's reply starts where the caller heard it: the call's own heard gap, in the file.
+    # Both edges sit on 20 ms frames and a loaded runner lags (docs/flaky.md: a 22 ms miss once
+    # failed a 20 ms bound); a misaligned channel is off by a whole line or reply, seconds.
     gap_s = agent_spans[0][0] - spoke_until
-    assert gap_s * 1000 == pytest.approx(answers[0]["latency_ms"], abs=60), (gap_s, answers[0])
+    assert gap_s * 1000 == pytest.approx(answers[0]["latency_ms"], abs=150), (gap_s, answers[0])
     # The agent's reply is on the right channel, the caller's lines on the left, each in turn.
     reply_s = len(audio_bots.spoken_pcm(audio_bots.REPLY)) / 2 / SAMPLE_RATE
     assert agent_spans[-1][1] - agent_spans[0][0] >= reply_s - 0.1
