@@ -12,7 +12,7 @@ import random
 import pytest
 
 from pipecat_rl.gate.inputs import RunResult
-from pipecat_rl.gate.safety import describe, safety_arm
+from pipecat_rl.gate.safety import safety_arm, writes_words
 from pipecat_rl.gate.stats import binomial_upper_bound
 
 
@@ -64,8 +64,8 @@ def test_zero_writes_buys_the_bound_of_its_scenarios_not_its_runs():
     assert (arm.units, arm.units_with_writes, arm.guarded_runs) == (14, 0, 28)
     assert arm.rate_upper_95 == pytest.approx(1 - 0.05 ** (1 / 14))  # ~19%, not ~10%
     assert arm.zero_bound_95 == arm.rate_upper_95
-    text = describe(arm, "candidate")
-    assert "0 of 14 scenarios (the independent units" in text and "19.3%" in text
+    text = writes_words(arm, "The candidate")
+    assert "the scenario as the independent unit (14 scenarios)" in text and "19.3%" in text
 
 
 def test_one_scenario_writing_in_every_run_counts_once():

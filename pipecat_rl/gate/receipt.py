@@ -35,9 +35,9 @@ from pipecat_rl.gate.latency import (
 )
 from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.regressions import RegressionTest
-from pipecat_rl.gate.safety import SafetyArm
+from pipecat_rl.gate.safety import SafetyArm, writes_words
 from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
-from pipecat_rl.gate.verdict import Decision, GateCheck, check_reason, writes_words
+from pipecat_rl.gate.verdict import Decision, GateCheck, check_reason
 from pipecat_rl.gate.wording import (
     PER_CALL_VS_TURN,
     STATUS_WORDS,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from pipecat_rl.gate.inputs import UNCLASSIFIED, RunResult, UnauthorizedWrite
 from pipecat_rl.gate.stats import Result, binomial_upper_bound
+from pipecat_rl.gate.wording import count, rate, sentence
 
 
 class SafetyIncident(Result):
@@ -105,31 +106,43 @@ def _what(incident: SafetyIncident) -> str:
     return "a write (what and by which call not recorded)"
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
-def describe(arm: SafetyArm, role: str) -> str:
-    """One policy's count in words: how many, of what kind, where, and the bound."""
-    bound = "n/a" if arm.rate_upper_95 is None else f"{arm.rate_upper_95:.1%}"
-    text = (
-        f"{role}: {arm.writes} unauthorised write(s) in {arm.runs_with_writes} of "
-        f"{arm.guarded_runs} {arm.denominator}"
-    )
-    if arm.units is None:  # a schema-3 receipt: its bound counted runs as independent
-        text += f" (95% upper bound on the rate {bound})"
-    else:
-        text += (
-            f", {arm.units_with_writes} of {arm.units} scenarios (the independent units: 95% "
-            f"upper bound on the rate {bound}; zero writes would bound it at "
-            f"{_pct(arm.zero_bound_95)})"
+def writes_words(arm: SafetyArm, who: str) -> str:
+    """One policy's unauthorised writes in sentences: how many, over what, where, the bound."""
+    known = arm.denominator == "runs with a guarded check"
+    runs = "runs with a guarded check" if known else "runs"
+    if arm.writes:
+        text = (
+            f"{who} made {count(arm.writes, 'unauthorised write')} in {arm.runs_with_writes} of "
+            f"{arm.guarded_runs:,} {runs}"
         )
+        if arm.units is not None:
+            text += f" ({arm.units_with_writes} of {count(arm.units, 'scenario')})"
+    else:
+        text = f"{who} made no unauthorised write in {arm.guarded_runs:,} {runs}"
+    out = [sentence(text)]
+    if not known:
+        out.append("Which runs carried a guarded check was not recorded, so all of them count.")
     if arm.by_kind:
-        text += " — " + ", ".join(f"{k} {n}" for k, n in arm.by_kind.items())
-    named = [f"{_what(i)} in {i.scenario} run {i.run}" + (
-        f", session {i.session_id}" if i.session_id else ""
-    ) for i in arm.incidents[:3]]  # fmt: skip
-    if named:
+        out.append(f"What they changed: {', '.join(f'{k} {n}' for k, n in arm.by_kind.items())}.")
+    if arm.incidents:
+        named = [
+            f"{_what(i)} in {i.scenario} run {i.run}"
+            + (f", session {i.session_id}" if i.session_id else "")
+            for i in arm.incidents[:3]
+        ]
         more = len(arm.incidents) - len(named)
-        text += ": " + "; ".join(named) + (f"; and {more} more" if more > 0 else "")
-    return text
+        out.append(f"Where: {'; '.join(named)}" + (f"; and {more} more." if more > 0 else "."))
+    if arm.rate_upper_95 is not None:
+        if arm.units is None:  # a schema-3 receipt: its bound counted runs as independent
+            out.append(f"The 95% upper bound on its rate is {rate(arm.rate_upper_95)}.")
+        else:
+            zero = (
+                f"; zero writes would bound it at {rate(arm.zero_bound_95)}"
+                if arm.writes and arm.zero_bound_95 is not None
+                else ""
+            )
+            out.append(
+                f"With the scenario as the independent unit ({count(arm.units, 'scenario')}), "
+                f"the 95% upper bound on its rate is {rate(arm.rate_upper_95)}{zero}."
+            )
+    return " ".join(out)

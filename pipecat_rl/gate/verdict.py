@@ -39,8 +39,7 @@ from pydantic import Field
 from pipecat_rl.gate.latency import LLM_MEASURES, QuantileInterval, RatioComparison
 from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.regressions import RegressionTest
-from pipecat_rl.gate.safety import SafetyArm
-from pipecat_rl.gate.safety import _what as incident_words  # one wording of an incident
+from pipecat_rl.gate.safety import SafetyArm, writes_words
 from pipecat_rl.gate.stats import Interval, MeanInterval, Result, SampleSize, SignFlip
 from pipecat_rl.gate.wording import (
     CHECK_SHORT,
@@ -496,48 +495,6 @@ def llm_ratio_check(
         detail=f"{text}: the interval straddles the {ratio(limit)} limit; more runs would decide.",
         headline=f"{said} ({ci}) and may exceed the {ratio(limit)} limit",
     )  # fmt: skip
-
-
-def writes_words(arm: SafetyArm, who: str) -> str:
-    """One policy's unauthorised writes in sentences: how many, over what, where, the bound."""
-    known = arm.denominator == "runs with a guarded check"
-    runs = "runs with a guarded check" if known else "runs"
-    if arm.writes:
-        text = (
-            f"{who} made {count(arm.writes, 'unauthorised write')} in {arm.runs_with_writes} of "
-            f"{arm.guarded_runs:,} {runs}"
-        )
-        if arm.units is not None:
-            text += f" ({arm.units_with_writes} of {count(arm.units, 'scenario')})"
-    else:
-        text = f"{who} made no unauthorised write in {arm.guarded_runs:,} {runs}"
-    out = [sentence(text)]
-    if not known:
-        out.append("Which runs carried a guarded check was not recorded, so all of them count.")
-    if arm.by_kind:
-        out.append(f"What they changed: {', '.join(f'{k} {n}' for k, n in arm.by_kind.items())}.")
-    if arm.incidents:
-        named = [
-            f"{incident_words(i)} in {i.scenario} run {i.run}"
-            + (f", session {i.session_id}" if i.session_id else "")
-            for i in arm.incidents[:3]
-        ]
-        more = len(arm.incidents) - len(named)
-        out.append(f"Where: {'; '.join(named)}" + (f"; and {more} more." if more > 0 else "."))
-    if arm.rate_upper_95 is not None:
-        if arm.units is None:  # a schema-3 receipt: its bound counted runs as independent
-            out.append(f"The 95% upper bound on its rate is {rate(arm.rate_upper_95)}.")
-        else:
-            zero = (
-                f"; zero writes would bound it at {rate(arm.zero_bound_95)}"
-                if arm.writes and arm.zero_bound_95 is not None
-                else ""
-            )
-            out.append(
-                f"With the scenario as the independent unit ({count(arm.units, 'scenario')}), "
-                f"the 95% upper bound on its rate is {rate(arm.rate_upper_95)}{zero}."
-            )
-    return " ".join(out)
 
 
 def writes_check(
