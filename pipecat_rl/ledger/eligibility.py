@@ -298,7 +298,7 @@ def live_exclusions(
         where.append("s.outcome = ?")
         params.append(outcome)
     fails = [f"NOT COALESCE(({r.sql}), FALSE)" for r in rules]  # NULL keeps out, as in WHERE
-    counts = ", ".join(_count_where(c) for c in (eligible_session(trust), *fails))
+    counts = ", ".join(count_where(c) for c in (eligible_session(trust), *fails))
     row = ledger.rows(
         f"SELECT count(*), {counts} FROM sessions s WHERE {' AND '.join(where)}", tuple(params)
     )[0]
@@ -309,7 +309,7 @@ def live_exclusions(
     )
 
 
-def _count_where(condition: str) -> str:
+def count_where(condition: str) -> str:
     """SQL counting the rows where `condition` holds (a boolean is no number in Postgres)."""
     return f"COALESCE(SUM(CASE WHEN {condition} THEN 1 ELSE 0 END), 0)"
 

@@ -32,6 +32,7 @@ from pipecat_rl.ledger.eligibility import (
     HELDOUT_OR_GATE,
     SCORE_SOURCE,
     LiveTrust,
+    count_where,
     eligible_session,
     open_session,
 )
@@ -272,11 +273,6 @@ class Scores(LedgerCore):
             return [SESSIONS.record(r) for r in conn.execute(sql, params)]
 
 
-def _count_where(condition: str) -> str:
-    """SQL counting the rows where `condition` holds (a boolean is no number in Postgres)."""
-    return f"COALESCE(SUM(CASE WHEN {condition} THEN 1 ELSE 0 END), 0)"
-
-
 def live_score_states(conn: sqlite3.Connection, trust: LiveTrust) -> dict[str, int]:
     """Live calls by score state: `unscored`, `scored` (by anyone), `trainable` (of the scored).
 
@@ -285,7 +281,7 @@ def live_score_states(conn: sqlite3.Connection, trust: LiveTrust) -> dict[str, i
     """
     scored = f"EXISTS (SELECT 1 FROM scores x WHERE x.session_id = s.id AND x.{_EXTERNAL})"
     total, n_scored, trainable = conn.execute(
-        f"SELECT count(*), {_count_where(scored)}, {_count_where(eligible_session(trust))}"
+        f"SELECT count(*), {count_where(scored)}, {count_where(eligible_session(trust))}"
         " FROM sessions s WHERE s.source = 'live'"
     ).fetchone()
     return {"unscored": total - n_scored, "scored": n_scored, "trainable": trainable}
