@@ -7,7 +7,7 @@ Exit codes: the gate's (0 PROMOTE, 1 REJECT, 2 INCONCLUSIVE) when the cycle reac
 import contextlib
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.live import Live
@@ -16,12 +16,10 @@ from rich.table import Table
 
 from pipecat_rl.cli.common import EXIT_OK, cli_errors, config_file, console, print_json, results
 from pipecat_rl.cli.ledger import LedgerOpt
+from pipecat_rl.cli.progress import ProgressMode, chosen
 from pipecat_rl.loop.config import STAGES, load_loop_config
 
 _STYLE = {"PROMOTE": "green", "REJECT": "red", "INCONCLUSIVE": "yellow"}
-
-
-ProgressMode = Literal["auto", "bar", "lines", "none"]
 
 
 class _Progress:
@@ -32,13 +30,11 @@ class _Progress:
     """
 
     def __init__(self, mode: ProgressMode):
-        if mode == "auto":
-            mode = "bar" if console.is_terminal else "lines"
-        self.mode = mode
+        self.mode = chosen(mode)
         self.status: dict[str, str] = {s: "·" for s in STAGES}
         self.detail = ""
         self.calls = 0
-        self.live = Live(self._render(), console=console) if mode == "bar" else (
+        self.live = Live(self._render(), console=console) if self.mode == "bar" else (
             contextlib.nullcontext()
         )  # fmt: skip
 

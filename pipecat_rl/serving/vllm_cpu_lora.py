@@ -69,6 +69,7 @@ def lora_rows(
     weights: torch.Tensor,
     indices: torch.Tensor,
     dtype: torch.dtype,
+    present: list[int] | None = None,
 ) -> torch.Tensor:
     """Row `b` of `inputs` times `weights[indices[b]]` transposed, in `dtype`.
 
@@ -87,7 +88,7 @@ def lora_rows(
         )
     n = max(rows, count)
     x, indices = x.expand(n, -1), indices.expand(n)
-    present = present_slots(indices)
+    present = present_slots(indices) if present is None else present  # the caller's, if found
     if len(present) == 1 and present[0] >= 0:  # one adapter for every row: no gather at all
         return x @ weights[present[0]].to(dtype=dtype).T
     out = x.new_zeros((n, weights.shape[1]))
@@ -119,9 +120,10 @@ def bgmv_expand(
     add_inputs: bool = True,
 ) -> None:
     """`output (+)= x @ B[index].T` over the columns both have, per row (vLLM's signature)."""
-    if add_inputs and present_slots(lora_indices_tensor) == [-1]:
+    present = present_slots(lora_indices_tensor)
+    if add_inputs and present == [-1]:
         return  # base rows only: nothing to add
-    outputs = lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    outputs = lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype, present)
     limit = output_tensor.shape[0]
     if outputs.shape[0] == 1 and output_tensor.shape[0] != 1:
         limit = 1
@@ -142,9 +144,10 @@ def bgmv_expand_slice(
     add_inputs: bool = True,
 ) -> None:
     """`output[:, offset:offset + size] (+)= x @ B[index].T`, per row (vLLM's signature)."""
-    if add_inputs and present_slots(lora_indices_tensor) == [-1]:
+    present = present_slots(lora_indices_tensor)
+    if add_inputs and present == [-1]:
         return  # base rows only: nothing to add
-    outputs = lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    outputs = lora_rows(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype, present)
     if add_inputs:
         output_tensor[:, slice_offset : slice_offset + slice_size] += outputs[:]
     else:
