@@ -264,6 +264,9 @@ def test_a_ledger_rolled_back_the_old_way_still_steps_back(ledger):
 # --- the live adapter inside a running pipeline ----------------------------------------------
 
 
+HANG_S = 120
+
+
 async def _call(vllm: FakeVLLM, ledger_path: Path, turns, between=None) -> LiveAdapterSelector:
     """One call: a fresh pipeline with the selector before a real OpenAI-compatible LLM.
 
@@ -282,12 +285,14 @@ async def _call(vllm: FakeVLLM, ledger_path: Path, turns, between=None) -> LiveA
     async def _started(worker, frame):
         started.set()
 
+    # The limits below only keep a broken pipeline from hanging the suite: CI once took over 10 s
+    # to start this one (a loaded 2-core box, with the service's own thread beside it).
     async def drive():
-        await asyncio.wait_for(started.wait(), 10)
+        await asyncio.wait_for(started.wait(), HANG_S)
         for i in range(turns):
             context = LLMContext(messages=[{"role": "user", "content": f"turn {i}"}])
             await worker.queue_frame(LLMContextFrame(context))
-            await asyncio.to_thread(vllm.served.get, timeout=10)
+            await asyncio.to_thread(vllm.served.get, timeout=HANG_S)
             if i == 0 and between is not None:
                 between()
         await worker.queue_frame(EndFrame())

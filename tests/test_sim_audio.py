@@ -229,9 +229,10 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
         assert all(e.error is None for e in report.episodes), [e.error for e in report.episodes]
     data = load_ledger_runs(ledger, "slow", "fast", source="gate")
     assert all(r.channel == "audio" and r.heard_gap_ms for r in data.runs)
-    fast = [g for r in data.runs if r.policy == "fast" for g in r.heard_gap_ms]
-    # A budget between the two bots: the slow one's P95 is over it even from a dozen turns.
-    budget = max(fast) + audio_bots.DELAY_S * 1000 / 2
+    # A budget the slow bot's every heard gap is over (each carries the planted delay, plus the
+    # caller's end of speech), so even its P95's lower bound from a dozen turns is. Not one read
+    # off the fast bot: one late frame on a loaded CI box once put its max at 1,220 ms.
+    budget = audio_bots.DELAY_S * 1000
     receipt = evaluate(
         data,
         GateConfig(resamples=10_000, p95_budget_ms=budget),
