@@ -284,12 +284,14 @@ async def test_a_mouth_paces_speech_then_silence_at_20_ms():
     mouth.queue(speech)
     started = time.monotonic()
     mouth.start()
-    await asyncio.wait_for(enough.wait(), timeout=5)
+    await asyncio.wait_for(enough.wait(), timeout=60)  # a hang guard only
     await mouth.stop()
     assert [pcm for pcm, _ in got[:20]] == speech and got[20][0] == SILENCE
     span = got[29][1] - got[0][1]
-    assert span == pytest.approx(29 * 0.02, abs=0.03)  # paced, never faster than real time
-    assert got[0][1] - started < 0.1
+    # Paced: never faster than real time (an unpaced mouth hands 30 frames over in a millisecond).
+    # Above it only by a loaded runner's lag, which the bound leaves room for.
+    assert 29 * 0.02 - 0.005 <= span < 29 * 0.02 + 0.5, span
+    assert got[0][1] - started < 0.5
 
 
 def test_the_caller_hangs_up_after_its_line_and_a_second_of_quiet():
@@ -367,7 +369,7 @@ async def test_an_audio_call_hands_the_bot_the_scenarios_context_after_it_connec
     await runner.add_workers(worker)
     run = asyncio.create_task(runner.run())
     pair.caller_connected.set()  # the caller dials in
-    await asyncio.wait_for(updated.wait(), 10)
+    await asyncio.wait_for(updated.wait(), 60)  # hang guards only
     await worker.cancel()
-    await asyncio.wait_for(run, 10)
+    await asyncio.wait_for(run, 60)
     assert seen == ["bot handler", "connected", "I booked yesterday."]  # after the bot set up

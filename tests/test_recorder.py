@@ -99,13 +99,15 @@ async def test_stage_latencies_match_injected_delays(vllm_server, ledger):
     await recorder.recorder.flush()
 
     (row,) = ledger.latencies("latency")
-    assert row.endpointing_ms == pytest.approx((stop_secs + stt_delay) * 1000, abs=20)
-    assert row.tts_ttfb_ms == pytest.approx(tts_delay * 1000, abs=20)
+    # 50 ms: a loaded runner's event loop wakes late from the injected sleeps, while a stage read
+    # from the wrong edge is off by a whole other stage (200 ms and more here).
+    assert row.endpointing_ms == pytest.approx((stop_secs + stt_delay) * 1000, abs=50)
+    assert row.tts_ttfb_ms == pytest.approx(tts_delay * 1000, abs=50)
     assert row.llm_ttft_ms is not None and row.llm_ttft_ms > 0
     # Voice-to-voice is Pipecat's own measurement; the stages add up to it.
     stages = row.endpointing_ms + row.llm_ttft_ms + row.tts_ttfb_ms
     gap = (row.llm_request_at - row.stt_final_at) * 1000
-    assert row.v2v_ms == pytest.approx(stages + gap, abs=20)
+    assert row.v2v_ms == pytest.approx(stages + gap, abs=50)
     assert row.v2v_ms > (stop_secs + stt_delay + tts_delay) * 1000
 
 
