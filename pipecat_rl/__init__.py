@@ -63,6 +63,11 @@ _EXPORTS = {
     "run_gate": "pipecat_rl.gate",
     "promote": "pipecat_rl.gate",
     "rollback": "pipecat_rl.gate",
+    # people in the loop: preference duels, and the judge against people
+    "DuelRecord": "pipecat_rl.ledger.duels",
+    "DuelVote": "pipecat_rl.ledger.duels",
+    "make_duels": "pipecat_rl.duels.make",
+    "calibrate_judge": "pipecat_rl.duels:calibrate",
     # the night loop
     "LoopConfig": "pipecat_rl.loop",
     "load_loop_config": "pipecat_rl.loop",

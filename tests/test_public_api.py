@@ -21,6 +21,8 @@ EXPECTED = {
     "GateConfig", "GateReceipt", "GateRun", "Simulated", "FromLedger", "FromScores",
     "load_gate_config", "evaluate", "run_gate", "promote", "rollback", "LoopConfig",
     "load_loop_config", "run_cycle",
+    # people in the loop
+    "DuelRecord", "DuelVote", "make_duels", "calibrate_judge",
     "PipecatRLError",
 }  # fmt: skip
 

@@ -18,6 +18,7 @@ from loguru import logger
 
 from pipecat_rl.cli import common
 from pipecat_rl.cli import cycle as cycle_cli
+from pipecat_rl.cli import duels as duels_cli
 from pipecat_rl.cli import gate as gate_cli
 from pipecat_rl.cli import judge as judge_cli
 from pipecat_rl.cli import ledger as ledger_cli
@@ -89,7 +90,7 @@ def _log_format(record: dict) -> str:
 
 for module in (simulate_cli, models_cli, llm_cli, record_cli, ledger_cli, gate_cli, train_cli):
     module.register(app)
-for module in (service_cli, cycle_cli, judge_cli, scenarios_cli):
+for module in (service_cli, cycle_cli, judge_cli, scenarios_cli, duels_cli):
     module.register(app)
 
 

@@ -1,21 +1,32 @@
 """`pipecat-rl judge`: the nightly LLM judge over live calls nobody has scored yet.
 
+`pipecat-rl judge calibrate`: how far its verdicts agree with people's on the same calls.
+
 Exit codes (`cli.common`): 0 when every call it took was judged (whatever the verdicts); 64 for
 bad flags, a rubric it cannot use or a judge endpoint that does not answer; 65 for a rubric file
 that is not valid YAML; 70 when some calls could not be judged (they stay unscored).
+`calibrate` exits 0 whatever κ is: it measures, and prints the rule the cycle would apply.
 """
 
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipecat_rl.cli.common import EXIT_FAILURE, cli_errors, console, print_json
+from pipecat_rl.cli.common import (
+    EXIT_FAILURE,
+    HELP_MARKUP,
+    cli_errors,
+    console,
+    print_json,
+    results,
+)
 from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
+from pipecat_rl.duels.calibration import JudgeCalibrationSettings
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.loop.config import span_s
 
@@ -50,13 +61,24 @@ def _summary(report: "JudgeReport", drafts: list[Path]) -> dict:
     }  # fmt: skip
 
 
+judge_app = typer.Typer(
+    help="Judge the live calls nobody scored (an LLM judge), or calibrate it against people.",
+    invoke_without_command=True,
+    rich_markup_mode=HELP_MARKUP,
+)
+
+
+@judge_app.callback()
 def judge_command(
+    ctx: typer.Context,
     rubric: Annotated[
-        Path,
+        Path | None,
         typer.Option(
-            "--rubric", help="The criteria: `success` and named `metrics` (Pipecat eval style)."
+            "--rubric",
+            help="The criteria: `success` and named `metrics` (Pipecat eval style).",
+            show_default=False,
         ),
-    ],
+    ] = None,
     since: Annotated[
         str, typer.Option("--since", help="Calls started within this span: 24h, 90m, 7d, seconds.")
     ] = "24h",
@@ -86,11 +108,15 @@ def judge_command(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
 ) -> None:
     """Judge the live calls of the last --since that nobody scored, as scores from `judge`."""
+    if ctx.invoked_subcommand is not None:
+        return
     from pipecat_rl.loop.drafts import draft_from_live_failures
     from pipecat_rl.simulator.judge import check_reachable, resolve_endpoint
     from pipecat_rl.simulator.live_judge import judge_live, load_judge_rubric
 
     with cli_errors():
+        if rubric is None:
+            raise ConfigError("--rubric: name the judge's criteria file (or run `judge calibrate`)")
         span = parse_span(since)
         criteria = load_judge_rubric(rubric)
         endpoint = resolve_endpoint(
@@ -136,6 +162,63 @@ def judge_command(
         raise typer.Exit(EXIT_FAILURE)
 
 
+@judge_app.command("calibrate")
+def calibrate_command(
+    labels: Annotated[
+        Literal["human"],
+        typer.Option("--labels", help="Whose labels to compare with: human (scores, duels)."),
+    ] = "human",
+    min_labels: Annotated[
+        int, typer.Option("--min-labels", min=2, help="The cycle's rule: labelled calls needed.")
+    ] = JudgeCalibrationSettings().min_labels,
+    min_kappa: Annotated[
+        float,
+        typer.Option("--min-kappa", min=-1.0, max=1.0, help="The rule: κ lower bound needed."),
+    ] = JudgeCalibrationSettings().min_kappa,
+    confidence: Annotated[
+        float, typer.Option("--confidence", min=0.5, max=0.999, help="κ's interval level.")
+    ] = JudgeCalibrationSettings().confidence,
+    ledger: LedgerOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON on stdout.")] = False,
+) -> None:
+    """The judge against people's labels of the same calls: agreement, κ, the cycle's rule."""
+    from pipecat_rl.duels.calibration import calibrate, kappa_text, refusal
+
+    with cli_errors(json_out), open_ledger(ledger, read_only=True) as store:
+        settings = JudgeCalibrationSettings(
+            min_labels=min_labels, min_kappa=min_kappa, confidence=confidence
+        )
+        report = calibrate(store, confidence=confidence)
+        why = refusal(report, settings)
+    rule = why or (
+        f"judge-scored calls may train: κ lower bound {report.kappa.low:.2f} >= {min_kappa:g} "
+        f"on {report.kappa.n} calls"
+    )
+    if json_out:
+        print_json({**report.model_dump(mode="json"), "labels": labels, "rule": rule,
+                    "judge_may_train": why is None})  # fmt: skip
+        return
+    k = report.kappa
+    out = results()
+    out.print(
+        f"{report.judged} call(s) judged, {report.human_labelled} labelled by people, {k.n} by both"
+    )
+    if k.n:
+        out.print(f"agreement {k.agreement:.0%} ({k.n - len(report.disagreements)} of {k.n})")
+        out.print(f"Cohen's κ {kappa_text(k)}")
+        out.print("confusion (rows: judge, columns: people):")
+        out.print("         " + "".join(f"{name:>8}" for name in k.labels))
+        for name, row in zip(k.labels, k.confusion, strict=True):
+            out.print(f"  {name:<7}" + "".join(f"{c:>8}" for c in row))
+        for d in report.disagreements:
+            why_human = d.human_explanation or ""
+            out.print(
+                f"  disagree {d.session_id}: judge {d.judge}, people {d.human} (by {d.human_via})"
+                + (f": {why_human}" if why_human else "")
+            )
+    out.print(rule)
+
+
 def register(app: typer.Typer) -> None:
-    """Add the `judge` verb."""
-    app.command("judge")(judge_command)
+    """Add the `judge` verb and its `calibrate`."""
+    app.add_typer(judge_app, name="judge")

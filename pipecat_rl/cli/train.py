@@ -1,4 +1,4 @@
-"""`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO or OPSD).
+"""`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO, OPSD or DPO).
 
 Prints a progress bar while it trains, writes a metrics JSONL with TRL's names, and ends with the
 adapter's name (on stdout with `--json`, as part of the result). Live calls train under the
@@ -93,6 +93,9 @@ def refuse_without_rows(
     Raises:
         NoTrainingSignalError: no row to train, with the reasons.
     """
+    if algo == "dpo":  # people's picks, not sessions' outcomes (`Ledger.trainable_votes`)
+        store.trainable_votes().require()
+        return
     purpose = "sft" if algo == "sft" else "rl"
     selection = store.training_selection(purpose=purpose, session_ids=session_ids, live=trust)
     sessions = list(dict.fromkeys(t.session_id for t in selection.turns))
@@ -130,7 +133,9 @@ def refuse_without_rows(
 
 
 def train_command(
-    algo: Annotated[Algo, typer.Option("--algo", help="sft, grpo or opsd.")] = "sft",
+    algo: Annotated[
+        Algo, typer.Option("--algo", help="sft, grpo, opsd, or dpo (people's duel picks).")
+    ] = "sft",
     ledger: Annotated[
         str | None,  # a Path would fold postgresql:// into postgresql:/
         typer.Option("--ledger", help="Ledger file or URL (default: $PIPECAT_RL_LEDGER)."),
@@ -170,6 +175,10 @@ def train_command(
             help="OPSD: the teacher's hint in the system message, or before the reply.",
         ),
     ] = "system",
+    beta: Annotated[
+        float,
+        typer.Option("--beta", min=1e-3, help="DPO: how far the picks may pull from the parent."),
+    ] = 0.1,
     parent: Annotated[
         str | None, typer.Option("--parent", help="Adapter to continue from (default: base).")
     ] = None,
@@ -215,7 +224,7 @@ def train_command(
     with cli_errors(json_out):
         if (scenarios is None) != (bot is None):
             raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
-        if scenarios is not None and algo == "sft":
+        if scenarios is not None and algo in ("sft", "dpo"):
             raise ConfigError("--scenarios and --bot are for --algo grpo or opsd (online)")
         if scenarios is not None and live_since is not None:
             raise ConfigError("--live-since trains on recorded live calls; online runs simulate")
@@ -223,7 +232,7 @@ def train_command(
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, lr=lr, temperature=temperature,
-            out_dir=out, seed=seed, opsd_loss=opsd_loss, opsd_hint=opsd_hint,
+            out_dir=out, seed=seed, opsd_loss=opsd_loss, opsd_hint=opsd_hint, dpo_beta=beta,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

@@ -253,6 +253,36 @@ _SCORE_SOURCES = _statements(
     "CREATE INDEX scores_source ON scores (source, session_id)",
 )
 
+_DUELS = _statements(
+    # People in the loop: a duel is one moment of a recorded call (its prompt ids) and two
+    # replies sampled from it by two policies, token-exact; a vote is one rater's pick of it.
+    """
+    CREATE TABLE duels (
+        id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+        turn_index INTEGER NOT NULL,
+        prompt_token_ids TEXT NOT NULL,
+        context TEXT NOT NULL DEFAULT '[]',
+        reply_a TEXT NOT NULL,
+        reply_b TEXT NOT NULL,
+        rater TEXT,
+        created_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX duels_session ON duels (session_id)",
+    """
+    CREATE TABLE duel_votes (
+        duel_id TEXT NOT NULL REFERENCES duels (id) ON DELETE CASCADE,
+        rater TEXT NOT NULL,
+        choice TEXT NOT NULL,
+        note TEXT,
+        shown_left TEXT NOT NULL,
+        voted_at REAL NOT NULL,
+        PRIMARY KEY (duel_id, rater)
+    )
+    """,
+)
+
 MIGRATIONS: list[Migration] = [
     Migration("create sessions, turns, tool_calls, latencies, scores, adapters, live_pointer", _V1),
     Migration("index tool calls by (session, call id)", _V2),
@@ -261,6 +291,7 @@ MIGRATIONS: list[Migration] = [
     Migration("the side service's job queue and job events", _SERVICE),
     Migration("text-mode caller-side response gap on latencies", _AUDIO_CHANNEL),
     Migration("scores: one per (session, name, source), explanation, external id", _SCORE_SOURCES),
+    Migration("preference duels on a call's moment, and the raters' votes", _DUELS),
 ]
 """Forward migrations; entry N-1 takes a file from version N-1 to N."""
 

@@ -28,6 +28,7 @@ from pipecat_rl.errors import ConfigError, LedgerError, LedgerLockedError, NotIn
 from pipecat_rl.ledger import schema as _schema
 from pipecat_rl.ledger.adapters import Adapters
 from pipecat_rl.ledger.dialect import PostgresStore, ledger_target, redact
+from pipecat_rl.ledger.duels import Duels
 from pipecat_rl.ledger.queue import JobQueue
 from pipecat_rl.ledger.receipts import Receipts
 from pipecat_rl.ledger.scores import Scores
@@ -103,14 +104,14 @@ LedgerLocation = Annotated[Path | str, BeforeValidator(_location)]
 or a postgresql:// URL kept as written (a Path would fold its `//`); refused as `--ledger` is."""
 
 
-class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue):
+class Ledger(Sessions, Scores, Adapters, Receipts, JobQueue, Duels):
     """The ledger: one facade over its parts, on one SQLite connection or a Postgres pool.
 
     Rooms: `Sessions` (sessions, turns, tool calls, latencies, scores, the closer, export and
     stats), `Scores` (scores posted for a call, a live call's verdict from them), `Adapters`
     (adapters and the live pointer), `Receipts` (held-out hashes and gate receipts), `JobQueue`
-    (the side service's jobs). This class is their core: the connection, its transactions and
-    the schema's migrations.
+    (the side service's jobs), `Duels` (people's preference duels and votes). This class is
+    their core: the connection, its transactions and the schema's migrations.
 
     Safe to share between threads (one connection behind a lock) and between processes (WAL with
     a busy timeout). Opening a file from an older pipecat-rl migrates it; opening one from a newer

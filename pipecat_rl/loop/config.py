@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from pipecat_rl import defaults
+from pipecat_rl.duels.calibration import JudgeCalibrationSettings
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import LiveTrust
 from pipecat_rl.ledger.dialect import is_url
@@ -137,6 +138,10 @@ class LiveSettings(_Part):
     (0: none). They run first, from the incumbent that served the calls (on-policy)."""
     sft: StrictBool = True
     """Filtered SFT (up to `train.sft_epochs`) on the calls whose verdict passed."""
+    judge: JudgeCalibrationSettings = JudgeCalibrationSettings()
+    """When `sources` names the judge, its calls train only once its κ with people's labels
+    on the same calls clears this (`judge: {min_labels: 50, min_kappa: 0.4}`); until then the
+    cycle refuses them and says so in one line."""
 
     @field_validator("sources")
     @classmethod

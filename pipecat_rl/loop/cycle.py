@@ -26,6 +26,7 @@ import httpx
 from loguru import logger
 from pydantic import BaseModel
 
+from pipecat_rl.duels.calibration import judge_trust
 from pipecat_rl.errors import (
     BudgetExhausted,
     ConfigError,
@@ -34,7 +35,7 @@ from pipecat_rl.errors import (
     ServingError,
     TrainingError,
 )
-from pipecat_rl.ledger import BASE_ADAPTER, Ledger, resolve_ledger_path
+from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, resolve_ledger_path
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.transfer import snapshot_ledger
 from pipecat_rl.loop.config import NO_LIVE, STAGES, LiveSettings, LoopConfig
@@ -461,13 +462,26 @@ def _run_record(cycle: Cycle, algo: str, result: Any, wall_s: float) -> dict[str
     }  # fmt: skip
 
 
-def live_calls(ledger: Ledger, live: LiveSettings, now: float) -> dict[str, list[str]]:
+def live_trust(ledger: Ledger, live: LiveSettings) -> tuple[LiveTrust, str | None]:
+    """`live.trust()`, less the judge until its verdicts agree with people's; and why, if not.
+
+    The judge's κ with human labels on the same calls (`duels.calibration`) must have its lower
+    bound at `live.judge.min_kappa` or above, on at least `live.judge.min_labels` calls.
+    """
+    return judge_trust(ledger, live.trust(), live.judge)
+
+
+def live_calls(
+    ledger: Ledger, live: LiveSettings, now: float, trust: LiveTrust | None = None
+) -> dict[str, list[str]]:
     """The live calls of `live`'s window that may train: `judged` (all), `passed` (of them).
 
-    Chosen by the eligibility query under `live.trust()`, the very rows training then reads.
+    Chosen by the eligibility query under `trust` (default: `live_trust`), the very rows
+    training then reads.
     """
+    trust = live_trust(ledger, live)[0] if trust is None else trust
     window = [s.id for s in ledger.sessions(source="live", since=now - live.since)]
-    turns = ledger.training_turns(purpose="rl", session_ids=window, live=live.trust())
+    turns = ledger.training_turns(purpose="rl", session_ids=window, live=trust)
     judged = list(dict.fromkeys(t.session_id for t in turns))
     return {
         "judged": judged,
@@ -522,7 +536,13 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         result = train(cycle.ledger, **kwargs)
         return _run_record(cycle, algo, result, time.monotonic() - t0)
 
-    live = {} if c.live is None else live_calls(cycle.ledger, c.live, time.time())
+    trust = NO_LIVE
+    if c.live is not None:
+        trust, refused = live_trust(cycle.ledger, c.live)
+        if refused:
+            logger.warning(refused)
+            cycle.log.write("judge_refused", reason=refused)
+    live = {} if c.live is None else live_calls(cycle.ledger, c.live, time.time(), trust)
     if live:
         cycle.log.write("live_calls", **{k: len(v) for k, v in live.items()})
     if c.live is not None and c.live.opsd_steps and live["judged"]:  # on-policy: first
@@ -531,7 +551,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
             cycle.require(c.live.opsd_steps * t.step_s, f"{c.live.opsd_steps} live OPSD step(s)")
             return timed("opsd-live", config=TrainConfig(algo="opsd", parent=parent,
                                                          steps=c.live.opsd_steps, **common),
-                         server_url=url, progress=progress, live=c.live.trust(),
+                         server_url=url, progress=progress, live=trust,
                          session_ids=live["judged"])  # fmt: skip
 
         sub_run("opsd-live", live_opsd)
@@ -573,7 +593,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
             cycle.require(steps * t.step_s, f"filtered SFT on live calls (up to {steps} steps)")
             return timed("sft-live", config=config,
                          server_url=url if t.verify_on_server else None, progress=progress,
-                         live=c.live.trust(), session_ids=live["passed"])  # fmt: skip
+                         live=trust, session_ids=live["passed"])  # fmt: skip
 
         sub_run("sft-live", live_sft)
     pool = cycle.scenarios("pool")

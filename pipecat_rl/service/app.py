@@ -14,7 +14,7 @@ from pipecat_rl.ledger import Ledger
 from pipecat_rl.service.bodies import errors
 from pipecat_rl.service.docs import add_docs
 from pipecat_rl.service.jobs import JobWorker
-from pipecat_rl.service.routers import adapters, jobs, live, receipts, sessions
+from pipecat_rl.service.routers import adapters, duels, jobs, live, receipts, sessions
 from pipecat_rl.service.security import BodyLimit, check_bind, require_token
 from pipecat_rl.service.settings import ServiceSettings
 
@@ -27,7 +27,8 @@ call. Every path in a request must exist inside the service's data directory, an
 in the files it names (a loop file's `out:`, a scenario's `!include` or world pack) must lie
 inside it too, or nothing is queued (403). Bodies are strict JSON: a key given twice, NaN or
 Infinity, a NUL byte are a 422. Send `Authorization: Bearer <token>` and, with a body,
-`Content-Type: application/json`.
+`Content-Type: application/json`. `/duels` is a page for people: a browser sends the token as
+HTTP Basic, the rater's id as the user name.
 """
 
 
@@ -77,7 +78,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, validation_error)
     app.state.worker = worker
-    for module in (jobs, adapters, receipts, live, sessions):
+    for module in (jobs, adapters, receipts, live, sessions, duels):
         app.include_router(module.router)
     add_docs(app)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

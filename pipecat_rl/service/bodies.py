@@ -123,8 +123,8 @@ class TrainJob(_Body):
     def _online(self) -> "TrainJob":
         if (self.scenarios is None) != (self.bot is None):
             raise ValueError("online GRPO / OPSD needs both scenarios and bot (or neither)")
-        if self.scenarios is not None and self.algo == "sft":
-            raise ValueError("scenarios and bot are for algo grpo or opsd (online); SFT is not")
+        if self.scenarios is not None and self.algo in ("sft", "dpo"):
+            raise ValueError("scenarios and bot are for algo grpo or opsd (online); not sft or dpo")
         return self
 
 

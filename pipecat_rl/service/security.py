@@ -10,6 +10,7 @@
   that cannot be a path (a NUL byte, over `MAX_PATH_BYTES`, a loop of symlinks) is a 422.
 """
 
+import base64
 import hmac
 import json
 import os
@@ -58,18 +59,35 @@ def require_token(
     request: Request,
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
 ) -> None:
-    """Let the request through only with the right bearer token (when the service has one)."""
+    """Let the request through only with the right token (when the service has one).
+
+    The token comes as `Authorization: Bearer <token>`, or, from a browser (the duels page),
+    as HTTP Basic with the token as the password and the rater's id as the user name: a
+    browser asks a person for those once and sends them with every request and form.
+    """
     expected = settings_of(request).token
     if expected is None:
         return
-    given = "" if credentials is None else credentials.credentials
+    given = basic_credentials(request)[1] if credentials is None else credentials.credentials
     # Constant time: how long the comparison takes must not tell how much of a guess was right.
-    if credentials is None or not hmac.compare_digest(given.encode(), expected.encode()):
+    if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             detail="missing or wrong bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
+            headers={"WWW-Authenticate": 'Bearer, Basic realm="pipecat-rl"'},
         )
+
+
+def basic_credentials(request: Request) -> tuple[str | None, str | None]:
+    """(user, password) of the request's HTTP Basic credentials; (None, None) without any."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None, None
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    return (user, password) if sep else (None, None)
 
 
 def unprocessable(loc: tuple[Any, ...], message: str, kind: str = "value_error") -> HTTPException:

@@ -9,7 +9,7 @@ from pipecat_rl import defaults
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 from pipecat_rl.serving.server import LOGPROBS_MODE
 
-Algo = Literal["sft", "grpo", "opsd"]
+Algo = Literal["sft", "grpo", "opsd", "dpo"]
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """All seven projections of a Llama/Qwen block (never lm_head or the embeddings)."""
@@ -26,7 +26,8 @@ class TrainConfig(BaseModel):
     parent: str | None = None
     """The adapter to continue from (a ledger name), or None to start a fresh LoRA on the base."""
     steps: int = Field(default=1, ge=1)
-    """GRPO / OPSD: optimiser steps (each an online round when scenarios are given)."""
+    """GRPO / OPSD: optimiser steps (each an online round when scenarios are given). DPO: passes
+    over the pairs, each in `mini_batches` optimiser steps."""
     epochs: int = Field(default=10, ge=1)
     """SFT: passes over the rows (stopped early once the epoch loss reaches `target_loss`)."""
     target_loss: float = 0.01
@@ -60,7 +61,7 @@ class TrainConfig(BaseModel):
     alpha: int | None = Field(default=None, ge=1)
     """LoRA alpha; None: `defaults.lora_alpha(rank)`, twice the rank."""
     lr: float | None = None
-    """None picks per algorithm: 2e-3 for SFT, 1e-4 for GRPO and OPSD."""
+    """None picks per algorithm: 2e-3 for SFT, 1e-4 for GRPO, OPSD and DPO."""
     temperature: float = defaults.TRAIN_TEMPERATURE
     """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
     max_seq_len: int = 4096
@@ -76,7 +77,7 @@ class TrainConfig(BaseModel):
     ppo_epochs: int = Field(default=1, ge=1)
     """GRPO: passes over each batch (TRL's `num_iterations`); each pass costs a full backward."""
     mini_batches: int = Field(default=4, ge=1)
-    """GRPO and OPSD: optimiser steps per pass, each on its share of the batch (GRPO's clip
+    """GRPO, OPSD and DPO: optimiser steps per pass, each on its share of the batch (GRPO's clip
     engages from the second step on: the ratio is against the policy that started the batch)."""
     clip_low: float = 0.8
     clip_high: float = 1.28
@@ -104,6 +105,9 @@ class TrainConfig(BaseModel):
     max_off_policy_steps: int = 1
     """Turns sampled by an adapter more than this many versions old are dropped."""
     max_grad_norm: float = 1.0
+    # DPO
+    dpo_beta: float = Field(default=0.1, gt=0)
+    """DPO's β: how far from the reference (the parent adapter) the picks may pull the policy."""
     # OPSD
     opsd_loss: Literal["forward_topk", "reverse"] = "forward_topk"
     opsd_top_k: int = 20

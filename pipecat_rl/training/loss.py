@@ -139,3 +139,21 @@ def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> to
     student_logp = torch.log_softmax(student_logits, dim=-1)
     teacher_logp = torch.log_softmax(teacher_logits, dim=-1)
     return (student_logp.exp() * (student_logp - teacher_logp)).sum(-1)
+
+
+def dpo_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    *,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DPO's sigmoid loss per pair, and each pair's implicit reward margin (detached).
+
+    Each argument is [pairs] total log p of a reply given its prompt: under the policy, and
+    under the reference (the parent adapter the run starts from). The loss is
+    -log σ(β ((log π_c − log ref_c) − (log π_r − log ref_r))), Rafailov et al.'s objective.
+    """
+    margin = beta * ((chosen - ref_chosen) - (rejected - ref_rejected))
+    return -torch.nn.functional.logsigmoid(margin), margin.detach()

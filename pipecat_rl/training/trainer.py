@@ -5,7 +5,7 @@
    if the trainer does not see what the server sampled.
 3. Rows (`rows`), then the algorithm: SFT on passed sessions and demonstrations; GRPO on groups of
    episodes (online: simulated per step under the current adapter; offline: from the ledger);
-   OPSD on judged turns with a hinted teacher.
+   OPSD on judged turns with a hinted teacher; DPO on people's picks in duels (`dpo`).
 4. Save under a never-reused name; with a server, hot-load it and verify it is served; register it
    with its lineage, data, metrics and guard.
 
@@ -42,6 +42,7 @@ from pipecat_rl.serving.server import VLLMAdmin
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
 from pipecat_rl.training.config import TrainConfig, TrainResult
+from pipecat_rl.training.dpo import dpo_pairs, train_dpo
 from pipecat_rl.training.grpo import build_groups, dynamic_sampling, grpo_update
 from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.opsd import opsd_row, opsd_update, session_hint
@@ -482,7 +483,7 @@ def train(
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
-    online = rollouts is not None and config.algo != "sft"  # SFT trains on what the ledger has
+    online = rollouts is not None and config.algo in ("grpo", "opsd")  # SFT, DPO: the ledger's
     if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
     policy = load_policy(config, _parent_path(ledger, config.parent))
@@ -498,6 +499,11 @@ def train(
     if config.algo == "sft":
         sequences, used, info = sft_rows(ledger, policy, config, live, session_ids)
         summary = {**info, **train_sft(policy, sequences, config, on_step=log)}
+    elif config.algo == "dpo":
+        pairs, kept_out = dpo_pairs(ledger)
+        used = sorted({p.session_id for p in pairs})
+        counted = {f"duel_votes_kept_out/{reason}": n for reason, n in kept_out.items()}
+        summary = {**counted, **train_dpo(policy, pairs, config, on_step=log)}
     else:
         optimizer = optimizer_for(policy, config.learning_rate())
         teacher = None
