@@ -11,6 +11,10 @@ records anything leaves no new ledger file behind. The verdict goes to stdout; w
 stdout holds only JSON, a refusal included. A receipt folder that already holds a receipt
 (`--out`, or the default's name taken within the same second) is refused before the gate runs,
 unless `--force` (`cli.output.output_folder`).
+
+`--forks PATH` runs the pair on forks of recorded calls (`pipecat-rl ledger fork`) instead of
+`--scenarios`: the same recorded prefix and the same seeds after it for both policies, and the
+receipt page shows each fork's prefix and the two continuations side by side.
 """
 
 import contextlib
@@ -83,6 +87,7 @@ def _default_out(candidate: str, incumbent: str) -> Path:
 def _evidence(
     *,
     scenarios: Path | None,
+    forks: bool,
     bot: str | None,
     from_ledger: bool,
     scores: Path | None,
@@ -99,7 +104,7 @@ def _evidence(
     Its own runs come with their progress, after a line saying how many calls, on which channel.
     """
     if scenarios is not None:
-        existing(scenarios, "--scenarios")
+        existing(scenarios, "--forks" if forks else "--scenarios")
     if scores is not None:
         return FromScores(existing(scores, "--scores"), files=scenarios), None
     if from_ledger:
@@ -110,6 +115,8 @@ def _evidence(
             "--scenarios PATH --bot BOT, or decide from recorded runs with --from-ledger or "
             "--scores FILE.jsonl."
         )
+    if mode is None and forks:  # a fork replays what the agent heard as text
+        mode = "text"
     if mode is None:  # the gate's own runs: audio when it can, so latency has evidence
         from pipecat_rl.simulator.audio.services import audio_available
 
@@ -119,6 +126,19 @@ def _evidence(
     from pipecat_rl.simulator.runner import total_episodes
 
     loaded = load_scenarios([scenarios])
+    not_forks = [s.id for s in loaded if s.fork is None] if forks else []
+    if not_forks:
+        raise ConfigError(
+            f"--forks {scenarios}: {', '.join(not_forks[:5])} is no fork of a recorded call; "
+            "write forks with `pipecat-rl ledger fork`, or pass plain scenarios to --scenarios"
+        )
+    pool = [s.id for s in loaded if s.split != "heldout"] if forks else []
+    if pool:
+        raise ConfigError(
+            f"--forks {scenarios}: {', '.join(pool[:5])} is not held out (its call was not): "
+            "the gate decides on held-out runs only; compare a pool fork's policies with "
+            "`pipecat-rl simulate FORK --adapter NAME`"
+        )
     options = options.model_copy(update={"mode": mode, "transport": transport})
     calls = 2 * total_episodes(loaded, options)
     what = (
@@ -147,6 +167,14 @@ def gate(
     scenarios: Annotated[
         Path | None,
         typer.Option(help="Held-out scenario file or folder (run it, or hash it into receipts)."),
+    ] = None,
+    forks: Annotated[
+        Path | None,
+        typer.Option(
+            "--forks", metavar="PATH",
+            help="Held-out forks (`ledger fork` files, or their folder) to run both policies on.",
+            show_default=False,
+        ),
     ] = None,
     repeats: Annotated[
         int,
@@ -274,13 +302,19 @@ def gate(
         )
         if from_ledger and scores is not None:
             raise ConfigError("choose one input: --from-ledger or --scores FILE, not both.")
+        if forks is not None and (scenarios is not None or from_ledger or scores is not None):
+            raise ConfigError(
+                "--forks runs the pair on forks: it takes neither --scenarios, --from-ledger "
+                "nor --scores"
+            )
         if out is not None:  # refused before the gate runs, not after
             output_folder(
                 writable_folder(out, "--out"), "--out", force=force,
                 ledger=resolve_ledger_path(ledger),
             )  # fmt: skip
         evidence, shown = _evidence(
-            scenarios=scenarios, bot=bot, from_ledger=from_ledger, scores=scores,
+            scenarios=forks or scenarios, forks=forks is not None, bot=bot,
+            from_ledger=from_ledger, scores=scores,
             heldout_set=heldout_set, source=source, mode=mode, transport=transport,
             options=SimulationOptions(
                 persona=persona, seed=settings.seed, repeats=repeats,

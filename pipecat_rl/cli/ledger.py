@@ -5,8 +5,12 @@
 what would destroy something else.
 
 `score` is the CLI face of the service's `POST /sessions/{call_id}/scores` (`Ledger.post_score`).
+
+`fork` writes a scenario that replays a recorded call's first K agent turns token-exactly and
+hands the call on to the persona (`scenarios.forking`, replayed by `simulator.fork`).
 """
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -314,6 +318,99 @@ def score(
             f"[yellow]explanation cut to its first {MAX_EXPLANATION_CHARS} of "
             f"{posted.explanation_chars} characters[/yellow]"
         )
+
+
+def _turn(at: str) -> int:
+    try:
+        return int(at)
+    except ValueError:
+        raise ConfigError(
+            f"--at must be a turn number (1 = the first agent turn), not {at!r}"
+        ) from None
+
+
+@ledger_app.command("fork")
+def fork(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The recorded call's id.")],
+    at: Annotated[
+        str,
+        typer.Option(
+            "--at", metavar="K", help="Force the call's first K agent turns, then hand it on.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", metavar="FILE",
+            help="The fork's scenario file (default: forks/FORK_ID.yaml).", show_default=False,
+        ),
+    ] = None,
+    scenarios: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--scenarios", metavar="PATH",
+            help="Scenario file or folder holding the call's scenario (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    persona: Annotated[
+        Path | None,
+        typer.Option(
+            "--persona", metavar="FILE",
+            help="For a live call with no scenario: a scenario file (name, persona, goal, "
+            "success) for the caller after the fork.", show_default=False,
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
+    ledger: LedgerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write a scenario that replays a recorded call's first K turns, then lets a policy answer.
+
+    The caller's recorded lines up to turn K+1 are said verbatim, the agent's first K turns are
+    forced to the recorded token ids (a request that renders otherwise under the served
+    template fails the replay, naming the turn), the recorded tool calls are replayed on a
+    fresh world from the scenario's pack (a live call without one is served its recorded
+    results as fixtures), and then the persona continues. A fork of a held-out call is held out
+    (and the ledger remembers its hash). Nothing is written when the session, the turn, a
+    text-only turn before K, or the scenario or its pack is wrong.
+    """
+    from pipecat_rl.scenarios.forking import fork_call, fork_yaml
+
+    with cli_errors(json_out), open_ledger(ledger) as store:
+        made = fork_call(
+            store, session_id, _turn(at), scenarios=scenarios or [], persona=persona
+        )
+        scenario = made.scenario
+        name = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.id)
+        path = out or Path("forks") / f"{name}.yaml"
+        target = output_file(writable_folder(path, "--out"), "--out", force=force,
+                             ledger=store.path)  # fmt: skip
+        text = fork_yaml(scenario, target.parent)
+        with written(target) as f:
+            f.write(text)
+        if scenario.split == "heldout":  # held out wherever the file goes from here
+            session = store.session(session_id)
+            store.record_heldout_hashes(
+                [(scenario.content_hash(), scenario.id, session.heldout_set_id)]
+            )
+    summary = {
+        "out": str(path), "fork": scenario.id, "session": session_id, "at": scenario.fork.at,
+        "split": scenario.split, "persona_from": made.persona_from, "world": made.world,
+        "caller_lines": len(scenario.fork.caller), "content_hash": scenario.content_hash(),
+    }  # fmt: skip
+    if json_out:
+        print_json(summary)
+        return
+    console.print(
+        f"wrote {escape(str(path))}: {escape(scenario.id)} ({scenario.split}), the first "
+        f"{scenario.fork.at} agent turn(s) of {escape(session_id)} forced and "
+        f"{len(scenario.fork.caller)} caller line(s) said as recorded",
+        soft_wrap=True,
+    )
+    console.print(f"  persona after the fork: {escape(made.persona_from)}", soft_wrap=True)
+    console.print(f"  world: {escape(made.world)}", soft_wrap=True)
 
 
 @ledger_app.command("migrate")

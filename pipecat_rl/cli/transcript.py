@@ -11,12 +11,12 @@ gate's: the authoritative part (`ledger.outcome`), not the training reward with 
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, ToolCallRecord, TurnRecord
+from pipecat_rl.ledger.transcript import caller_lines
 from pipecat_rl.scoring import authoritative_part, gate_score
 
 _STAGES = (
@@ -49,70 +49,6 @@ def shown_score(parts: dict[str, float]) -> float | None:
         return gate_score(parts, {})
     except ValueError:  # a part out of range is the ledger's problem, not a display's
         return None
-
-
-def _text(content: Any) -> str:
-    """The text of an OpenAI message content (a string or a list of parts)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and "text" in p
-        )
-    return "" if content is None else str(content)
-
-
-def _user_messages(turn: TurnRecord) -> list[str]:
-    messages = turn.request.get("messages") or []
-    return [
-        _text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"
-    ]
-
-
-def _opens_with_prompt(
-    session: SessionRecord, turns: Sequence[TurnRecord], latencies: dict[int, LatencyRecord]
-) -> bool:
-    """Whether the first turn's user messages are the bot's own prompt, not the caller's.
-
-    A greeting cue said before the caller spoke is no caller line, so it takes no latency row.
-    """
-    transcript = session.metadata.get("transcript")
-    if isinstance(transcript, list) and transcript and isinstance(transcript[0], dict):
-        return transcript[0].get("speaker") == "agent"  # a simulation: the agent spoke first
-    first = latencies.get(0)
-    heard = None if first is None else first.user_stopped_at or first.stt_final_at
-    return bool(turns) and heard is not None and turns[0].created_at < heard
-
-
-def caller_lines(
-    session: SessionRecord, turns: Sequence[TurnRecord], latencies: dict[int, LatencyRecord]
-) -> dict[int, list[tuple[str, int | None]]]:
-    """Per turn index, the user messages new in it, each with its caller line number.
-
-    The number is None for the bot's own prompt; the numbering is the latency rows' user turns.
-    """
-    prompt = _opens_with_prompt(session, turns, latencies)
-    out: dict[int, list[tuple[str, int | None]]] = {}
-    seen: list[str] = []
-    number = 0
-    for position, turn in enumerate(turns):
-        users = _user_messages(turn)
-        if len(users) > len(seen):
-            new = users[len(seen) :]
-        elif users and (not seen or users[-1] != seen[-1]):
-            new = users[-1:]  # the bot trimmed its context: only the last line can be new
-        else:
-            new = []
-        lines: list[tuple[str, int | None]] = []
-        for text in new:
-            if position == 0 and prompt:
-                lines.append((text, None))
-            else:
-                lines.append((text, number))
-                number += 1
-        out[turn.index] = lines
-        seen = users
-    return out
 
 
 def _call_ids(turn: TurnRecord) -> set[str]:

@@ -7,7 +7,8 @@ name; then one table per check (value, interval, threshold, status; the guard as
 fields); latency per stage as numbers beside its plots (a plot only where there is data); the
 candidate's training curves from its step log (`report_training`); the per-scenario table;
 the hot spots of a scenario matrix (a heat map of pass rates per axis value and pair, both
-policies, beside their numbers); lineage and provenance.
+policies, beside their numbers); for forks, each one's shared prefix and the two
+continuations side by side (`report_forks`); lineage and provenance.
 """
 
 import html
@@ -26,6 +27,7 @@ from pipecat_rl.gate.receipt import (
     rate_text,
     stage_rows,
 )
+from pipecat_rl.gate.report_forks import forks_section
 from pipecat_rl.gate.report_plots import (
     HEATMAP_ROWS,
     MISSING,
@@ -536,6 +538,7 @@ mean delta {delta(p.mean_delta)}, {esc(ci_text(p))}.</p>
 {_table(["policy", "cost per call", "per successful call", "completion tokens"], _cost_rows(r))}
 <h2>Scenarios</h2>{scenario_table(r, {s for s, _, _ in failed})}
 {hotspots_section(r)}
+{forks_section(r, ledger)}
 <h2>Lineage</h2>{lineage}
 <p>Input: {r.input.kind} {esc(r.input.path)}; held-out set {esc(r.input.heldout_set_id or "n/a")};
 created {esc(r.created_at)} by pipecat-rl {esc(r.pipecat_rl_version)};

@@ -7,14 +7,15 @@ called. `conversation` walks the turns in order and emits, per turn, the caller'
 new in its request, then its tool calls, then its reply, in the shape of a Pipecat conversation
 file (`{"role": "user" | "assistant", "content"}`, `{"role": "tool_call", "name", "arguments",
 "cancelled"}`). When a bot rewrites its context (a Pipecat Flows node change), a caller line is
-new only if it differs from the last one seen, so nothing is repeated.
+new only if it differs from the last one seen, so nothing is repeated. `caller_lines` says the
+same per turn index, with the bot's own opening prompt told apart from the caller's lines.
 """
 
 import json
 from collections.abc import Sequence
 from typing import Any
 
-from pipecat_rl.ledger.records import TurnRecord
+from pipecat_rl.ledger.records import LatencyRecord, SessionRecord, TurnRecord
 
 
 def message_text(content: Any) -> str:
@@ -64,4 +65,51 @@ def conversation(turns: Sequence[TurnRecord]) -> list[dict[str, Any]]:
         said = turn.spoken_text if turn.spoken_text is not None else turn.generated_text
         if said.strip():
             out.append({"role": "assistant", "content": said})
+    return out
+
+
+def _opens_with_prompt(
+    session: SessionRecord, turns: Sequence[TurnRecord], latencies: dict[int, LatencyRecord]
+) -> bool:
+    """Whether the first turn's user messages are the bot's own prompt, not the caller's.
+
+    A greeting cue said before the caller spoke is no caller line, so it takes no latency row.
+    """
+    transcript = session.metadata.get("transcript")
+    if isinstance(transcript, list) and transcript and isinstance(transcript[0], dict):
+        return transcript[0].get("speaker") == "agent"  # a simulation: the agent spoke first
+    first = latencies.get(0)
+    heard = None if first is None else first.user_stopped_at or first.stt_final_at
+    return bool(turns) and heard is not None and turns[0].created_at < heard
+
+
+def caller_lines(
+    session: SessionRecord, turns: Sequence[TurnRecord], latencies: dict[int, LatencyRecord]
+) -> dict[int, list[tuple[str, int | None]]]:
+    """Per turn index, the user messages new in it, each with its caller line number.
+
+    The number is None for the bot's own prompt; the numbering is the latency rows' user turns.
+    `ledger show` prints them; a fork says them again (`scenarios.forking`).
+    """
+    prompt = _opens_with_prompt(session, turns, latencies)
+    out: dict[int, list[tuple[str, int | None]]] = {}
+    seen: list[str] = []
+    number = 0
+    for position, turn in enumerate(turns):
+        users = _caller_lines(turn)
+        if len(users) > len(seen):
+            new = users[len(seen) :]
+        elif users and (not seen or users[-1] != seen[-1]):
+            new = users[-1:]  # the bot trimmed its context: only the last line can be new
+        else:
+            new = []
+        lines: list[tuple[str, int | None]] = []
+        for text in new:
+            if position == 0 and prompt:
+                lines.append((text, None))
+            else:
+                lines.append((text, number))
+                number += 1
+        out[turn.index] = lines
+        seen = users
     return out

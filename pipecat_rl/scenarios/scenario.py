@@ -36,6 +36,9 @@ script:                       # optional scripted caller (deterministic tests)
   fallback: {say: ["Sorry, I need a checkup."], max: 2}      # when none matches
 ```
 
+A fork (`fork:`, written by `pipecat-rl ledger fork`) is a recorded call's first turns on top
+of the scenario it ran (see `fork`); a scenario without one keeps the identity it had.
+
 A rule fires on an *intent* (`intent:`, one name or a list, all carried by the agent's turn), a
 regular expression (`when:`, case-insensitive), both, or (neither) on any turn. Intents are
 named sets of patterns (see `intents`: whole words, case, punctuation and spacing aside; `word*`
@@ -59,6 +62,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from pipecat_rl.scenarios import identity
+from pipecat_rl.scenarios.fork import ForkSpec
 from pipecat_rl.scenarios.intents import check as check_intents
 from pipecat_rl.scenarios.intents import merge as merge_intents
 from pipecat_rl.scenarios.turns import Turn
@@ -371,6 +375,8 @@ class Scenario(_Model):
     channel: Channel = Field(default_factory=Channel)
     split: Literal["pool", "heldout"] = POOL
     script: Script | None = None
+    fork: ForkSpec | None = None
+    """A recorded call's first turns, replayed before the call is handed on (see `fork`)."""
     source_path: Path | None = Field(default=None, exclude=True)
     parsed_turns: list[Turn] | None = Field(default=None, exclude=True)
     """The turns as Pipecat's parser reads them (set by the loader for a scripted scenario)."""
@@ -441,7 +447,9 @@ class Scenario(_Model):
 
     def canonical(self) -> dict[str, Any]:
         """The canonical form of what this scenario is (`identity.canonical`)."""
-        content = self.model_dump(mode="json", exclude=set(identity.NOT_IDENTITY))
+        # no `fork: null` in the form, so a scenario that is no fork keeps the hash it had
+        unset = {"fork"} if self.fork is None else set()
+        content = self.model_dump(mode="json", exclude=set(identity.NOT_IDENTITY) | unset)
         return identity.canonical(content, self.pack_code())
 
     def content_hash(self) -> str:

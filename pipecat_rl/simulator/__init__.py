@@ -2,7 +2,8 @@
 
 `pipecat-rl simulate` runs the user's bot unmodified against persona callers over an in-process
 transport pair, executes its tool calls against a fresh world per episode, verifies the world
-after the call, and writes every episode to the ledger with its reward parts and labels.
+after the call, and writes every episode to the ledger with its reward parts and labels. A fork
+of a recorded call replays its first turns token-exactly before the policy answers (`fork`).
 """
 
 import importlib

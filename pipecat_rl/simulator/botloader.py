@@ -67,6 +67,7 @@ from pipecat.transports.base_transport import TransportParams
 from pipecat_rl import compat
 from pipecat_rl.errors import ConfigError, SimulationError
 from pipecat_rl.serving.server import client_api_key
+from pipecat_rl.simulator.fork import ForkRun
 from pipecat_rl.simulator.world import World
 
 PLACEHOLDER_KEYS = (
@@ -128,6 +129,8 @@ class Episode:
     clients: list[openai.AsyncOpenAI] = field(default_factory=list)
     """The OpenAI clients of the bot's redirected services (the bot's own and ours): the runner
     closes them before the episode's event loop ends, which Pipecat never does."""
+    fork: ForkRun | None = None
+    """A fork's replay: the redirected client answers its forced turns (`simulator.fork`)."""
 
     async def close_clients(self) -> None:
         """Close every client in `clients` (in the loop that used them)."""
@@ -305,7 +308,8 @@ def point_llm(processor: LLMService, episode: Episode) -> None:
     if isinstance(processor, _RESPONSES):
         compat.set_responses_api_key(processor, key)
     own = compat.llm_client(processor, None)
-    client = openai.AsyncOpenAI(api_key=key, base_url=episode.llm_url)
+    forcing = episode.fork.http_client() if episode.fork is not None else None
+    client = openai.AsyncOpenAI(api_key=key, base_url=episode.llm_url, http_client=forcing)
     compat.set_llm_client(processor, client)
     episode.clients += [c for c in (own, client) if isinstance(c, openai.AsyncOpenAI)]
     settings = compat.llm_settings(processor)
@@ -333,6 +337,11 @@ def _adapt_llms(worker: PipelineWorker, episode: Episode) -> None:
         if not isinstance(processor, LLMService):
             return None
         reason = refusal(processor, episode.llm_url)
+        if reason is None and episode.fork is not None and isinstance(processor, _RESPONSES):
+            reason = (
+                f"the bot's {type(processor).__name__} speaks the Responses API; a fork forces "
+                "the recorded turns of an OpenAI Chat Completions service only"
+            )
         if reason is None:
             if _provider_class(processor) is not None:
                 point_llm(processor, episode)

@@ -36,6 +36,7 @@ from pipecat_rl.errors import SimulationError
 from pipecat_rl.scenarios.intents import IntentMatcher
 from pipecat_rl.scenarios.scenario import Scenario, Script, ScriptRule
 from pipecat_rl.serving.server import client_api_key
+from pipecat_rl.simulator.fork import ForkReplay, ForkRun
 from pipecat_rl.simulator.judge import Endpoint
 from pipecat_rl.simulator.options import PersonaKind
 from pipecat_rl.simulator.scripted import (
@@ -253,11 +254,13 @@ def build_persona_worker(
     pair: LocalTransportPair,
     llm: LLMService,
     audio_stages: tuple[list[FrameProcessor], list[FrameProcessor]] | None = None,
+    fork: ForkRun | None = None,
 ) -> PipelineWorker:
     """The persona caller bot, ready to run on the caller side of `pair`.
 
     In audio mode `audio_stages` are its ear (VAD, STT, hearing: before its turn logic) and its
-    mouth (line tap, TTS: after its LLM); see `simulator.audio.episode`.
+    mouth (line tap, TTS: after its LLM); see `simulator.audio.episode`. A fork's caller says
+    the recorded lines first, its own opening included (`simulator.fork.ForkReplay`).
     """
     ear, mouth = audio_stages or ([], [])
     # Who the caller is lives in the LLM service's system instruction (see `persona_llm`).
@@ -267,6 +270,9 @@ def build_persona_worker(
 
         opening = opening_line(scenario)  # none: turn 1 waits for the agent's greeting
         pair.agent_context = scenario.context or None  # none given: the bot keeps its own
+    replay: list[FrameProcessor] = []
+    if fork is not None:
+        opening, replay = fork.opening, [ForkReplay(fork)]
     messages = [{"role": "assistant", "content": opening}] if opening else []
     context = LLMContext(messages, tools=ToolsSchema(standard_tools=[END_CALL_SCHEMA]))
 
@@ -283,6 +289,7 @@ def build_persona_worker(
             transport.input(),
             *ear,
             PersonaTurns(context, pair),
+            *replay,
             llm,
             *mouth,
             transport.output(),

@@ -59,6 +59,7 @@ from pipecat_rl.simulator.botloader import (
     error_recorder,
     simulation_environment,
 )
+from pipecat_rl.simulator.fork import ForkRun
 from pipecat_rl.simulator.judge import (
     LLM_FLAG,
     Endpoint,
@@ -146,6 +147,8 @@ class EpisodeResult:
     caller: dict[str, Any] = field(default_factory=dict)
     """What a scripted caller says of the call: `fallbacks` (lines that restated its need when
     nothing the agent said matched) and `caller_gave_up` (it hung up after repeated non-answers)."""
+    fork: dict[str, Any] = field(default_factory=dict)
+    """A fork's replay (`simulator.fork.ForkRun.report`): its call, turn, hand-off and world."""
 
     @property
     def passed(self) -> bool | None:
@@ -419,7 +422,9 @@ async def run_episode(
     """Run one simulated call of `scenario` against `bot` and record it in `ledger`.
 
     `session_id` is the episode's id when its dispatcher chose one (a retried Ray task keeps
-    it, so the episode is one session however often it ran); None draws a fresh one.
+    it, so the episode is one session however often it ran); None draws a fresh one. A fork
+    (`scenario.fork`) replays its recorded turns first; a replay that is not the recording is a
+    harness error naming the turn (`simulator.fork`).
     """
     seed = episode_seed(config.seed, scenario.id, repeat)
     started = time.monotonic()
@@ -475,13 +480,19 @@ async def run_episode(
         pair = LocalTransportPair(
             max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
         )
+    fork = None
+    if scenario.fork is not None:  # a recorded call's first turns, replayed (`simulator.fork`)
+        fork = episode.fork = ForkRun(
+            scenario.fork, scenario.id, world=world, llm_url=config.llm_url, pair=pair,
+            end_call=lambda: pair.end("error"),
+        )  # fmt: skip
     caller_llm = persona = persona_task = bot_task = handle = endpoint = None
     try:
         llm_persona = config.persona == "llm" and not scenario.scripted
         endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None
         caller_llm = persona_llm(scenario, config.persona, endpoint=endpoint, pair=pair)
         stages = audio.persona_stages() if audio else None
-        persona = build_persona_worker(scenario, pair, caller_llm, stages)
+        persona = build_persona_worker(scenario, pair, caller_llm, stages, fork=fork)
         persona_errors: list[str] = []
         persona.add_event_handler(
             "on_pipeline_error", error_recorder(persona_errors, fatal_only=True)
@@ -510,12 +521,16 @@ async def run_episode(
         elif bot_task.done() and not bot_task.cancelled() and bot_task.exception():
             error = bot_task.exception()
             result.error = f"the bot raised {type(error).__name__}: {error}"
+        elif fork is not None and fork.problem is not None:  # the replay is not the recording
+            result.error = fork.problem
         elif world.harness_errors:
             result.error = "; ".join(world.harness_errors)
         elif episode.refused:
             result.error = episode.refused[0]
         elif episode.errors or persona_errors:
             result.error = "; ".join(episode.errors + [f"persona {e}" for e in persona_errors])
+        elif fork is not None:
+            result.error = fork.failure()  # it never reached the candidate: nothing to compare
     except asyncio.CancelledError:  # Ctrl-C, a cancelled job: end this call, then stop
         await _stop_cancelled(pair, episode, persona, persona_task, bot_task, handle)
         if audio is not None:
@@ -547,6 +562,7 @@ async def run_episode(
     result.checks = world.verify()
     result.bypassed, result.redirected = episode.bypassed, episode.redirected
     result.mode = config.mode
+    result.fork = fork.report() if fork is not None else {}
     if audio is not None:
         result.speech = audio.agent_speech.notes
         result.call_s = audio.pair.audio_seconds
@@ -612,6 +628,7 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             "checks": [vars(c) for c in result.checks],
             "unscored": result.unscored,
             **result.caller,
+            **({"fork": result.fork} if result.fork else {}),
             **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
             **({"audio_wav": result.audio_wav} if result.audio_wav else {}),
         },

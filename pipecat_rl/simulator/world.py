@@ -6,7 +6,8 @@ or raising `ToolError`. Every episode builds a new in-memory database from the s
 scenario's `world.state`, so two episodes of one scenario start identical and share nothing.
 Tool calls run for real against it, each recorded with its arguments, result, error and state
 diff; faults (a timeout or an error on the n-th call, or with a seeded probability) are injected
-before the tool runs. After the call, `verify` checks the final state.
+before the tool runs. After the call, `verify` checks the final state. A fork of a live call
+without a pack is served the call's recorded tool results instead (`fixtures_pack`).
 """
 
 import importlib
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipecat_rl.errors import ScenarioError, ToolError
+from pipecat_rl.scenarios.fork import FIXTURE_LABEL
 from pipecat_rl.scenarios.scenario import Fault, Scenario, VerifyCheck, Where
 
 ToolFn = Callable[..., Any]
@@ -104,6 +106,39 @@ def load_pack(scenario: Scenario) -> WorldPack | None:
     return pack
 
 
+def fixtures_pack(scenario: Scenario) -> WorldPack | None:
+    """A fork of a live call without a world pack: its recorded tool results, in order.
+
+    Each tool the call offered answers with the next recorded result of its name (or raises
+    its recorded error); once they run out it fails with an error saying it is a fixture, so a
+    candidate never reaches the live backend and nobody mistakes the answer for a world's.
+    None for any other scenario. A fresh pack per world: the results are used up per episode.
+    """
+    fixtures = scenario.fork.fixtures if scenario.fork is not None else None
+    if fixtures is None:
+        return None
+    pending = list(fixtures.results)
+    session = scenario.fork.session  # type: ignore[union-attr]
+
+    def serving(name: str) -> ToolFn:
+        def tool(db: sqlite3.Connection, **arguments: Any) -> Any:
+            del db, arguments  # a fixture answers what the recording says, not the arguments
+            found = next((f for f in pending if f.name == name), None)
+            if found is None:
+                raise ToolError(
+                    f"{FIXTURE_LABEL}: no recorded result of {name} left: this fork of the live "
+                    f"call {session} has no world pack, only the call's recorded tool results"
+                )
+            pending.remove(found)
+            if found.error is not None:
+                raise ToolError(found.error)
+            return found.result
+
+        return tool
+
+    return WorldPack(schema="", tools={name: serving(name) for name in fixtures.tools})
+
+
 def _raised(e: BaseException) -> str:
     """What pack code raised, in words: `sys.exit(0)` says nothing by itself."""
     if isinstance(e, SystemExit):
@@ -122,7 +157,7 @@ class World:
 
     def __init__(self, scenario: Scenario, *, seed: int = 0):
         self.scenario = scenario
-        self.pack = load_pack(scenario) or WorldPack(schema="", tools={})
+        self.pack = load_pack(scenario) or fixtures_pack(scenario) or WorldPack(schema="", tools={})
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._rng = random.Random(seed)
