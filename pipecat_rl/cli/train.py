@@ -1,4 +1,4 @@
-"""`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO, OPSD or DPO).
+"""`pipecat-rl train`: a new LoRA adapter from the ledger (SFT, GRPO, OPSD, RFT or DPO).
 
 Prints a progress bar while it trains, writes a metrics JSONL with TRL's names, and ends with the
 adapter's name (on stdout with `--json`, as part of the result). Live calls train under the
@@ -43,6 +43,7 @@ from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOUR
 from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.simulator.options import MAX_SEED
 from pipecat_rl.training import Algo, TrainConfig
+from pipecat_rl.training.config import ONLINE_ALGOS
 
 _SHOWN = ("loss", "policy_loss", "distill_loss", "reward", "frac_reward_zero_std", "grad_norm")
 
@@ -134,7 +135,12 @@ def refuse_without_rows(
 
 def train_command(
     algo: Annotated[
-        Algo, typer.Option("--algo", help="sft, grpo, opsd, or dpo (people's duel picks).")
+        Algo,
+        typer.Option(
+            "--algo",
+            help="sft, grpo, opsd, rft (SFT on the parent's own passed rollouts: the baseline "
+            "RL must beat; needs --scenarios and --bot), or dpo (people's duel picks).",
+        ),
     ] = "sft",
     ledger: Annotated[
         str | None,  # a Path would fold postgresql:// into postgresql:/
@@ -142,20 +148,24 @@ def train_command(
     ] = None,
     scenarios: Annotated[
         list[Path] | None,
-        typer.Option("--scenarios", help="Online GRPO / OPSD: scenarios to simulate."),
+        typer.Option("--scenarios", help="Online GRPO / OPSD / RFT: scenarios to simulate."),
     ] = None,
     bot: Annotated[
-        str | None, typer.Option("--bot", help="Online GRPO / OPSD: the bot to simulate.")
+        str | None, typer.Option("--bot", help="Online GRPO / OPSD / RFT: the bot to simulate.")
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="GRPO / OPSD steps.")] = 1,
-    epochs: Annotated[int, typer.Option("--epochs", min=1, help="SFT epochs (at most).")] = 10,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="GRPO / OPSD steps; RFT rounds.")
+    ] = 1,
+    epochs: Annotated[
+        int, typer.Option("--epochs", min=1, help="SFT epochs (at most; RFT: per round).")
+    ] = 10,
     group_size: Annotated[
-        int, typer.Option("--group-size", min=2, help="GRPO: episodes per scenario.")
+        int, typer.Option("--group-size", min=2, help="GRPO / RFT: episodes per scenario.")
     ] = 4,
     rank: Annotated[int, typer.Option("--rank", min=1, help="LoRA rank.")] = defaults.LORA_RANK,
     lr: Annotated[float | None, typer.Option("--lr", help="Learning rate.")] = None,
     temperature: Annotated[
-        float, typer.Option("--temperature", help="GRPO exploration temperature.")
+        float, typer.Option("--temperature", help="GRPO / RFT exploration temperature.")
     ] = defaults.TRAIN_TEMPERATURE,
     persona: Annotated[
         Literal["llm", "scripted"],
@@ -220,12 +230,19 @@ def train_command(
     seed: Annotated[int, typer.Option("--seed", min=0, max=MAX_SEED, help="Seed.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Train a LoRA adapter on the ledger's eligible calls and print its name."""
+    """Train a LoRA adapter on the eligible calls (online: on its own rollouts); print its name."""
     with cli_errors(json_out):
         if (scenarios is None) != (bot is None):
             raise ConfigError("online GRPO needs both --scenarios and --bot (or neither)")
-        if scenarios is not None and algo in ("sft", "dpo"):
-            raise ConfigError("--scenarios and --bot are for --algo grpo or opsd (online)")
+        if scenarios is not None and algo not in ONLINE_ALGOS:
+            raise ConfigError(
+                f"--scenarios and --bot are for --algo {', '.join(ONLINE_ALGOS)} (online)"
+            )
+        if scenarios is None and algo == "rft":
+            raise ConfigError(
+                "--algo rft imitates the parent's own passed rollouts: give --scenarios and --bot "
+                "to roll it out on (and --llm-url, the server that samples them)"
+            )
         if scenarios is not None and live_since is not None:
             raise ConfigError("--live-since trains on recorded live calls; online runs simulate")
         trust = live_trust(live_sources, live_settle)

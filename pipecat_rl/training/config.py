@@ -9,7 +9,14 @@ from pipecat_rl import defaults
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 from pipecat_rl.serving.server import LOGPROBS_MODE
 
-Algo = Literal["sft", "grpo", "opsd", "dpo"]
+Algo = Literal["sft", "grpo", "opsd", "rft", "dpo"]
+
+ONLINE_ALGOS: tuple[Algo, ...] = ("grpo", "opsd", "rft")
+"""The algorithms that simulate under each new version when given scenarios and a bot (RFT
+only so: it imitates the starting policy's own passed rollouts)."""
+
+SFT_ALGOS: tuple[Algo, ...] = ("sft", "rft")
+"""The algorithms whose update is SFT (`sft.train_sft`): they share its learning rate."""
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """All seven projections of a Llama/Qwen block (never lm_head or the embeddings)."""
@@ -26,10 +33,12 @@ class TrainConfig(BaseModel):
     parent: str | None = None
     """The adapter to continue from (a ledger name), or None to start a fresh LoRA on the base."""
     steps: int = Field(default=1, ge=1)
-    """GRPO / OPSD: optimiser steps (each an online round when scenarios are given). DPO: passes
-    over the pairs, each in `mini_batches` optimiser steps."""
+    """GRPO / OPSD: optimiser steps (each an online round when scenarios are given). RFT: online
+    rounds, each an SFT run on the round's passed rollouts. DPO: passes over the pairs, each in
+    `mini_batches` optimiser steps."""
     epochs: int = Field(default=10, ge=1)
-    """SFT: passes over the rows (stopped early once the epoch loss reaches `target_loss`)."""
+    """SFT and each RFT round: passes over the rows (stopped early once the epoch loss reaches
+    `target_loss`)."""
     target_loss: float = 0.01
     """SFT stops once an epoch's mean loss is at or below this (0 disables early stopping)."""
     holdout: float = Field(default=0.15, ge=0.0, lt=1.0)
@@ -49,7 +58,7 @@ class TrainConfig(BaseModel):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """SFT: bf16 autocast where the CPU has native bf16 (AVX512-BF16, AMX), else fp32 (auto)."""
     group_size: int = Field(default=4, ge=2)
-    """GRPO: episodes per scenario per step (the group)."""
+    """GRPO: episodes per scenario per step (the group). RFT: rollouts per scenario per round."""
     max_resample_rounds: int = Field(default=2, ge=0)
     """GRPO online: at most this many more rounds of episodes per step for the groups whose
     rewards all agree (DAPO's dynamic sampling; each round reruns those scenarios only, and the
@@ -61,9 +70,9 @@ class TrainConfig(BaseModel):
     alpha: int | None = Field(default=None, ge=1)
     """LoRA alpha; None: `defaults.lora_alpha(rank)`, twice the rank."""
     lr: float | None = None
-    """None picks per algorithm: 2e-3 for SFT, 1e-4 for GRPO, OPSD and DPO."""
+    """None picks per algorithm: 2e-3 for SFT and RFT, 1e-4 for GRPO, OPSD and DPO."""
     temperature: float = defaults.TRAIN_TEMPERATURE
-    """GRPO / OPSD exploration temperature (recorded with each sampled turn)."""
+    """GRPO / OPSD / RFT exploration temperature (recorded with each sampled turn)."""
     max_seq_len: int = 4096
     """Sequences longer than this are split at turn boundaries or dropped (counted)."""
     seed: int = 0
@@ -136,7 +145,7 @@ class TrainConfig(BaseModel):
         # (benchmarks/sft_schedule.py). GRPO and OPSD: the smallest rate at which one step moves
         # the canary past the publish threshold while the clip engages on few tokens
         # (benchmarks/grpo_lr.py); below it no version ever leaves its parent.
-        return 2e-3 if self.algo == "sft" else 1e-4
+        return 2e-3 if self.algo in SFT_ALGOS else 1e-4
 
 
 class TrainResult(BaseModel):

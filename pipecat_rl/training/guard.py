@@ -2,10 +2,11 @@
 
 Recorded completions are re-scored under the adapter that sampled them, in the space the server
 returned them (vLLM's default: raw logprobs, before temperature), and compared token by token with
-the recorded logprobs. The prompts are re-rendered with the trainer's chat template too, so
-template drift shows as id mismatches. Over the threshold, or with nothing to compare, the run
-fails with the likely cause named. The result goes into the adapter's metadata, where the gate
-reads it (`gate.lineage`): a missing guard never reads as a passed one.
+the recorded logprobs. The prompts are re-rendered with the trainer's chat template too, as the
+server renders them (`chat.server_messages`: malformed tool arguments become `{}`), so template
+drift shows as id mismatches and a policy's malformed calls do not. Over the threshold, or with
+nothing to compare, the run fails with the likely cause named. The result goes into the adapter's
+metadata, where the gate reads it (`gate.lineage`): a missing guard never reads as a passed one.
 """
 
 import contextlib
@@ -17,20 +18,10 @@ import torch
 
 from pipecat_rl.errors import GuardError
 from pipecat_rl.ledger import BASE_ADAPTER, TurnRecord
+from pipecat_rl.training.chat import rendered_prompt
 from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.policy import Policy, score
 from pipecat_rl.training.rows import TrainableTurn
-
-
-def _rendered_prompt(policy: Policy, turn: TurnRecord) -> list[int] | None:
-    messages = turn.request.get("messages")
-    if not messages:
-        return None
-    rendered = policy.tokenizer.apply_chat_template(
-        messages, tools=turn.request.get("tools") or None, add_generation_prompt=True,
-        tokenize=True,
-    )  # fmt: skip
-    return list(rendered["input_ids"] if not isinstance(rendered, list) else rendered)
 
 
 def _adapter_scope(policy: Policy, adapter: str | None, base_names: set[str]) -> Any:
@@ -62,6 +53,7 @@ def run_guard(
     alt_diffs: list[float] = []
     per_adapter: dict[str, list[float]] = {}
     drift = compared = skipped = 0
+    first_drift: str | None = None
     processed = config.logprobs_mode == "processed_logprobs"
     was_training = policy.model.training
     policy.model.eval()
@@ -72,9 +64,10 @@ def run_guard(
                 skipped += 1
                 continue
             row = TrainableTurn.from_turn(turn)
-            rendered = _rendered_prompt(policy, turn)
+            rendered = rendered_prompt(policy.tokenizer, turn.request)
             if rendered is not None and rendered != row.prompt_ids:
                 drift += 1
+                first_drift = first_drift or f"{turn.session_id}#{turn.index}"
             ids = [*row.prompt_ids, *row.sampled_ids]
             mask = [False] * len(row.prompt_ids) + [True] * len(row.sampled_ids)
             temperature = row.sampling.temperature or None
@@ -107,7 +100,7 @@ def run_guard(
         "mean_threshold": config.guard_mean_threshold,
         "max_threshold": config.guard_max_threshold,
     }
-    cause = _cause(result, alt_diffs, config)
+    cause = _cause(result, alt_diffs, config, first_drift)
     result["cause"] = cause
     result["passed"] = cause is None
     if cause is not None:
@@ -115,7 +108,9 @@ def run_guard(
     return result
 
 
-def _cause(result: dict[str, Any], alt_diffs: list[float], config: TrainConfig) -> str | None:
+def _cause(
+    result: dict[str, Any], alt_diffs: list[float], config: TrainConfig, first_drift: str | None
+) -> str | None:
     if result["compared_tokens"] == 0:
         why = "nothing to compare: no recorded turn sampled by this run's starting policy"
         if result["missing_logprobs_turns"]:
@@ -129,8 +124,9 @@ def _cause(result: dict[str, Any], alt_diffs: list[float], config: TrainConfig) 
     if result["template_mismatches"]:
         return (
             f"template drift: the trainer's chat template renders {result['template_mismatches']}"
-            f" of {result['compared_turns']} recorded prompts differently from the server; serve "
-            "and train with the same model folder (its chat_template.jinja)"
+            f" of {result['compared_turns']} recorded prompts differently from the server (first:"
+            f" turn {first_drift}); serve and train with the same model "
+            "folder (its chat_template.jinja)"
         )
     mean, worst = result["mean_abs_diff"], result["max_abs_diff"]
     if mean <= config.guard_mean_threshold and worst <= config.guard_max_threshold:

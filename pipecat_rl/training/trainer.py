@@ -5,13 +5,14 @@
    if the trainer does not see what the server sampled.
 3. Rows (`rows`), then the algorithm: SFT on passed sessions and demonstrations; GRPO on groups of
    episodes (online: simulated per step under the current adapter; offline: from the ledger);
-   OPSD on judged turns with a hinted teacher; DPO on people's picks in duels (`dpo`).
+   OPSD on judged turns with a hinted teacher; DPO on people's picks in duels (`dpo`); RFT
+   (online only) SFT on the current adapter's own passed rollouts, the baseline RL must beat.
 4. Save under a never-reused name; with a server, hot-load it and verify it is served; register it
    with its lineage, data, metrics and guard.
 
-Online (GRPO / OPSD with `rollouts`), every step samples under the current version, re-runs the
-guard on those very turns, updates, and publishes the next version, which must move the canary
-off its parent's. Only the newest two versions of the run stay loaded (the parent, which the
+Online (GRPO / OPSD / RFT with `rollouts`), every step samples under the current version, re-runs
+the guard on those very turns, updates, and publishes the next version, which must move the
+canary off its parent's. Only the newest two versions of the run stay loaded (the parent, which the
 next step's canary compares with, and the new one), so `--max-loras 2` suffices.
 """
 
@@ -22,7 +23,7 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,13 @@ from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.serving.server import VLLMAdmin
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
-from pipecat_rl.training.config import TrainConfig, TrainResult
+from pipecat_rl.training.config import ONLINE_ALGOS, TrainConfig, TrainResult
 from pipecat_rl.training.dpo import dpo_pairs, train_dpo
 from pipecat_rl.training.grpo import build_groups, dynamic_sampling, grpo_update
 from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.opsd import opsd_row, opsd_update, session_hint
 from pipecat_rl.training.policy import Policy, load_policy, save_adapter
-from pipecat_rl.training.rows import TrainableTurn, build_sequences
+from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, build_sequences
 from pipecat_rl.training.sft import optimizer_for, train_sft
 
 Progress = Callable[[dict[str, Any]], None]
@@ -189,6 +190,40 @@ HELDOUT_OVERLAP = "heldout_overlap_removed"
 """The report's count of sessions removed for held-out overlap (`Ledger.training_selection`)."""
 
 
+def passed_sessions(sessions: Iterable[SessionRecord]) -> set[str]:
+    """The ids of the `sessions` that passed (`scoring.passed`; unverified ones did not)."""
+    return {s.id for s in sessions if passed(s.reward_parts) is True}
+
+
+def passed_sequences(
+    turns: Sequence[TurnRecord], sessions: Mapping[str, SessionRecord], tokenizer: Any,
+    config: TrainConfig,
+) -> tuple[list[TrainingSequence], dict[str, Any]]:  # fmt: skip
+    """Sequences of the `turns` whose session passed (`scoring.passed`): what SFT and RFT imitate.
+
+    Sampled turns train on their recorded ids; demonstrations are rendered with `tokenizer`.
+    """
+    passed_ids = passed_sessions(sessions.values())
+    rows = [TrainableTurn.from_turn(t, tokenizer) for t in turns if t.session_id in passed_ids]
+    sequences, stats = build_sequences(rows, max_len=config.max_seq_len)
+    info = {
+        "eligible_sessions": len(sessions),
+        "passed_sessions": len(passed_ids),
+        "demonstration_turns": sum(r.demonstration for r in rows),
+        "sequences": stats.sequences,
+        "merged_turns": stats.merged,
+        "split_turns": stats.split,
+        "dropped_turns": stats.dropped,
+    }
+    return sequences, info
+
+
+ROLLOUTS = "rollouts"
+"""An online step's count of simulated episodes, eligible to train or not."""
+ROLLOUTS_HELDOUT = "rollouts_heldout"
+"""An online step's count of episodes recorded as held out (a held-out scenario never trains)."""
+
+
 def sft_rows(
     ledger: Ledger, policy: Policy, config: TrainConfig,
     live: LiveTrust = DEFAULT_LIVE_TRUST, session_ids: Sequence[str] | None = None,
@@ -201,25 +236,9 @@ def sft_rows(
     selection = ledger.training_selection(purpose="sft", session_ids=session_ids, live=live)
     turns = selection.turns
     sessions = {sid: ledger.session(sid) for sid in dict.fromkeys(t.session_id for t in turns)}
-    passed_ids = {sid for sid, s in sessions.items() if passed(s.reward_parts) is True}
-    rows = [
-        TrainableTurn.from_turn(t, policy.tokenizer)
-        for t in turns
-        if t.session_id in passed_ids
-    ]
-    sequences, stats = build_sequences(rows, max_len=config.max_seq_len)
-    info = {
-        "eligible_sessions": len(sessions),
-        "passed_sessions": len(passed_ids),
-        "demonstration_turns": sum(r.demonstration for r in rows),
-        "sequences": stats.sequences,
-        "merged_turns": stats.merged,
-        "split_turns": stats.split,
-        "dropped_turns": stats.dropped,
-        HELDOUT_OVERLAP: selection.removed,
-    }
+    sequences, info = passed_sequences(turns, sessions, policy.tokenizer, config)
     used = sorted({s.session_id for s in sequences})
-    return sequences, used, info
+    return sequences, used, {**info, HELDOUT_OVERLAP: selection.removed}
 
 
 def rl_rows(
@@ -364,19 +383,25 @@ def _step_rows(
     if rollouts is None:
         turns, sessions, dropped, removed = rl_rows(ledger, names, session_ids, config, live)
         return turns, sessions, dropped, {HELDOUT_OVERLAP: removed}
-    removed = 0
+    removed = simulated = held = 0
 
     def draw(resample: int, groups: frozenset[str] | None):
-        nonlocal removed
+        nonlocal removed, simulated, held
         ids = _simulate(ledger, rollouts, server_url, current, config, step, resample, groups)
         turns, sessions, dropped, more = rl_rows(ledger, names, ids, config, live)
         removed += more
+        simulated += len(ids)
+        held += sum(ledger.session(i).split == "heldout" for i in ids)  # as recorded
         return turns, sessions, dropped
 
+    def counts() -> dict[str, int]:
+        return {HELDOUT_OVERLAP: removed, ROLLOUTS: simulated, ROLLOUTS_HELDOUT: held}
+
     if config.algo != "grpo":
-        return (*draw(0, None), {HELDOUT_OVERLAP: removed})
+        turns, sessions, dropped = draw(0, None)
+        return turns, sessions, dropped, counts()
     sampled = dynamic_sampling(draw, config)
-    metrics = {**sampled.metrics(), HELDOUT_OVERLAP: removed}
+    metrics = {**sampled.metrics(), **counts()}
     return sampled.turns, sampled.sessions, sampled.dropped_off_policy, metrics
 
 
@@ -475,7 +500,7 @@ def train(
     live: LiveTrust = DEFAULT_LIVE_TRUST,
     session_ids: Sequence[str] | None = None,
 ) -> TrainResult:
-    """Train one adapter from the ledger (GRPO / OPSD online with `rollouts` and a server).
+    """Train one adapter from the ledger (GRPO / OPSD / RFT online with `rollouts` and a server).
 
     `live` says which live calls may train (the eligibility query's `LiveTrust`); offline,
     `session_ids` keeps the run to those sessions (None: every eligible one).
@@ -483,7 +508,12 @@ def train(
     run_id = f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
-    online = rollouts is not None and config.algo in ("grpo", "opsd")  # SFT, DPO: the ledger's
+    online = rollouts is not None and config.algo in ONLINE_ALGOS  # SFT, DPO: the ledger's
+    if config.algo == "rft" and not online:
+        raise TrainingError(
+            "RFT imitates the starting policy's own passed rollouts: give it scenarios and a bot "
+            "to roll out (`rollouts`; on the CLI --scenarios and --bot)"
+        )
     if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
     policy = load_policy(config, _parent_path(ledger, config.parent))
@@ -505,7 +535,8 @@ def train(
         counted = {f"duel_votes_kept_out/{reason}": n for reason, n in kept_out.items()}
         summary = {**counted, **train_dpo(policy, pairs, config, on_step=log)}
     else:
-        optimizer = optimizer_for(policy, config.learning_rate())
+        # RFT's rounds are SFT runs, each with its own optimiser and schedule (`train_sft`)
+        optimizer = None if config.algo == "rft" else optimizer_for(policy, config.learning_rate())
         teacher = None
         if config.algo == "opsd":
             teacher = load_policy(config, _parent_path(ledger, config.parent), trainable=False)
@@ -517,11 +548,13 @@ def train(
                 ledger, rollouts if online else None, server_url, current, config, step, names,
                 live, session_ids,
             )  # fmt: skip
+            if online and not turns:
+                raise NoTrainingSignalError(_none_may_train(step, config, current, sampling))
             if online:
                 guard_result = step_guard(
                     policy, turns, current, config, step, loaded[-1] if loaded else None
                 )
-            used_set.update(s.id for s in sessions)
+            used_set.update(_learned_from(config, sessions))
 
             update = functools.partial(
                 _update, policy, optimizer, teacher, (turns, sessions, dropped, sampling), config,
@@ -567,6 +600,64 @@ def train(
     )  # fmt: skip
 
 
+def _none_may_train(step: int, config: TrainConfig, current: str, counts: dict[str, Any]) -> str:
+    """Why online step `step` has nothing to train: its rollouts' counts, held-out ones first."""
+    simulated, held = counts.get(ROLLOUTS, 0), counts.get(ROLLOUTS_HELDOUT, 0)
+    why = (
+        f"none of the {simulated} rollouts step {step} of {config.steps} ran under {current} "
+        "may train"
+    )
+    if held:
+        why += (
+            f": {held} are of held-out scenarios, which never train (roll out pool scenarios; "
+            "the gate evaluates on held-out ones)"
+        )
+    return (
+        f"{why}; a rollout trains only if its session is eligible (not held out, excluded or a "
+        "harness failure: `pipecat-rl ledger stats` counts why) and has a turn sampled "
+        f"token-exactly, not cut by max_tokens ({counts.get(HELDOUT_OVERLAP, 0)} removed for "
+        "held-out overlap)"
+    )
+
+
+def _learned_from(config: TrainConfig, sessions: Sequence[SessionRecord]) -> set[str]:
+    """The sessions a step's update learns from: RFT's passed rollouts; all, for GRPO and OPSD."""
+    return passed_sessions(sessions) if config.algo == "rft" else {s.id for s in sessions}
+
+
+def _rft_update(
+    policy: Policy, turns: list[TurnRecord], sessions: list[SessionRecord], config: TrainConfig,
+    step: int, log: Progress, sampling: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Step `step` of RFT: SFT on its rollouts that passed, on the ids the server recorded.
+
+    The step's own count is the log's `step`; SFT's optimiser steps are `sft_step`.
+
+    Raises:
+        NoTrainingSignalError: no rollout that may train passed (or none left a row).
+    """
+    sequences, info = passed_sequences(turns, {s.id: s for s in sessions}, policy.tokenizer, config)
+    counts = {
+        **sampling,
+        "pass_rate": round(info["passed_sessions"] / len(sessions), 6) if sessions else None,
+    }
+    if not sequences:
+        dropped = info["dropped_turns"]
+        raise NoTrainingSignalError(
+            f"RFT has nothing to imitate at step {step} of {config.steps}: "
+            f"{info['passed_sessions']} of the {len(sessions)} rollouts that may train passed"
+            + (f" ({dropped} turn(s) over max_seq_len={config.max_seq_len})" if dropped else "")
+            + "; warm-start with --algo sft, raise --group-size or the temperature, or roll out "
+            "pool scenarios the policy sometimes passes"
+        )
+
+    def on_step(metrics: dict[str, Any]) -> None:
+        sft = {f"sft_{k}": metrics[k] for k in ("step", "total_steps") if k in metrics}
+        log({**metrics, **sft, "step": step, "total_steps": config.steps, **counts})
+
+    return {**info, **counts, **train_sft(policy, sequences, config, on_step=on_step)}
+
+
 def _update(
     policy: Policy, optimizer: Any, teacher: Policy | None,
     batch: tuple[list[TurnRecord], list[SessionRecord], int, dict[str, Any]], config: TrainConfig,
@@ -576,6 +667,8 @@ def _update(
     turns, sessions, dropped, sampling = batch
     if retry:
         log = _adding(log, {"move_retry": retry})
+    if config.algo == "rft":
+        return _rft_update(policy, turns, sessions, config, step, log, sampling)
     if config.algo == "grpo":
         kls: list[float] = []
 
