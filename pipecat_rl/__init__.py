@@ -31,6 +31,10 @@ _EXPORTS = {
     "Scenario": "pipecat_rl.scenarios",
     "ScenarioSet": "pipecat_rl.scenarios",
     "load_scenarios": "pipecat_rl.scenarios",
+    # forks of recorded calls: a call's first K turns replayed, then a policy answers
+    "ForkSpec": "pipecat_rl.scenarios.fork",
+    "fork_call": "pipecat_rl.scenarios.forking",
+    "fork_yaml": "pipecat_rl.scenarios.forking",
     "WorldPack": "pipecat_rl.simulator",
     "World": "pipecat_rl.simulator",
     "ToolError": "pipecat_rl.simulator",

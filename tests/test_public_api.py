@@ -14,6 +14,8 @@ EXPECTED = {
     # scoring, scenarios and worlds
     "SessionOutcome", "Rubric", "Scenario", "ScenarioSet", "load_scenarios", "WorldPack", "World",
     "ToolError", "ScriptedLLMService", "ScriptedReply",
+    # forks of recorded calls
+    "ForkSpec", "fork_call", "fork_yaml",
     # serving, simulation, training
     "VLLMServer", "VLLMAdmin", "prepare_model", "load_bot", "SimulationOptions", "Server",
     "SimulationReport", "EpisodeResult", "run_simulation", "TrainConfig", "TrainResult", "train",

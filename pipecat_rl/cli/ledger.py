@@ -7,10 +7,11 @@ what would destroy something else.
 `score` is the CLI face of the service's `POST /sessions/{call_id}/scores` (`Ledger.post_score`).
 
 `fork` writes a scenario that replays a recorded call's first K agent turns token-exactly and
-hands the call on to the persona (`scenarios.forking`, replayed by `simulator.fork`).
+hands the call on to the persona (`scenarios.forking`, replayed by `simulator.fork`); `fork
+--failed` writes a folder of such forks of the failed live calls, held out: a regression suite
+(`scenarios.failures`).
 """
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -320,30 +321,58 @@ def score(
         )
 
 
-def _turn(at: str) -> int:
+def _turn(at: str) -> int | None:
+    """`--at` as a turn number, or None for `auto`."""
+    from pipecat_rl.scenarios.failures import AUTO
+
+    if at.strip().lower() == AUTO:
+        return None
     try:
         return int(at)
     except ValueError:
         raise ConfigError(
-            f"--at must be a turn number (1 = the first agent turn), not {at!r}"
+            f"--at must be a turn number (1 = the first agent turn) or auto, not {at!r}"
         ) from None
+
+
+_AT_HELP = (
+    "Force the call's first K agent turns, then hand it on; `auto`: fork where the call went "
+    "wrong: the reply a failing score's explanation names (\"turn N\": the agent's N-th reply, "
+    "as Pipecat's judge counts), else the first tool call that errored or changed a table a "
+    "failed check reads, else the call's last reply; the candidate answers that whole reply."
+)
 
 
 @ledger_app.command("fork")
 def fork(
-    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="The recorded call's id.")],
     at: Annotated[
-        str,
-        typer.Option(
-            "--at", metavar="K", help="Force the call's first K agent turns, then hand it on.",
-            show_default=False,
-        ),
+        str, typer.Option("--at", metavar="K|auto", help=_AT_HELP, show_default=False)
     ],
+    session_id: Annotated[
+        str | None,
+        typer.Argument(metavar="SESSION", help="The recorded call's id (or --failed).",
+                       show_default=False),
+    ] = None,
+    failed: Annotated[
+        bool,
+        typer.Option(
+            "--failed", help="Fork every live call scored fail within --since into the --out "
+            "folder, held out: a regression suite (`loop.yaml`: regressions: DIR).",
+        ),
+    ] = False,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since", metavar="SPAN", help="With --failed: calls started within this span "
+            "(24h, 90m, 7d, seconds). [default: 24h]", show_default=False,
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", metavar="FILE",
-            help="The fork's scenario file (default: forks/FORK_ID.yaml).", show_default=False,
+            "--out", metavar="FILE|DIR",
+            help="The fork's scenario file (default: forks/FORK_ID.yaml); with --failed the "
+            "folder the forks go to, each named by its id (required).", show_default=False,
         ),
     ] = None,
     scenarios: Annotated[
@@ -375,16 +404,42 @@ def fork(
     results as fixtures), and then the persona continues. A fork of a held-out call is held out
     (and the ledger remembers its hash). Nothing is written when the session, the turn, a
     text-only turn before K, or the scenario or its pack is wrong.
+
+    With --failed, every live call scored fail within --since is forked into the --out folder
+    (a file there already is kept; --force replaces it). The forks are held out, and their
+    calls excluded from training, so the suite never trains (`scenarios.failures`); a call
+    that cannot be forked is listed as skipped, with the reason.
     """
+    with cli_errors(json_out):
+        turn = _turn(at)
+        if failed and session_id is not None:
+            raise ConfigError("name one call to fork (SESSION) or fork every failed one "
+                              "(--failed), not both")  # fmt: skip
+        if failed:
+            _fork_failed(turn, since, out, scenarios or [], persona, force, ledger, json_out)
+            return
+        if session_id is None:
+            raise ConfigError("name the call to fork (SESSION), or fork every failed one with "
+                              "--failed --out DIR")  # fmt: skip
+        if since is not None:
+            raise ConfigError("--since selects calls for --failed; a SESSION names its call")
+    _fork_one(session_id, turn, out, scenarios or [], persona, force, ledger, json_out)
+
+
+def _fork_one(
+    session_id: str, turn: int | None, out: Path | None, scenarios: list[Path],
+    persona: Path | None, force: bool, ledger: str | None, json_out: bool,
+) -> None:  # fmt: skip
+    from pipecat_rl.scenarios.failures import auto_turn
+    from pipecat_rl.scenarios.fork import fork_file_name
     from pipecat_rl.scenarios.forking import fork_call, fork_yaml
 
     with cli_errors(json_out), open_ledger(ledger) as store:
-        made = fork_call(
-            store, session_id, _turn(at), scenarios=scenarios or [], persona=persona
-        )
+        chosen = auto_turn(store, session_id) if turn is None else None
+        made = fork_call(store, session_id, chosen.at if chosen else turn, scenarios=scenarios,
+                         persona=persona)  # fmt: skip
         scenario = made.scenario
-        name = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.id)
-        path = out or Path("forks") / f"{name}.yaml"
+        path = out or Path("forks") / fork_file_name(scenario.id)
         target = output_file(writable_folder(path, "--out"), "--out", force=force,
                              ledger=store.path)  # fmt: skip
         text = fork_yaml(scenario, target.parent)
@@ -397,6 +452,7 @@ def fork(
             )
     summary = {
         "out": str(path), "fork": scenario.id, "session": session_id, "at": scenario.fork.at,
+        "at_why": chosen.why if chosen else None,
         "split": scenario.split, "persona_from": made.persona_from, "world": made.world,
         "caller_lines": len(scenario.fork.caller), "content_hash": scenario.content_hash(),
     }  # fmt: skip
@@ -409,8 +465,73 @@ def fork(
         f"{len(scenario.fork.caller)} caller line(s) said as recorded",
         soft_wrap=True,
     )
+    if chosen is not None:
+        console.print(f"  at {chosen.at} (auto): {escape(chosen.why)}", soft_wrap=True)
     console.print(f"  persona after the fork: {escape(made.persona_from)}", soft_wrap=True)
     console.print(f"  world: {escape(made.world)}", soft_wrap=True)
+
+
+def _fork_failed(
+    turn: int | None, since: str | None, out: Path | None, scenarios: list[Path],
+    persona: Path | None, force: bool, ledger: str | None, json_out: bool,
+) -> None:  # fmt: skip
+    """`fork --failed`: the failed live calls of a window, as a folder of regression forks."""
+    import time
+
+    from pipecat_rl.cli.judge import parse_span  # it imports this module: not at the top
+    from pipecat_rl.cli.output import kind_of
+    from pipecat_rl.scenarios.failures import Skipped, fork_failed, keep_from_training
+    from pipecat_rl.scenarios.fork import fork_file_name
+    from pipecat_rl.scenarios.forking import fork_yaml
+
+    if out is None:
+        raise ConfigError("--failed writes a folder of forks: pass --out DIR")
+    if kind_of(out) not in (None, "folder"):
+        raise ConfigError(f"--out {out} is not a folder; --failed writes one file per fork in it")
+    window = parse_span(since or "24h")
+    writable_folder(out / "fork.yaml", "--out")
+    with open_ledger(ledger) as store:
+        made = fork_failed(store, time.time() - window, turn, scenarios=scenarios,
+                           persona=persona)  # fmt: skip
+        skipped, kept, files, excluded = list(made.skipped), [], [], 0
+        for regression in made.forks:
+            scenario = regression.scenario
+            path = out / fork_file_name(scenario.id)
+            if path.exists() and not force:
+                why = f"already in the suite: {path} (--force replaces it)"
+                skipped.append(Skipped(scenario.fork.session, why))
+                continue
+            target = output_file(path, "--out", force=force, ledger=store.path)
+            text = fork_yaml(scenario, target.parent)
+            with written(target) as f:
+                f.write(text)
+            excluded += keep_from_training(store, [regression])  # with its file, never apart
+            kept.append(regression)
+            files.append(path)
+    summary = {
+        "out": str(out), "since_s": window, "excluded_from_training": excluded,
+        "forks": [
+            {"fork": r.scenario.id, "session": r.scenario.fork.session, "at": r.scenario.fork.at,
+             "why": r.why, "file": str(p), "content_hash": r.scenario.content_hash()}
+            for r, p in zip(kept, files, strict=True)
+        ],
+        "skipped": [{"session": s.session, "reason": s.reason} for s in skipped],
+    }  # fmt: skip
+    if json_out:
+        print_json(summary)
+        return
+    out_console = results()
+    out_console.print(
+        f"forked {len(kept)} failed live call(s) into {escape(str(out))} (held out; "
+        f"{excluded} call(s) newly excluded from training), skipped {len(skipped)}",
+        soft_wrap=True,
+    )
+    for r, p in zip(kept, files, strict=True):
+        out_console.print(f"  {escape(p.name)}: at {r.scenario.fork.at}: {escape(r.why)}",
+                          soft_wrap=True)  # fmt: skip
+    for s in skipped:
+        out_console.print(f"  [yellow]skipped[/yellow] {escape(s.session)}: {escape(s.reason)}",
+                          soft_wrap=True)  # fmt: skip
 
 
 @ledger_app.command("migrate")

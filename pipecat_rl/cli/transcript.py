@@ -9,14 +9,13 @@ measured (the response gap in text mode, the heard gap and v2v in audio). The sc
 gate's: the authoritative part (`ledger.outcome`), not the training reward with tool credit.
 """
 
-from collections.abc import Sequence
 from datetime import datetime
 
 from rich.console import Console
 from rich.markup import escape
 
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, ToolCallRecord, TurnRecord
-from pipecat_rl.ledger.transcript import caller_lines
+from pipecat_rl.ledger.transcript import after_tool_results, caller_lines, calls_by_turn
 from pipecat_rl.scoring import authoritative_part, gate_score
 
 _STAGES = (
@@ -49,35 +48,6 @@ def shown_score(parts: dict[str, float]) -> float | None:
         return gate_score(parts, {})
     except ValueError:  # a part out of range is the ledger's problem, not a display's
         return None
-
-
-def _call_ids(turn: TurnRecord) -> set[str]:
-    return {str(c["id"]) for c in turn.tool_calls if isinstance(c, dict) and c.get("id")}
-
-
-def calls_by_turn(
-    turns: Sequence[TurnRecord], calls: Sequence[ToolCallRecord]
-) -> tuple[dict[int, list[ToolCallRecord]], list[ToolCallRecord]]:
-    """Each tool call under the turn that made it, once per call id; and those no turn made.
-
-    A turn made a call when its tool calls carry the call's id, else by the call's turn index.
-    """
-    owner = {call_id: t.index for t in turns for call_id in _call_ids(t)}
-    indexes = {t.index for t in turns}
-    placed: dict[int, list[ToolCallRecord]] = {}
-    loose: list[ToolCallRecord] = []
-    shown: set[str] = set()
-    for call in calls:
-        if call.call_id is not None:
-            if call.call_id in shown:
-                continue  # the recorder's and the world's record of one call
-            shown.add(call.call_id)
-        index = owner.get(call.call_id or "", call.turn_index)
-        if index in indexes:
-            placed.setdefault(index, []).append(call)  # type: ignore[arg-type]
-        else:
-            loose.append(call)
-    return placed, loose
 
 
 def latency_line(lat: LatencyRecord) -> str | None:
@@ -135,11 +105,6 @@ def _header(out: Console, s: SessionRecord, store: Ledger) -> None:
         out.print("  scores " + ", ".join(f"{escape(x.name)} {num(x.value)}" for x in scores))
 
 
-def _after_tools(turn: TurnRecord) -> bool:
-    messages = turn.request.get("messages") or []
-    return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
-
-
 def _said(turn: TurnRecord) -> str:
     if turn.generated_text or not turn.tool_calls:
         return turn.generated_text
@@ -168,7 +133,7 @@ def print_transcript(out: Console, store: Ledger, session_id: str) -> None:
             "[green]token-exact[/green]" if turn.token_exact
             else "[dim]demonstration[/dim]" if turn.demonstration else "[dim]text only[/dim]"
         )  # fmt: skip
-        cont = "  [dim](after tool results)[/dim]" if _after_tools(turn) else ""
+        cont = "  [dim](after tool results)[/dim]" if after_tool_results(turn) else ""
         out.print(
             f"[bold]turn {turn.index}[/bold]  adapter {escape(turn.adapter or '-')}  "
             f"{tokens}  {kind}" + ("  [dim]redacted[/dim]" if turn.redacted else "") + cont

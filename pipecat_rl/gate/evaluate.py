@@ -9,9 +9,11 @@ writes, which count over every run of each policy, and the runs left out, which 
 The hot spots (`scoring.hot_spots`) group both policies' paired runs by the axes of the scenarios
 expanded from a matrix; they describe, and no check reads them.
 
-`recheck` recomputes a receipt's interval, sign-flip test, regression tests and checks from the
-receipt's own per-scenario table and stored statistics, through the same functions: `promote`
-refuses a receipt whose statistics do not support its verdict.
+`recheck` recomputes a receipt's interval, sign-flip test, regression tests (a regression suite's
+too) and checks from the receipt's own per-scenario tables and stored statistics, through the
+same functions: `promote` refuses a receipt whose statistics do not support its verdict.
+
+A regression suite (`evaluate`'s `suite`) is paired the same way and decides only its own check.
 """
 
 import importlib.metadata
@@ -46,17 +48,21 @@ from pipecat_rl.gate.receipt import (
     LatencyStats,
     PairedStats,
     RegressionStats,
+    RegressionSuiteStats,
     Role,
     RunAccounting,
     SafetyStats,
     ScenarioRow,
+    SuiteRow,
 )
 from pipecat_rl.gate.regressions import (
+    RegressionTest,
     check_design,
     discordant,
     group_members,
     losses_to_confirm,
     regression_family,
+    suite_tests,
 )
 from pipecat_rl.gate.safety import safety_arm
 from pipecat_rl.gate.stats import (
@@ -78,6 +84,7 @@ from pipecat_rl.gate.verdict import (
     p95_budget_check,
     p95_margin_check,
     paired_check,
+    regression_suite_check,
     regressions_check,
     unusable_check,
     writes_check,
@@ -333,10 +340,12 @@ def _checks(
     receipt_parts: tuple[PairedStats, RegressionStats, LatencyStats, SafetyStats, RunAccounting],
     lineages: tuple[Lineage, Lineage],
     config: GateConfig,
+    suite: RegressionSuiteStats | None = None,
 ) -> tuple[GateCheck, ...]:
     """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`).
 
-    The policies' names and pass rates only word the verdict sentence.
+    The policies' names and pass rates only word the verdict sentence. A regression suite's
+    check comes last, so a receipt without one lists the checks it always did.
     """
     paired, regressions, latency, safety, accounting = receipt_parts
     candidate, incumbent = lineages
@@ -344,11 +353,7 @@ def _checks(
     v2v = latency.v2v_p95  # in audio mode this holds the heard gap (`gated_on`)
     measure = "heard gap" if latency.gated_on == "heard_gap" else "v2v"
     text, require = latency.text_mode, config.require_latency
-    shares = {
-        role: (u.harness_errors, u.unverified, accounting.paired[role] + u.harness_errors +
-               u.unverified)
-        for role, u in accounting.unusable.items()
-    }  # fmt: skip
+    shares = {role: _share(u, accounting.paired[role]) for role, u in accounting.unusable.items()}
     rates = (paired.pass_k["candidate"].get(1), paired.pass_k["incumbent"].get(1))
     pass_rates = None if rates[0] is None or rates[1] is None else (rates[0], rates[1])
     return (
@@ -370,6 +375,63 @@ def _checks(
         writes_check(safety.candidate, safety.incumbent, names=names),
         unusable_check(shares, config.max_unusable_share, names=names),
         guard_check(candidate, config.require_guard, names=names),
+        *(() if suite is None else (_suite_check(suite, config, names),)),
+    )  # fmt: skip
+
+
+def _share(lost: Unusable, paired: int) -> tuple[int, int, int]:
+    """(harness errors, unverified, runs read in all) of an arm: what `unusable_check` reads."""
+    return lost.harness_errors, lost.unverified, paired + lost.harness_errors + lost.unverified
+
+
+def _suite_check(
+    suite: RegressionSuiteStats, config: GateConfig, names: tuple[str, str]
+) -> GateCheck:
+    paired = sum(s.pairs for s in suite.scenarios)
+    return regression_suite_check(
+        suite.tests, config.regression_alpha, len(suite.scenarios),
+        {role: _share(u, paired) for role, u in suite.unusable.items()},
+        config.max_unusable_share, names=names,
+    )  # fmt: skip
+
+
+def _suite(suite: GateData, config: GateConfig) -> RegressionSuiteStats:
+    """The regression suite's paired runs and its one test (`regressions.suite_tests`).
+
+    Paired as the held-out runs are (`pair_runs`); a suite where nothing pairs has no test,
+    and its check says so rather than the gate failing.
+    """
+    try:
+        pairs, notes = pair_runs(suite)
+    except GateError as e:
+        pairs, notes = [], [str(e)]
+    rows = []
+    for p in pairs:
+        worse, better = discordant(_rewards(p.candidate), _rewards(p.incumbent), config.tie_band)
+        rows.append(SuiteRow(
+            scenario=p.key[0], scenario_hash=p.key[1], pairs=len(p.candidate),
+            worse_runs=int(worse), better_runs=int(better),
+            candidate_passed=_passes(p.candidate), incumbent_passed=_passes(p.incumbent),
+        ))  # fmt: skip
+    return RegressionSuiteStats(
+        set_id=suite.source.heldout_set_id,
+        files=suite.source.scenario_files,
+        scenarios=rows,
+        tests=_suite_tests(rows, config),
+        unusable={
+            "candidate": suite.source.unusable.get(suite.candidate, Unusable()),
+            "incumbent": suite.source.unusable.get(suite.incumbent, Unusable()),
+        },
+        notes=[*suite.source.notes, *notes],
+    )
+
+
+def _suite_tests(rows: Sequence[SuiteRow], config: GateConfig) -> list[RegressionTest]:
+    if not rows:
+        return []
+    return suite_tests(
+        [r.worse_runs for r in rows], [r.better_runs for r in rows], [r.pairs for r in rows],
+        [r.scenario for r in rows], config,
     )  # fmt: skip
 
 
@@ -383,9 +445,16 @@ def _open(interval: MeanInterval | None, min_delta: float) -> bool:
 
 
 def evaluate(
-    data: GateData, config: GateConfig, candidate: Lineage, incumbent: Lineage
+    data: GateData,
+    config: GateConfig,
+    candidate: Lineage,
+    incumbent: Lineage,
+    suite: GateData | None = None,
 ) -> GateReceipt:
     """Compute every statistic of the gate on `data` and decide; the result is the receipt.
+
+    `suite` is a regression suite's runs of the same two policies: they decide only its own
+    no-regression check (`regressions.suite_tests`), never the paired score.
 
     Raises:
         ConfigError: a configured regression test could never fire at these repeats (it names
@@ -438,7 +507,8 @@ def evaluate(
             "comparable: the P95 checks gate on the in-agent v2v; run both policies on one"
         )
     parts = (paired, regressions, latency, safety, accounting)
-    checks = _checks(interval, parts, (candidate, incumbent), config)
+    suite_stats = None if suite is None else _suite(suite, config)
+    checks = _checks(interval, parts, (candidate, incumbent), config, suite_stats)
     verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     return GateReceipt(
         receipt_id=uuid.uuid4().hex,
@@ -464,6 +534,7 @@ def evaluate(
         checks=list(verdict.checks),
         notes=notes,
         hotspots=_hotspots(pairs),
+        regression_suite=suite_stats,
     )
 
 
@@ -565,8 +636,14 @@ def recheck(receipt: GateReceipt) -> tuple[Verdict, list[str]]:
         receipt.safety.candidate.writes < sum(r.candidate_unauthorized_writes for r in rows)
     ):
         problems.append("the candidate's unauthorised writes disagree with the scenario table")
+    suite = receipt.regression_suite
+    if suite is not None:
+        tests = _suite_tests(suite.scenarios, config)
+        if tests != suite.tests:
+            problems.append("the regression suite's test does not follow from its table")
+        suite = suite.model_copy(update={"tests": tests})
     parts = (recomputed_paired, regressions, receipt.latency, receipt.safety, receipt.runs)
-    checks = _checks(interval, parts, (receipt.candidate, receipt.incumbent), config)
+    checks = _checks(interval, parts, (receipt.candidate, receipt.incumbent), config, suite)
     verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     for check, stored_check in zip(checks, receipt.checks, strict=False):
         if (check.name, check.status) != (stored_check.name, stored_check.status):

@@ -8,7 +8,8 @@ statistic is refused before the receipt is written. A receipt holds the candidat
 incumbent's lineage, the held-out set and file hashes, seeds, repeats, thresholds, every
 statistic, the per-scenario table, the hot spots of a scenario matrix (both policies' paired runs
 per axis value and pair of values; absent when no scenario has axes, and in older receipts), and
-the verdict with its reason.
+the verdict with its reason; and, when the gate ran a regression suite, its runs and test (absent
+before, and without one).
 """
 
 import hashlib
@@ -200,6 +201,35 @@ class ScenarioRow(_Part):
     incumbent_unauthorized_writes: int
 
 
+class SuiteRow(_Part):
+    """One scenario of the regression suite: paired runs, lost and won, and each arm's passes."""
+
+    scenario: str
+    scenario_hash: str | None
+    pairs: int
+    worse_runs: int
+    better_runs: int
+    candidate_passed: int
+    incumbent_passed: int
+
+
+class RegressionSuiteStats(_Part):
+    """A fixed regression suite run beside the held-out set (`loop.yaml`'s `regressions:`).
+
+    Its runs never enter the paired score: they answer only "is the candidate surely worse
+    here?" (`regressions.suite_tests`, the `regression_suite` check).
+    """
+
+    set_id: str | None
+    """The suite's files' hash (the held-out set id of that folder)."""
+    files: dict[str, str] = Field(default_factory=dict)
+    """File -> sha256 of the suite's scenario files."""
+    scenarios: list[SuiteRow]
+    tests: list[RegressionTest]
+    unusable: dict[Role, Unusable]
+    notes: list[str] = Field(default_factory=list)
+
+
 class GateReceipt(_Part):
     """Everything about one gate decision."""
 
@@ -235,6 +265,8 @@ class GateReceipt(_Part):
     notes: list[str] = Field(default_factory=list)
     hotspots: HotSpotStats | None = None
     """None when no paired scenario has axes (and in receipts written before hot spots)."""
+    regression_suite: RegressionSuiteStats | None = None
+    """A regression suite's runs and test, when the gate ran one (its check is the last)."""
 
     @model_validator(mode="after")
     def _one_reason_per_check(self) -> "GateReceipt":
@@ -493,6 +525,37 @@ def _hotspot_lines(h: HotSpotStats | None) -> list[str]:
     return lines
 
 
+SUITE_HEADER = ["scenario", "pairs", "lost / won runs", "candidate passed", "incumbent passed"]
+
+
+def suite_rows(suite: RegressionSuiteStats) -> list[list[str]]:
+    """The regression suite's table, one row per scenario (`SUITE_HEADER`), as text."""
+    return [
+        [s.scenario, str(s.pairs), f"{s.worse_runs} / {s.better_runs}", str(s.candidate_passed),
+         str(s.incumbent_passed)]
+        for s in suite.scenarios
+    ]  # fmt: skip
+
+
+def suite_lead(suite: RegressionSuiteStats) -> str:
+    """What the regression suite's table is, in a sentence."""
+    return (
+        f"Set {suite.set_id or 'n/a'}: the candidate must not be confirmed worse here; these "
+        "runs never enter the paired score."
+    )
+
+
+def _suite_lines(suite: RegressionSuiteStats | None) -> list[str]:
+    """The regression suite's section, when the gate ran one."""
+    if suite is None:
+        return []
+    return [
+        "", "## Regression suite", "", suite_lead(suite), "",
+        *_md_table(SUITE_HEADER, suite_rows(suite)),
+        *(f"- {n}" for n in suite.notes),
+    ]  # fmt: skip
+
+
 def render_markdown(r: GateReceipt) -> str:
     """A human summary of the receipt: verdict, checks, statistics, scenario table."""
     p = r.paired
@@ -527,6 +590,7 @@ def render_markdown(r: GateReceipt) -> str:
         "## Regressions",
         "",
         *_regression_lines(r.regressions),
+        *_suite_lines(r.regression_suite),
         "",
         "## Latency",
         "",

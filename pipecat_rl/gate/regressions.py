@@ -226,3 +226,49 @@ def regression_family(
         )  # fmt: skip
         for i, u in enumerate(family)
     ]
+
+
+# -- a fixed regression suite -------------------------------------------------------------------
+
+SUITE_UNIT = "the regression suite"
+"""The suite's one unit, as the receipt names it."""
+
+
+def suite_tests(
+    worse: Sequence[int],
+    better: Sequence[int],
+    pairs: Sequence[int],
+    scenario_ids: Sequence[str],
+    config: GateConfig,
+) -> list[RegressionTest]:
+    """The regression suite's one exact test: every paired run of its scenarios pooled.
+
+    A suite (`loop.yaml`'s `regressions:`, e.g. `ledger fork --failed`) holds calls that went
+    wrong before, and asks one question of a candidate: is it surely worse than the incumbent
+    there? "No regression", not "better": the suite never adds to the paired score the
+    verdict promotes on. Pooled, because at the repeats a gate runs a test per scenario can
+    never fire (a scenario reaches p = 2^-K at best); at `config.regression_alpha`, alone in its
+    family.
+    """
+    own = GateConfig(regression_alpha=config.regression_alpha, regression_tests=("pooled",))
+    tests = regression_family(worse, better, pairs, scenario_ids, own)
+    return [t.model_copy(update={"unit": SUITE_UNIT}) for t in tests]
+
+
+def check_suite_design(scenarios: int, repeats: int, alpha: float, where: str) -> None:
+    """Refuse a suite whose test could never fire: all its runs lost would not confirm a loss.
+
+    Raises:
+        ConfigError: `scenarios` x `repeats` runs reach p = 2^-n > `alpha` at best; the message
+            names `where` (the suite's setting) and the repeats it needs.
+    """
+    need = losses_to_confirm(1, alpha)
+    if scenarios * repeats >= need:
+        return
+    raise ConfigError(
+        f"{where}: {scenarios} scenario(s) x {repeats} repeat(s) is {scenarios * repeats} paired "
+        f"run(s); losing all of them reaches p = 2^-{scenarios * repeats} at best, above "
+        f"regression_alpha {alpha:g}, so the suite's no-regression test could never fire. Run "
+        f"at least {math.ceil(need / max(1, scenarios))} repeats, or add scenarios (the suite "
+        f"needs {need} paired runs)"
+    )

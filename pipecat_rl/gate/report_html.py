@@ -17,6 +17,7 @@ from typing import Any
 
 from pipecat_rl.gate.latency import STAGE_LABELS, QuantileInterval, llm_label
 from pipecat_rl.gate.receipt import (
+    SUITE_HEADER,
     GateReceipt,
     ci_text,
     hotspot_rows,
@@ -26,6 +27,8 @@ from pipecat_rl.gate.receipt import (
     p95_rows,
     rate_text,
     stage_rows,
+    suite_lead,
+    suite_rows,
 )
 from pipecat_rl.gate.report_forks import forks_section
 from pipecat_rl.gate.report_plots import (
@@ -104,6 +107,18 @@ def _table(header: list[str], rows: list[list[str]], marked: Collection[int] = (
         for i, row in enumerate(rows)
     )
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def suite_section(r: GateReceipt) -> str:
+    """The regression suite's table, when the gate ran one (its check is with the others)."""
+    suite = r.regression_suite
+    if suite is None:
+        return ""
+    rows = [[esc(cell) for cell in row] for row in suite_rows(suite)]
+    return (
+        f'<h2 id="regression-suite">Regression suite</h2><p class="detail">'
+        f"{esc(suite_lead(suite))}</p>" + _table(SUITE_HEADER, rows)
+    )
 
 
 def _status(status: str) -> str:
@@ -537,6 +552,7 @@ mean delta {delta(p.mean_delta)}, {esc(ci_text(p))}.</p>
 <h2>Cost</h2>
 {_table(["policy", "cost per call", "per successful call", "completion tokens"], _cost_rows(r))}
 <h2>Scenarios</h2>{scenario_table(r, {s for s, _, _ in failed})}
+{suite_section(r)}
 {hotspots_section(r)}
 {forks_section(r, ledger)}
 <h2>Lineage</h2>{lineage}

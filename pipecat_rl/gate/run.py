@@ -118,6 +118,14 @@ def gather(
     )
 
 
+def _hashed(data: GateData, files: Path | None) -> GateData:
+    """`data` with the sha256 of each scenario file behind it, for the receipt."""
+    if files is None:
+        return data
+    hashed = hash_scenario_files(files)
+    return replace(data, source=data.source.model_copy(update={"scenario_files": hashed}))
+
+
 def run_gate(
     ledger: Ledger,
     candidate: str,
@@ -125,20 +133,33 @@ def run_gate(
     evidence: Evidence,
     settings: GateConfig,
     out: Path,
+    *,
+    suite: Simulated | None = None,
 ) -> GateRun:
     """Decide on `candidate` against `incumbent` from `evidence`; write and record the receipt.
 
     Every scenario hash the gate decided on is recorded as held out (it never trains again),
-    and the receipt's sha256 is recorded so that `promote` can check it.
+    and the receipt's sha256 is recorded so that `promote` can check it. `suite` is a fixed
+    regression suite both policies also run (after the held-out set, same options): it
+    decides only its no-regression check (`regressions.suite_tests`), and its hashes are held
+    out too.
     """
     data, cand, inc = gather(ledger, candidate, incumbent, evidence, settings)
-    if evidence.files is not None:
-        files = hash_scenario_files(evidence.files)
-        data = replace(data, source=data.source.model_copy(update={"scenario_files": files}))
+    data = _hashed(data, evidence.files)
+    suite_data = None
+    if suite is not None:
+        from pipecat_rl.gate.simulate import run_paired_simulations  # imports Pipecat
+
+        suite_data = run_paired_simulations(
+            ledger, suite.scenarios, data.candidate, data.incumbent, suite.bot, suite.options,
+            suite.server, settings.judged_metrics, stop=suite.stop, on_episode=suite.on_episode,
+        )  # fmt: skip
+        suite_data = _hashed(suite_data, suite.files)
     ledger.record_heldout_hashes(
-        (r.scenario_hash, r.scenario, data.source.heldout_set_id)
-        for r in data.runs
+        (r.scenario_hash, r.scenario, d.source.heldout_set_id)
+        for d in (data, *([suite_data] if suite_data else []))
+        for r in d.runs
         if r.scenario_hash
     )
-    receipt = evaluate(data, settings, cand, inc)
+    receipt = evaluate(data, settings, cand, inc, suite_data)
     return GateRun(receipt, write_receipt(receipt, out, ledger), data)

@@ -335,6 +335,75 @@ def regressions_check(
     )  # fmt: skip
 
 
+def regression_suite_check(
+    tests: list[RegressionTest],
+    alpha: float,
+    scenarios: int,
+    shares: dict[str, tuple[int, int, int]],
+    max_share: float,
+    *,
+    names: Names = ROLES,
+) -> GateCheck:
+    """No regression on the fixed regression suite (`regressions.suite_tests`, one pooled test).
+
+    The suite is configured on purpose, so a suite that tested nothing never passes: runs lost
+    beyond `max_share` (a fork that no longer replays: a harness error) or too few paired runs
+    to confirm a loss leave it uncertain, and a confirmed loss fails.
+
+    Args:
+        tests: the suite's test (none when nothing paired).
+        alpha: the level it is confirmed at (`regression_alpha`).
+        scenarios: the suite's scenarios.
+        shares: per role, (harness errors, unverified, runs read in all), as `unusable_check`.
+        max_share: the most of an arm's suite runs that may be lost.
+        names: the candidate's and the incumbent's names, for the verdict sentence.
+    """
+    name = "regression_suite"
+    where = f"On the regression suite ({count(scenarios, 'scenario')})"
+    lost = [
+        f"the {role} lost {errors + unverified} of {total} runs"
+        for role, (errors, unverified, total) in shares.items()
+        if total and (errors + unverified) / total > max_share
+    ]
+    if lost:
+        return GateCheck(
+            name=name, status="uncertain",
+            detail=f"{where} {join_and(lost)} to harness errors or missing verdicts (at most "
+            f"{rate(max_share)} may be lost): a call that no longer replays tests nothing. The "
+            "sessions' errors say what broke (a fork names the turn that no longer renders as "
+            "recorded).",
+            headline=f"the regression suite lost runs: {join_and(lost)}",
+        )  # fmt: skip
+    test = tests[0] if tests else None
+    if test is None or not test.tested:
+        pairs = 0 if test is None else test.pairs
+        return GateCheck(
+            name=name, status="uncertain",
+            detail=f"{where} {count(pairs, 'paired run')} could not confirm a loss even if "
+            "the candidate lost them all; run more repeats or add scenarios.",
+            headline=f"the regression suite has too few paired runs ({pairs}) to test",
+        )  # fmt: skip
+    runs = (
+        f"{names[0]} lost {test.worse} and won {test.better} of its {test.pairs} paired runs "
+        f"(exact one-sided test of the runs that differ: p = {p_value(test.p_value)}, "
+        f"confirmed at p <= {alpha:g})"
+    )
+    if test.confirmed:
+        return GateCheck(
+            name=name, status="fail",
+            detail=f"{where} {runs}: confirmed worse than {names[1]} on calls that went wrong "
+            "before.",
+            headline=f"{names[0]} is confirmed worse on the regression suite (lost {test.worse}, "
+            f"won {test.better} of {test.pairs} runs)",
+        )  # fmt: skip
+    return GateCheck(
+        name=name, status="pass",
+        detail=f"{where} {runs}: not confirmed worse. The smallest loss it could confirm, with "
+        f"none won: {count(test.fewest_losses or 0, 'run')}.",
+        headline="no regression on the regression suite",
+    )  # fmt: skip
+
+
 def _text_mode_unavailable(name: str, what: str) -> GateCheck:
     return GateCheck(
         name=name,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 CHECK_TITLES: dict[str, str] = {
     "paired_reward": "Paired score, candidate − incumbent",
     "regressions": "Regressions",
+    "regression_suite": "No regression on the regression suite",
     "p95_budget": "P95 latency against the budget",
     "p95_vs_incumbent": "P95 latency against the incumbent",
     "llm_ttft_ratio": "LLM time to first token per call",
@@ -24,6 +25,7 @@ CHECK_TITLES: dict[str, str] = {
 CHECK_SHORT: dict[str, str] = {
     "paired_reward": "score",
     "regressions": "regressions",
+    "regression_suite": "regression suite",
     "p95_budget": "voice-to-voice P95",
     "p95_vs_incumbent": "voice-to-voice P95",
     "llm_ttft_ratio": "LLM latency",

@@ -12,10 +12,10 @@ same per turn index, with the bot's own opening prompt told apart from the calle
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipecat_rl.ledger.records import LatencyRecord, SessionRecord, TurnRecord
+from pipecat_rl.ledger.records import LatencyRecord, SessionRecord, ToolCallRecord, TurnRecord
 
 
 def message_text(content: Any) -> str:
@@ -113,3 +113,53 @@ def caller_lines(
         out[turn.index] = lines
         seen = users
     return out
+
+
+def after_tool_results(turn: TurnRecord) -> bool:
+    """Whether the turn answers tool results (it continues the reply of the turn before it)."""
+    messages = turn.request.get("messages") or []
+    return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+
+
+def _call_ids(turn: TurnRecord) -> set[str]:
+    return {str(c["id"]) for c in turn.tool_calls if isinstance(c, dict) and c.get("id")}
+
+
+def call_owner(turns: Sequence[TurnRecord]) -> Callable[[ToolCallRecord], int | None]:
+    """Which turn (its index) made a tool call; None when no turn of `turns` did.
+
+    The turn whose tool calls carry the call's id, else the call's own turn index (the
+    simulator's world executions carry none).
+    """
+    owner = {call_id: t.index for t in turns for call_id in _call_ids(t)}
+    indexes = {t.index for t in turns}
+
+    def of(call: ToolCallRecord) -> int | None:
+        index = owner.get(call.call_id or "", call.turn_index)
+        return index if index in indexes else None
+
+    return of
+
+
+def calls_by_turn(
+    turns: Sequence[TurnRecord], calls: Sequence[ToolCallRecord]
+) -> tuple[dict[int, list[ToolCallRecord]], list[ToolCallRecord]]:
+    """Each tool call under the turn that made it (`call_owner`), once per call id; the rest.
+
+    The rest: the calls no turn made.
+    """
+    owner = call_owner(turns)
+    placed: dict[int, list[ToolCallRecord]] = {}
+    loose: list[ToolCallRecord] = []
+    shown: set[str] = set()
+    for call in calls:
+        if call.call_id is not None:
+            if call.call_id in shown:
+                continue  # the recorder's and the world's record of one call
+            shown.add(call.call_id)
+        index = owner(call)
+        if index is not None:
+            placed.setdefault(index, []).append(call)
+        else:
+            loose.append(call)
+    return placed, loose

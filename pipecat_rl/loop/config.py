@@ -178,6 +178,11 @@ class LoopConfig(_Part):
     """The bot as `pipecat-rl simulate --bot` takes it."""
     pool: Path
     heldout: Path
+    regressions: Path | None = None
+    """A fixed regression suite (e.g. `ledger fork --failed --out DIR`): held-out scenarios both
+    policies also run at evaluation, where the candidate must not be confirmed worse than the
+    incumbent (the receipt's `regression_suite` check). Never trained on, never part of the
+    paired score; frozen for the cycle like the held-out set."""
     out: Path
     """The cycle's folder: events.jsonl, metrics, the receipt, drafted scenarios."""
     expert_bot: str | None = None
@@ -241,7 +246,7 @@ class LoopConfig(_Part):
 def _rebase(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """Paths in the file, taken from the file's folder."""
     out = dict(data)
-    for key in ("pool", "heldout", "out", "ledger", "drafts"):
+    for key in ("pool", "heldout", "regressions", "out", "ledger", "drafts"):
         if isinstance(out.get(key), str) and not (key == "ledger" and is_url(out[key])):
             out[key] = str((base / out[key]).resolve())
     for key in ("bot", "expert_bot"):

@@ -6,7 +6,9 @@ or killed resumes from its last finished stage: finished stages are read back, n
 A stage that would overrun the budget does not start, so a budget never leaves a half-trained
 candidate behind. The pool grows from explained failures (drafted scenario files, marked for
 review, in their own folder); the held-out set never grows, and it must be byte-identical to
-the snapshot's at every later stage.
+the snapshot's at every later stage. So must a regression suite (`regressions:`, e.g. the forks
+of failed live calls): held out at the snapshot, before anything trains, and run by both
+policies at evaluation under a "no regression" check (`scenarios.failures`).
 
 `cli/cycle.py` is the `pipecat-rl cycle` verb that runs this (CLI modules are named after their
 verbs); the service runs it as a `cycle` job.
@@ -45,6 +47,10 @@ from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.simulator.options import Server, SimulationOptions
 
 Emit = Callable[[str, dict[str, Any]], None]
+
+
+_FROZEN = {"heldout": "heldout_set_id", "regressions": "regressions_set_id"}
+"""Where the snapshot keeps the hash of each frozen set of scenarios."""
 
 
 class CycleSummary(BaseModel):
@@ -179,17 +185,21 @@ class Cycle:
         """The policy the snapshot found live."""
         return self.results["snapshot"]["incumbent"]
 
-    def scenarios(self, which: Literal["pool", "heldout"]):
-        """The pool or the held-out set, loaded; the held-out set must match the snapshot."""
+    def scenarios(self, which: Literal["pool", "heldout", "regressions"]):
+        """The pool, the held-out set or the regression suite, loaded.
+
+        The held-out set and the suite must be the snapshot's, byte for byte.
+        """
         from pipecat_rl.scenarios import load_scenarios
 
         loaded = load_scenarios([getattr(self.config, which)])
-        if which == "heldout":
-            frozen = self.results.get("snapshot", {}).get("heldout_set_id")
+        if which != "pool":
+            what = {"heldout": "the held-out set", "regressions": "the regression suite"}[which]
+            frozen = self.results.get("snapshot", {}).get(_FROZEN[which])
             if frozen is not None and loaded.heldout_set_id != frozen:
                 raise ConfigError(
-                    f"the held-out set changed since this cycle's snapshot ({frozen} → "
-                    f"{loaded.heldout_set_id}); the held-out set never changes inside a cycle: "
+                    f"{what} changed since this cycle's snapshot ({frozen} → "
+                    f"{loaded.heldout_set_id}); {what} never changes inside a cycle: "
                     "restore it, or start a new cycle in a new out folder"
                 )
         return loaded
@@ -330,6 +340,7 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             f"the pool {c.pool} holds held-out scenarios ({', '.join(leaked) or 'split: heldout'});"
             " a held-out scenario never trains: remove it from the pool"
         )
+    suite = _regression_suite(cycle, pool, heldout) if c.regressions is not None else None
     if c.incumbent is not None:
         try:
             cycle.ledger.adapter(c.incumbent)
@@ -343,11 +354,55 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
         "heldout_set_id": heldout.heldout_set_id,
         "heldout_scenarios": len(heldout),
         "heldout_hashes": heldout_hashes,
+        **({} if suite is None else {
+            "regressions_set_id": suite.heldout_set_id, "regression_scenarios": len(suite),
+        }),
         "pool_scenarios": len(pool),
         "ledger": str(cycle.ledger.path),
         "ledger_counts": counts,
         "ledger_snapshot": str(backup),
     }
+
+
+def _regression_suite(cycle: Cycle, pool: Any, heldout: Any) -> Any:
+    """The regression suite, checked and held out before anything trains.
+
+    Every scenario in it must be held out (`split: heldout`; `ledger fork --failed` writes them
+    so), none may be in the held-out set too (a scenario is gated once) or have a copy in the
+    pool, and its test must be able to fire at the gate's repeats. Its hashes then go into the
+    ledger's held-out hashes, so no session of them trains, whatever its file says later.
+    """
+    from pipecat_rl.gate.config import load_gate_config
+    from pipecat_rl.gate.regressions import check_suite_design
+
+    c = cycle.config
+    suite = cycle.scenarios("regressions")
+    where = f"regressions: {c.regressions}"
+    not_heldout = [s.id for s in suite if s.split != "heldout"]
+    if not_heldout:
+        raise ConfigError(
+            f"{where} holds scenarios that are not held out ({', '.join(not_heldout[:5])}); a "
+            "regression suite never trains: write it with `pipecat-rl ledger fork --failed` "
+            "(which holds its forks out), or mark the files `split: heldout`"
+        )
+    twice = sorted({s.id for s in suite} & {s.id for s in heldout})
+    if twice:
+        raise ConfigError(
+            f"{where} and heldout: {c.heldout} both hold {', '.join(twice[:5])}; a scenario is "
+            "gated once: keep it in one of them"
+        )
+    leaked = sorted(s.id for s, _ in copies_of_heldout(pool, suite.scenarios))
+    if leaked:
+        raise ConfigError(
+            f"the pool {c.pool} holds copies of the regression suite's scenarios "
+            f"({', '.join(leaked[:5])}); a regression test never trains: remove them from the pool"
+        )
+    alpha = load_gate_config(c.gate.config, **c.gate.overrides).regression_alpha
+    check_suite_design(len(suite), c.gate.repeats, alpha, where)
+    cycle.ledger.record_heldout_hashes(
+        (s.content_hash(), s.id, suite.heldout_set_id) for s in suite
+    )
+    return suite
 
 
 def canary(url: str) -> dict[str, Any]:
@@ -381,9 +436,11 @@ def canary(url: str) -> dict[str, Any]:
 
 
 def preflight(cycle: Cycle) -> dict[str, Any]:
-    """Check before spending time: held-out set frozen, disk, server and model, a canary."""
+    """Check before spending time: held-out set (and suite) frozen, disk, server, model, canary."""
     c = cycle.config
     heldout = cycle.scenarios("heldout")  # raises if it changed since the snapshot
+    if c.regressions is not None:
+        cycle.scenarios("regressions")  # so does the regression suite
     c.out.mkdir(parents=True, exist_ok=True)
     free_gb = shutil.disk_usage(c.out).free / 1e9
     if free_gb < c.min_free_gb:
@@ -670,7 +727,11 @@ def _pass_rates(cycle: Cycle, data: Any) -> dict[str, Any]:
 
 
 def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
-    """Run both policies on the held-out set (same seeds, interleaved) and gate the candidate."""
+    """Run both policies on the held-out set (same seeds, interleaved) and gate the candidate.
+
+    With `regressions:`, both also run the regression suite, whose check fails when the
+    candidate is confirmed worse there (`gate.regressions.suite_tests`).
+    """
     from pipecat_rl.gate import Simulated, run_gate
     from pipecat_rl.gate.config import load_gate_config
     from pipecat_rl.simulator import load_bot
@@ -687,7 +748,14 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
         scenarios=heldout, bot=load_bot(c.bot), server=cycle.server(), files=c.heldout,
         options=cycle.options(repeats=c.gate.repeats, seed=salt), on_episode=cycle.call_finished,
     )  # fmt: skip
-    done = run_gate(cycle.ledger, candidate, incumbent, evidence, settings, c.out / "receipt")
+    suite = None
+    if c.regressions is not None:  # the same calls' options: both arms, same seeds, text
+        suite = Simulated(
+            scenarios=cycle.scenarios("regressions"), bot=evidence.bot, server=evidence.server,
+            files=c.regressions, options=evidence.options, on_episode=cycle.call_finished,
+        )  # fmt: skip
+    done = run_gate(cycle.ledger, candidate, incumbent, evidence, settings, c.out / "receipt",
+                    suite=suite)  # fmt: skip
     receipt, paths, data = done.receipt, done.paths, done.data
     p, lat, cost = receipt.paired, receipt.latency, receipt.cost
     v2v = lat.v2v_p95
@@ -696,7 +764,7 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
         "candidate": candidate, "incumbent": incumbent, "heldout_seed": salt,
         "receipt": {k: str(v) for k, v in paths.items()},
         "pass_rate": _pass_rates(cycle, data),
-        "mean_delta": p.mean_delta, "ci95": list(p.ci95),
+        "mean_delta": p.mean_delta, "ci95": None if p.ci95 is None else list(p.ci95),
         "wins": p.wins, "losses": p.losses, "ties": p.ties, "n_scenarios": p.n_scenarios,
         "v2v_p95_ms": None if v2v is None else {
             "candidate": v2v.candidate.estimate, "incumbent": v2v.incumbent.estimate,
@@ -706,6 +774,20 @@ def evaluate_stage(cycle: Cycle) -> dict[str, Any]:
             "candidate": cost.candidate.per_success_usd if cost.candidate else None,
             "incumbent": cost.incumbent.per_success_usd if cost.incumbent else None,
         },
+        **({} if suite is None else {"regression_suite": _suite_result(receipt)}),
+    }  # fmt: skip
+
+
+def _suite_result(receipt: Any) -> dict[str, Any]:
+    """The regression suite's check and counts, as the evaluate stage records them."""
+    suite = receipt.regression_suite
+    (check,) = [k for k in receipt.checks if k.name == "regression_suite"]
+    test = suite.tests[0] if suite.tests else None
+    return {
+        "status": check.status, "scenarios": len(suite.scenarios),
+        "pairs": sum(s.pairs for s in suite.scenarios),
+        "lost": test.worse if test else 0, "won": test.better if test else 0,
+        "p_value": test.p_value if test else None, "set_id": suite.set_id,
     }  # fmt: skip
 
 

@@ -32,6 +32,7 @@ the served template re-renders their request to exactly `prompt_token_ids`, the 
 """
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -130,6 +131,11 @@ class ForkSpec(_Model):
 def fork_id(session_id: str, at: int) -> str:
     """A fork's scenario id, from its call and turn: the same fork always has the same id."""
     return f"fork-{session_id}@{at}"
+
+
+def fork_file_name(scenario_id: str) -> str:
+    """The file a fork is written to by default: its id, safe as a file name, `.yaml`."""
+    return re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario_id) + ".yaml"
 
 
 def _row_key(row: dict[str, Any]) -> str:
