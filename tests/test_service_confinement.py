@@ -7,6 +7,7 @@ or nothing is queued. Bodies are read strictly: a key named twice, NaN, a NUL by
 
 import json
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from fastapi.routing import APIRoute
@@ -20,6 +21,7 @@ TOKEN = "confined"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 JSON = {**AUTH, "Content-Type": "application/json"}
 TEXT = {**AUTH, "Content-Type": "text/plain; charset=latin-1"}
+FORM = {**AUTH, "Content-Type": "application/x-www-form-urlencoded"}
 
 SCENARIO = """\
 name: {name}
@@ -357,8 +359,12 @@ BASE_BODIES: dict[str, list[dict]] = {
         {"metric": "success", "value": 0.5, "source": "coval", "explanation": "why",
          "external_id": "e1"},
     ],
+    "/duels/{duel_id}/vote": [{"pick": "left", "note": "why", "rater": "alice"}],
 }  # fmt: skip
 """A body each POST route takes, to spoil one field at a time (a new route must be added)."""
+
+FORM_ROUTES = {"/duels/{duel_id}/vote"}
+"""Routes a browser's form posts to: swept urlencoded too."""
 
 HOSTILE_VALUES = [
     "\u0000", "a\u0000b", "\ud800", "a" * 5000, "/".join(["x"] * 3000), "../" * 40,
@@ -383,6 +389,11 @@ def _dumps(body: object) -> bytes:
     return json.dumps(body).encode()  # NaN and lone surrogates are written as JSON permits
 
 
+def _form(body: dict) -> bytes:
+    """`body` urlencoded as a browser's form posts it (lone surrogates kept as bytes)."""
+    return urlencode(body, errors="surrogatepass").encode()
+
+
 def test_no_hostile_body_on_any_post_route_is_a_500(client, data):
     (data / "loop.yaml").write_text(loop_file())
     (data / "gate.yaml").write_text("alpha: 0.05\n")
@@ -393,16 +404,18 @@ def test_no_hostile_body_on_any_post_route_is_a_500(client, data):
     assert set(routes) == set(BASE_BODIES), "a new POST route needs a base body in the sweep"
     sent = 0
     for route in routes:
-        url = route.replace("{call_id}", "call-1")
+        url = route.replace("{call_id}", "call-1").replace("{duel_id}", "duel-1")
+        encode = _form if route in FORM_ROUTES else _dumps
         bodies = [_dumps(b) for b in BASE_BODIES[route]] + RAW_BODIES
         for base in BASE_BODIES[route]:
             for key in base:
                 for value in HOSTILE_VALUES:
                     bodies.append(_dumps({**base, key: value}))
+                    bodies.append(encode({**base, key: value}))
                 bodies.append(_dumps(base).replace(b"}", f', "{key}": 1}}'.encode(), 1))
             bodies.append(_dumps({**base, "extra": float("nan")}))
         for body in bodies:
-            for headers in (JSON, AUTH, TEXT):  # JSON, no content type, another one
+            for headers in (JSON, AUTH, TEXT, FORM):  # JSON, none, another one, a form's
                 r = client.post(url, content=body, headers=headers)
                 assert r.status_code < 500, (route, body[:200], r.status_code, r.text[:300])
                 sent += 1
