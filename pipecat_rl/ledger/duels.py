@@ -108,10 +108,12 @@ def rater_name(value: str) -> str:
     return value
 
 
-_DUEL_COLUMNS = (
+DUEL_COLUMNS = (
     "id, session_id, turn_index, prompt_token_ids, context, reply_a, reply_b, rater, created_at"
 )
-_VOTE_COLUMNS = "duel_id, rater, choice, note, shown_left, voted_at"
+"""The `duels` table's columns, in the order every read and write names them."""
+VOTE_COLUMNS = "duel_id, rater, choice, note, shown_left, voted_at"
+"""The `duel_votes` table's columns, likewise."""
 
 DUEL_SESSION_RULES = (
     *(r.sql for r in SESSION_RULES if r.reason in ("held_out", "excluded", "not_consented")),
@@ -131,7 +133,7 @@ def _duel(row: tuple) -> DuelRecord:
 
 
 def _vote(row: tuple) -> DuelVote:
-    return DuelVote(**dict(zip(_VOTE_COLUMNS.split(", "), row, strict=True)))
+    return DuelVote(**dict(zip(VOTE_COLUMNS.split(", "), row, strict=True)))
 
 
 class Duels(LedgerCore):
@@ -155,7 +157,7 @@ class Duels(LedgerCore):
             for d in duels:
                 if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (d.session_id,)).fetchone():
                     conn.execute(
-                        f"INSERT INTO duels ({_DUEL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        f"INSERT INTO duels ({DUEL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (d.id, d.session_id, d.turn_index, dumps(d.prompt_token_ids),
                          dumps(d.context), d.reply_a.model_dump_json(),
                          d.reply_b.model_dump_json(), d.rater, d.created_at),
@@ -173,7 +175,7 @@ class Duels(LedgerCore):
         """
         with self._read() as conn:
             row = conn.execute(
-                f"SELECT {_DUEL_COLUMNS} FROM duels WHERE id = ?", (duel_id,)
+                f"SELECT {DUEL_COLUMNS} FROM duels WHERE id = ?", (duel_id,)
             ).fetchone()
         if row is None:
             raise NotInLedgerError(f"no duel {duel_id!r} in the ledger {self.path}")
@@ -183,7 +185,7 @@ class Duels(LedgerCore):
         """Every duel, oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_DUEL_COLUMNS} FROM duels ORDER BY created_at, id"
+                f"SELECT {DUEL_COLUMNS} FROM duels ORDER BY created_at, id"
             ).fetchall()
         return [_duel(r) for r in rows]
 
@@ -191,7 +193,7 @@ class Duels(LedgerCore):
         """The duels `rater` has still to vote on (queued for anyone or for them), oldest first."""
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_DUEL_COLUMNS} FROM duels d WHERE (d.rater IS NULL OR d.rater = ?) "
+                f"SELECT {DUEL_COLUMNS} FROM duels d WHERE (d.rater IS NULL OR d.rater = ?) "
                 "AND NOT EXISTS (SELECT 1 FROM duel_votes v WHERE v.duel_id = d.id "
                 "AND v.rater = ?) ORDER BY d.created_at, d.id",
                 (rater, rater),
@@ -214,7 +216,7 @@ class Duels(LedgerCore):
         )  # fmt: skip
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO duel_votes ({_VOTE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
+                f"INSERT INTO duel_votes ({VOTE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (duel_id, rater) DO UPDATE SET choice = excluded.choice, "
                 "note = excluded.note, shown_left = excluded.shown_left, "
                 "voted_at = excluded.voted_at",
@@ -224,7 +226,7 @@ class Duels(LedgerCore):
 
     def votes(self, duel_id: str | None = None) -> list[DuelVote]:
         """Every vote (of one duel, if given), in the order cast."""
-        sql = f"SELECT {_VOTE_COLUMNS} FROM duel_votes"
+        sql = f"SELECT {VOTE_COLUMNS} FROM duel_votes"
         params: tuple = ()
         if duel_id is not None:
             sql, params = sql + " WHERE duel_id = ?", (duel_id,)
@@ -241,7 +243,7 @@ class Duels(LedgerCore):
         where = " AND ".join(f"({r})" for r in DUEL_SESSION_RULES)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {', '.join('v.' + c for c in _VOTE_COLUMNS.split(', '))}, d.session_id, "
+                f"SELECT {', '.join('v.' + c for c in VOTE_COLUMNS.split(', '))}, d.session_id, "
                 f"CASE WHEN {where} THEN 1 ELSE 0 END "
                 "FROM duel_votes v JOIN duels d ON d.id = v.duel_id "
                 "JOIN sessions s ON s.id = d.session_id ORDER BY v.voted_at, v.duel_id, v.rater"

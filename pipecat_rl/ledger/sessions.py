@@ -659,6 +659,7 @@ class Sessions(LedgerCore):
     def stats(self, live: LiveTrust = DEFAULT_LIVE_TRUST) -> dict[str, Any]:
         """Counts that show at a glance what the ledger holds and how much of it can train.
 
+        `counts` holds each table's rows, people's duels and their votes among them.
         Live calls by score state (`live_sessions`) and the turns each purpose may train on
         (`eligible_turns`: `sft` counts demonstrations too, `rl` only the policy's sampled
         turns) count by the same eligibility query `training_turns` runs, with the same `live`
@@ -673,6 +674,8 @@ class Sessions(LedgerCore):
             "scores",
             "adapters",
             "live_pointer",
+            "duels",
+            "duel_votes",
         )
         with self._read() as conn:
             counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in tables}

@@ -8,9 +8,11 @@ with other content (the same id, other turns or scores) is a conflict: by defaul
 before copying anything and names it; `on_conflict="skip"` keeps the destination's and says so.
 A ledger is never copied into itself, under any spelling of its path (`is_ledger_file`).
 Adapters, held-out hashes, receipts, jobs and job events are keyed and skipped when present; a
-live-pointer move by its adapter and time. Rows take the destination's own ids, so a destination
-other processes already write to keeps its rows. Then every table is counted by its rows' keys:
-each source row must be in the destination, or the copy is an error that names the table.
+live-pointer move by its adapter and time; duels by id and their votes by (duel, rater), except
+those of a session skipped as a conflict (the destination's call is another call). Rows take
+the destination's own ids, so a destination other processes already write to keeps its rows.
+Then every table is counted by its rows' keys: each source row must be in the destination, or
+the copy is an error that names the table.
 """
 
 import os
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipecat_rl.errors import ConfigError, LedgerError
+from pipecat_rl.ledger.duels import DUEL_COLUMNS, VOTE_COLUMNS
 from pipecat_rl.ledger.jobs import JOB_COLUMNS
 from pipecat_rl.ledger.store import Ledger
 from pipecat_rl.ledger.tables import (
@@ -46,6 +49,8 @@ KEYS: dict[str, str] = {
     "gate_receipts": "receipt_sha256",
     "jobs": "id",
     "job_events": "job_id, seq",
+    "duels": "id",
+    "duel_votes": "duel_id, rater",
 }
 """What identifies a row of each table when two ledgers are compared (ids differ between them)."""
 
@@ -183,13 +188,33 @@ def _copy_live_pointer(source: Ledger, dest: Ledger) -> TableCopy:
     return out
 
 
-def _verify(source: Ledger, dest: Ledger, skipped: set[str]) -> None:
+def _duels_of(source: Ledger, sessions: set[str]) -> set[str]:
+    """The ids of `source`'s duels at moments of `sessions`."""
+    return {r[0] for r in source.rows("SELECT id, session_id FROM duels") if r[1] in sessions}
+
+
+def _copy_duels(source: Ledger, dest: Ledger, left_out: set[str]) -> tuple[TableCopy, TableCopy]:
+    """Duels and their votes, but none of the duels `left_out` (a conflicting call's)."""
+    duels = source.rows(f"SELECT {DUEL_COLUMNS} FROM duels ORDER BY created_at, id")
+    votes = source.rows(f"SELECT {VOTE_COLUMNS} FROM duel_votes ORDER BY voted_at, duel_id, rater")
+    return (  # a duel's id, and a vote's duel id, come first
+        _insert_new(dest, "duels", DUEL_COLUMNS, [r for r in duels if r[0] not in left_out], "id"),
+        _insert_new(
+            dest, "duel_votes", VOTE_COLUMNS, [r for r in votes if r[0] not in left_out],
+            "duel_id, rater",
+        ),
+    )  # fmt: skip
+
+
+def _verify(source: Ledger, dest: Ledger, skipped: set[str], left_out: set[str]) -> None:
     for table, key in KEYS.items():
         of_session = table == "sessions" or key.startswith("session_id")
+        of_duel = table in ("duels", "duel_votes")
         wanted = Counter(
             tuple(r)
             for r in source.rows(f"SELECT {key} FROM {table}")
             if not (of_session and r[0] in skipped)  # a conflict kept the destination's rows
+            and not (of_duel and r[0] in left_out)  # and the duels of its own call
         )
         held = Counter(tuple(r) for r in dest.rows(f"SELECT {key} FROM {table}"))
         missing = wanted - held
@@ -246,7 +271,9 @@ def copy_ledger(source: Ledger, dest: Ledger, on_conflict: OnConflict = "fail") 
     report["jobs"] = _insert_new(dest, "jobs", JOB_COLUMNS, jobs, "id")
     events = source.rows(f"SELECT {_EVENT_COLUMNS} FROM job_events ORDER BY job_id, seq")
     report["job_events"] = _insert_new(dest, "job_events", _EVENT_COLUMNS, events, "job_id, seq")
-    _verify(source, dest, set(conflicts))
+    left_out = _duels_of(source, set(conflicts))
+    report["duels"], report["duel_votes"] = _copy_duels(source, dest, left_out)
+    _verify(source, dest, set(conflicts), left_out)
     return LedgerCopy({table: asdict(counts) for table, counts in report.items()}, conflicts)
 
 
