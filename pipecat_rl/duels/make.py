@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-import httpx
 from loguru import logger
 
-from pipecat_rl.errors import ConfigError, ServingError
+from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, NotInLedgerError, TurnRecord
 from pipecat_rl.ledger.duels import DuelRecord, DuelReply
 from pipecat_rl.serving.server import VLLMAdmin
@@ -36,7 +35,7 @@ class ServerSampler:
     """
 
     def __init__(self, url: str, *, temperature: float = 1.0, max_tokens: int = 64):
-        self.admin = VLLMAdmin(url)
+        self.admin = VLLMAdmin(url, timeout=120.0)
         self.temperature = temperature
         self.max_tokens = max_tokens
 
@@ -57,21 +56,10 @@ class ServerSampler:
 
     def __call__(self, policy: str, prompt_ids: list[int], seed: int) -> DuelReply:
         """Sample `policy`'s reply to `prompt_ids` with `seed`."""
-        body = {
-            "model": policy, "prompt": prompt_ids, "max_tokens": self.max_tokens,
-            "temperature": self.temperature, "seed": seed, "logprobs": 1,
-            "return_token_ids": True,
-        }  # fmt: skip
-        try:
-            response = httpx.post(
-                f"{self.admin.root}/v1/completions", json=body, headers=self.admin.headers,
-                timeout=120.0,
-            )  # fmt: skip
-        except httpx.HTTPError as e:
-            raise ServingError(f"sampling {policy} at {self.admin.root} failed: {e}") from e
-        if response.status_code >= 400:
-            raise ServingError(f"sampling {policy} failed: {response.text[:300]}")
-        choice = response.json()["choices"][0]
+        choice = self.admin.sample(
+            policy, prompt_ids, max_tokens=self.max_tokens, temperature=self.temperature,
+            seed=seed,
+        )  # fmt: skip
         return DuelReply(
             policy=policy, token_ids=choice["token_ids"], text=choice["text"],
             logprobs=choice["logprobs"]["token_logprobs"], temperature=self.temperature,

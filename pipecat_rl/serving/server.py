@@ -159,6 +159,22 @@ class VLLMAdmin:
     def _cards(self) -> list[dict]:
         return self._request("GET", MODELS_ROUTE).json()["data"]
 
+    def sample(
+        self, model: str, prompt_ids: list[int], *, max_tokens: int, temperature: float,
+        seed: int | None = None,
+    ) -> dict:  # fmt: skip
+        """`model`'s continuation of `prompt_ids` (`/v1/completions`), as the server sent it.
+
+        The one choice, with its sampled `token_ids`, `text` and `logprobs.token_logprobs`: what
+        the canary and the duels sample with (token ids in, token ids out, no template).
+        """
+        body = {
+            "model": model, "prompt": prompt_ids, "max_tokens": max_tokens,
+            "temperature": temperature, "logprobs": 1, "return_token_ids": True,
+            **({} if seed is None else {"seed": seed}),
+        }  # fmt: skip
+        return self._request("POST", "/v1/completions", json=body).json()["choices"][0]
+
     def models(self) -> list[str]:
         """Names the server answers to: the base model, its aliases and every loaded adapter."""
         return [m["id"] for m in self._cards()]

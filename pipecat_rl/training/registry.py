@@ -16,9 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from pipecat_rl.errors import ServingError, TrainingError
+from pipecat_rl.errors import TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger
 from pipecat_rl.paths import cache_dir
 from pipecat_rl.serving.server import VLLMAdmin
@@ -98,22 +96,9 @@ def _canary_ids(tokenizer: Any) -> list[int]:
 
 def served_canary(base_url: str, name: str, prompt_ids: list[int], tokens: int = 8) -> dict:
     """Sample the canary greedily from the server under `name`: sampled ids and their logprobs."""
-    root = VLLMAdmin(base_url).root
-    body = {
-        "model": name,
-        "prompt": prompt_ids,
-        "max_tokens": tokens,
-        "temperature": 0.0,
-        "logprobs": 1,
-        "return_token_ids": True,
-    }
-    try:
-        response = httpx.post(f"{root}/v1/completions", json=body, timeout=60.0)
-    except httpx.HTTPError as e:
-        raise ServingError(f"canary request to {root} failed: {e}") from e
-    if response.status_code >= 400:
-        raise ServingError(f"canary request for {name} failed: {response.text[:300]}")
-    choice = response.json()["choices"][0]
+    choice = VLLMAdmin(base_url, timeout=60.0).sample(
+        name, prompt_ids, max_tokens=tokens, temperature=0.0
+    )
     return {"token_ids": choice["token_ids"], "logprobs": choice["logprobs"]["token_logprobs"]}
 
 
