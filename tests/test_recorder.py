@@ -29,7 +29,7 @@ async def test_turns_are_recorded_token_exactly(vllm_server, smollm2_dir, ledger
     recorder = RLRecorder(ledger, call_id="call-1")
     async with Call([recorder], llm=vllm_llm(vllm_server.url)) as call:
         texts = [await call.say(q) for q in ("Hi there.", "What is two plus two?", "Thanks!")]
-    await recorder.recorder.flush()
+    await recorder.flush()
 
     session = ledger.session("call-1")
     assert session.source == "live" and session.outcome == "completed"
@@ -78,7 +78,7 @@ async def test_barge_in_records_generated_and_spoken_text(vllm_server, ledger):
             await asyncio.sleep(0.05)
         await call.push(InterruptionFrame())
         await asyncio.sleep(0.5)
-    await recorder.recorder.flush()
+    await recorder.flush()
 
     (turn,) = ledger.turns("barge-in")
     assert turn.interrupted
@@ -96,7 +96,7 @@ async def test_stage_latencies_match_injected_delays(vllm_server, ledger):
         await call.push(VADUserStoppedSpeakingFrame(stop_secs=stop_secs))
         await asyncio.wait_for(call.watch.ended.wait(), 120)
         await asyncio.sleep(0.2)
-    await recorder.recorder.flush()
+    await recorder.flush()
 
     (row,) = ledger.latencies("latency")
     # 50 ms: a loaded runner's event loop wakes late from the injected sleeps, while a stage read
@@ -191,7 +191,7 @@ async def test_other_openai_compatible_servers_record_text_without_token_ids(led
             recorder = RLRecorder(ledger, call_id="elsewhere")
             async with Call([recorder], llm=vllm_llm(url, model="gpt-4.1")) as call:
                 text = await call.say("Hi")
-            await recorder.recorder.flush()
+            await recorder.flush()
     finally:
         logger.remove(sink)
     assert text == "Hello from elsewhere."
@@ -213,7 +213,7 @@ async def test_redaction_without_consent_drops_token_ids(vllm_server, ledger):
         # a reply long enough to end on its own: a cut one never trains, consent or not
         async with Call([recorder], llm=vllm_llm(vllm_server.url, max_tokens=256)) as call:
             await call.say("I'm Alice, call me on 555-123-4567 or alice@example.com.")
-        await recorder.recorder.flush()
+        await recorder.flush()
     (hidden,) = ledger.turns("no-consent")
     stored = json.dumps(hidden.request)
     assert "Alice" not in stored and "555-123-4567" not in stored and "alice@" not in stored
@@ -237,7 +237,7 @@ async def test_a_failing_ledger_never_breaks_the_call(vllm_server, ledger):
         ledger.add_turn = disk_full  # every turn write now fails
         first = await call.say("Hello!")
         second = await call.say("Still there?")
-    await recorder.recorder.flush()
+    await recorder.flush()
     assert first and second  # the bot answered both turns
     session = ledger.session("disk-full")
     assert session.outcome == "completed"  # what could be written was
@@ -255,5 +255,5 @@ async def test_a_locked_ledger_does_not_stall_the_call(vllm_server, ledger):
     assert answer
     blocker.rollback()  # released within the writer's busy timeout: nothing is lost
     blocker.close()
-    await recorder.recorder.flush()
+    await recorder.flush()
     assert len(ledger.turns("locked")) == 1

@@ -102,7 +102,7 @@ async def test_the_recorder_keeps_the_spaces_between_what_the_tts_said(tmp_path,
     async with serve_fake_openai(tokens, vllm=True) as url:
         async with Call([recorder], llm=vllm_llm(url), after=[FakeTTS(**tts)]) as call:
             await call.say("Hello?", limit_s=30)
-    await recorder.recorder.flush()
+    await recorder.flush()
     with Ledger(path) as ledger:
         (turn,) = ledger.turns("spaced")
     assert turn.generated_text == said

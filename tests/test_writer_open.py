@@ -7,6 +7,8 @@ all (a folder) is counted the same way, and the next session tries again.
 """
 
 import socket
+import threading
+import time
 
 import pytest
 
@@ -55,3 +57,30 @@ def test_a_ledger_that_cannot_be_opened_drops_each_write_and_the_next_session_re
     assert retry is not writer
     for w in (writer, retry):
         w.release()
+
+
+async def test_flush_returns_once_the_calls_end_is_in_a_slow_ledger(tmp_path, monkeypatch):
+    """A bot that reads its ledger right after a call (to post a score) awaits `flush()` first:
+    with every end-of-session write held up on the writer's thread, the call is over and its
+    end not yet written; after `flush()` it is."""
+    from pipecat_rl.ledger import Ledger
+
+    end_session, disk = Ledger.end_session, threading.Event()
+
+    def slow_end_session(self, *args, **kwargs):
+        disk.wait(60)  # a slow disk: the end is written once the test lets it through,
+        time.sleep(0.3)  # and slowly (a planted delay, not a synchronisation)
+        return end_session(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "end_session", slow_end_session)
+    path = tmp_path / "calls.db"
+    async with serve_fake_openai(["Hello"], vllm=True) as llm_url:
+        recorder = RLRecorder(path, call_id="call-1")
+        async with Call([recorder], llm=vllm_llm(llm_url)) as call:
+            assert await call.say("Hi") == "Hello"
+    with Ledger(path) as ledger:
+        assert ledger.session("call-1").outcome is None  # still on its way
+    disk.set()
+    await recorder.flush()
+    with Ledger(path) as ledger:
+        assert ledger.session("call-1").outcome in ("completed", "cancelled")

@@ -74,9 +74,10 @@ async def run_bot(
         llm.register_function(name, _handler(backend))
     context = LLMContext(tools=bot.TOOLS)
     user_aggregator, assistant_aggregator = LLMContextAggregatorPair(context)
+    recorder = RLRecorder(ledger, call_id=runner_args.session_id, redactor=Redactor())
     pipeline = Pipeline([
         transport.input(),
-        RLRecorder(ledger, call_id=runner_args.session_id, redactor=Redactor()),  # the line
+        recorder,  # the line
         LiveAdapterSelector(llm, ledger=ledger),
         user_aggregator,
         llm,
@@ -97,6 +98,9 @@ async def run_bot(
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
     await runner.run()
+    # The recorder writes off the call's path; whoever reads the ledger when this returns (QA
+    # posting scores, the tests) finds the whole call there, its end included.
+    await recorder.flush()
 
 
 def clinic_llm(llm_url: str, model: str = "base", *, max_tokens: int | None = None) -> LLMService:

@@ -647,3 +647,12 @@ class RLRecorder(FrameProcessor):
         """Pass every frame on unchanged."""
         await super().process_frame(frame, direction)
         await self.push_frame(frame, direction)
+
+    async def flush(self) -> None:
+        """Wait until this call is in the ledger, its end included once the worker has run.
+
+        Writes happen off the call's path, so a bot that reads the ledger right after its call
+        (to post a score, to hand the call to QA) awaits this first. No-op if never installed.
+        """
+        if self.recorder is not None:
+            await self.recorder.flush()
