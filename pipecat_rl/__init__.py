@@ -27,6 +27,7 @@ _EXPORTS = {
     # scoring: what "passed" means, and the reward's parts
     "SessionOutcome": "pipecat_rl.scoring",
     "Rubric": "pipecat_rl.scoring",
+    "TurnTaking": "pipecat_rl.scoring",
     # scenarios and the worlds they run against
     "Scenario": "pipecat_rl.scenarios",
     "ScenarioSet": "pipecat_rl.scenarios",

@@ -6,7 +6,8 @@
 - `score`: the score the gate pairs (`gate_score`);
 - `passk`: pass^k per scenario and a policy's curve;
 - `hotspots`: pass rate, failures and writes per matrix axis value and pair of values;
-- `quantile`: the one quantile estimator behind every P50/P95.
+- `quantile`: the one quantile estimator behind every P50/P95;
+- `turntaking`: one call's turn-taking as measured from the caller's side (`TurnTaking`).
 
 It imports nothing of Pipecat, the ledger or the stages: the recorder, the simulator, the trainer,
 the gate and the CLI all read it, and none of them re-derives it.
@@ -34,6 +35,7 @@ from pipecat_rl.scoring.passk import pass_hat_k, pass_k_curve
 from pipecat_rl.scoring.quantile import P50, P95, p95, quantile, quantile_or_none
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 from pipecat_rl.scoring.score import gate_score
+from pipecat_rl.scoring.turntaking import TurnTaking
 
 __all__ = [
     "AUTHORITATIVE_PARTS",
@@ -52,6 +54,7 @@ __all__ = [
     "HotSpots",
     "Rubric",
     "SessionOutcome",
+    "TurnTaking",
     "authoritative_part",
     "authoritative_score",
     "gate_score",
