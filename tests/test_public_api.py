@@ -13,7 +13,7 @@ EXPECTED = {
     "ScoreIn",
     # scoring, scenarios and worlds
     "SessionOutcome", "Rubric", "Scenario", "ScenarioSet", "load_scenarios", "WorldPack", "World",
-    "ToolError", "ScriptedLLMService", "ScriptedReply",
+    "ToolError", "TurnTaking", "ScriptedLLMService", "ScriptedReply",
     # forks of recorded calls
     "ForkSpec", "fork_call", "fork_yaml",
     # serving, simulation, training
