@@ -47,6 +47,8 @@ class TinyVLLM:
         self.unloaded: list[str] = []
         self.reloads: list[str] = []
         self.skew: set[str] = set()
+        self.scored: list[list[int]] = []
+        """The ids of every `prompt_logprobs` request, in order (what a teacher was asked)."""
         self._lock = threading.Lock()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
@@ -73,9 +75,19 @@ class TinyVLLM:
             self.unloaded.append(name)
             return "ok"
 
+        @api.post("/tokenize")
+        async def tokenize(request: Request):
+            body = await request.json()
+            special = bool(body.get("add_special_tokens", True))
+            return {"tokens": self.tokenizer.encode(body["prompt"], add_special_tokens=special)}
+
         @api.post("/v1/completions")
         async def completions(request: Request):
             body = await request.json()
+            if body.get("prompt_logprobs") is not None:  # vLLM's: raw logprobs of each prompt id
+                return {"model": body["model"], "choices": [
+                    {"index": 0, "text": "", "prompt_logprobs": self._scored(body)}
+                ]}  # fmt: skip
             ids, logprobs = self._sample(body, list(body["prompt"]))
             return {"model": body["model"], "choices": [
                 {"index": 0, "token_ids": ids, "logprobs": {"token_logprobs": logprobs}}
@@ -125,6 +137,18 @@ class TinyVLLM:
         if name not in self.slots:
             self.reloads.append(name)
         return self._slot(name, self.listed[name])
+
+    def _scored(self, body: dict) -> list[dict | None]:
+        """vLLM's `prompt_logprobs` of the prompt's ids: None, then {id: {"logprob"}} each."""
+        ids = list(body["prompt"])
+        self.scored.append(ids)
+        with self._lock, torch.no_grad():
+            logits = self._model(body["model"])(input_ids=torch.tensor([ids])).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        return [None] + [
+            {str(token): {"logprob": float(logp[i, token]), "rank": 1}}
+            for i, token in enumerate(ids[1:])
+        ]
 
     def _sample(self, body: dict, prompt: list[int]) -> tuple[list[int], list[float]]:
         """Sample `max_tokens` ids at the request's temperature (greedy at 0), with the

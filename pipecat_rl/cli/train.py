@@ -43,9 +43,12 @@ from pipecat_rl.ledger.eligibility import DEFAULT_SETTLE_S, DEFAULT_TRUSTED_SOUR
 from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.simulator.options import MAX_SEED
 from pipecat_rl.training import Algo, TrainConfig
-from pipecat_rl.training.config import ONLINE_ALGOS
+from pipecat_rl.training.config import ONLINE_ALGOS, ROLLOUT_ONLY
 
-_SHOWN = ("loss", "policy_loss", "distill_loss", "reward", "frac_reward_zero_std", "grad_norm")
+_SHOWN = (
+    "loss", "policy_loss", "distill_loss", "kl/reverse_sampled", "teacher_agreement", "reward",
+    "frac_reward_zero_std", "grad_norm",
+)
 
 
 def _describe(row: dict[str, Any]) -> str:
@@ -139,7 +142,8 @@ def train_command(
         typer.Option(
             "--algo",
             help="sft, grpo, opsd, rft (SFT on the parent's own passed rollouts: the baseline "
-            "RL must beat; needs --scenarios and --bot), or dpo (people's duel picks).",
+            "RL must beat; needs --scenarios and --bot), distill (a --teacher's answer at the "
+            "parent's own states; needs --scenarios and --bot), or dpo (people's duel picks).",
         ),
     ] = "sft",
     ledger: Annotated[
@@ -148,10 +152,26 @@ def train_command(
     ] = None,
     scenarios: Annotated[
         list[Path] | None,
-        typer.Option("--scenarios", help="Online GRPO / OPSD / RFT: scenarios to simulate."),
+        typer.Option("--scenarios", help="Online training: scenarios to simulate."),
     ] = None,
     bot: Annotated[
-        str | None, typer.Option("--bot", help="Online GRPO / OPSD / RFT: the bot to simulate.")
+        str | None, typer.Option("--bot", help="Online training: the bot to simulate.")
+    ] = None,
+    teacher: Annotated[
+        str | None,
+        typer.Option(
+            "--teacher",
+            help="Distill: a vLLM URL serving a model with the student's tokenizer (it scores "
+            "the student's tokens), or FILE.py:FUNCTION, a scripted policy (its replies train).",
+            show_default=False,
+        ),
+    ] = None,
+    teacher_model: Annotated[
+        str | None,
+        typer.Option(
+            "--teacher-model", help="Distill: the model the teacher's server is asked for.",
+            show_default=False,
+        ),  # fmt: skip
     ] = None,
     steps: Annotated[
         int, typer.Option("--steps", min=1, help="GRPO / OPSD steps; RFT rounds.")
@@ -238,10 +258,19 @@ def train_command(
             raise ConfigError(
                 f"--scenarios and --bot are for --algo {', '.join(ONLINE_ALGOS)} (online)"
             )
-        if scenarios is None and algo == "rft":
+        if scenarios is None and algo in ROLLOUT_ONLY:
+            what = {
+                "rft": "imitates the parent's own passed rollouts",
+                "distill": "asks the teacher at the parent's own states",
+            }[algo]
             raise ConfigError(
-                "--algo rft imitates the parent's own passed rollouts: give --scenarios and --bot "
-                "to roll it out on (and --llm-url, the server that samples them)"
+                f"--algo {algo} {what}: give --scenarios and --bot to roll it out on (and "
+                "--llm-url, the server that samples them)"
+            )
+        if (teacher is None) != (algo != "distill"):
+            raise ConfigError(
+                "--teacher is for --algo distill, which needs one: a vLLM URL serving a model "
+                "with the student's tokenizer, or FILE.py:FUNCTION (a scripted policy)"
             )
         if scenarios is not None and live_since is not None:
             raise ConfigError("--live-since trains on recorded live calls; online runs simulate")
@@ -250,6 +279,7 @@ def train_command(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
             group_size=group_size, rank=rank, lr=lr, temperature=temperature,
             out_dir=out, seed=seed, opsd_loss=opsd_loss, opsd_hint=opsd_hint, dpo_beta=beta,
+            teacher=teacher, teacher_model=teacher_model,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

@@ -175,6 +175,34 @@ class VLLMAdmin:
         }  # fmt: skip
         return self._request("POST", "/v1/completions", json=body).json()["choices"][0]
 
+    def prompt_logprobs(self, model: str, ids: list[int]) -> list[float]:
+        """`model`'s logprob of each of `ids[1:]` given the ids before it (one prefill).
+
+        vLLM's `prompt_logprobs` (computed from the raw logits, whatever the sampling settings):
+        what a teacher says of a student's own tokens, and what re-scoring a turn reads.
+
+        Raises:
+            ServingError: the server returned none (not vLLM, or an older one), or not one per id.
+        """
+        body = {
+            "model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0,
+            "prompt_logprobs": 0,
+        }  # fmt: skip
+        choice = self._request("POST", "/v1/completions", json=body).json()["choices"][0]
+        scored = choice.get("prompt_logprobs")
+        if not isinstance(scored, list) or len(scored) != len(ids):
+            got = len(scored) if isinstance(scored, list) else "no"
+            raise ServingError(
+                f"{self.root} returned {got} prompt_logprobs for {len(ids)} ids of {model}: it "
+                "must be a vLLM server (prompt_logprobs is vLLM's /v1/completions field)"
+            )
+        return [float(scored[i][str(token)]["logprob"]) for i, token in enumerate(ids) if i > 0]
+
+    def tokenize(self, model: str, text: str) -> list[int]:
+        """`text`'s ids under `model`'s tokenizer, no special tokens (vLLM's `/tokenize`)."""
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        return list(self._request("POST", "/tokenize", json=body).json()["tokens"])
+
     def models(self) -> list[str]:
         """Names the server answers to: the base model, its aliases and every loaded adapter."""
         return [m["id"] for m in self._cards()]

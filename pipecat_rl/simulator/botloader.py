@@ -538,11 +538,15 @@ def install_create_transport() -> None:
     utils.create_transport = create_transport
 
 
-def _import(spec: str) -> Any:
+def import_module_spec(spec: str, option: str = "--bot") -> Any:
+    """The module `path/to/file.py` (its folder importable while it loads) or `package.module`.
+
+    `option` names the argument in the error for a missing file.
+    """
     path = Path(spec)
     if spec.endswith(".py"):
         if not path.is_file():  # a wrong argument, as a missing scenario file is
-            raise ConfigError(f"--bot {spec}: no such file")
+            raise ConfigError(f"{option} {spec}: no such file")
         folder = str(path.resolve().parent)
         name = f"pipecat_rl_bot_{path.stem}_{abs(hash(str(path.resolve())))}"
         module_spec = importlib.util.spec_from_file_location(name, path.resolve())
@@ -574,7 +578,7 @@ def load_bot(spec: str) -> BotEntry:
     module_spec, _, fn_name = spec.rpartition(":") if ":" in spec else (spec, "", "")
     install_create_transport()
     try:
-        module = _import(module_spec)
+        module = import_module_spec(module_spec)
     except (SimulationError, ConfigError):
         raise
     except Exception as e:

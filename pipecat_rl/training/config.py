@@ -3,17 +3,29 @@
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pipecat_rl import defaults
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 from pipecat_rl.serving.server import LOGPROBS_MODE
 
-Algo = Literal["sft", "grpo", "opsd", "rft", "dpo"]
+Algo = Literal["sft", "grpo", "opsd", "rft", "dpo", "distill"]
 
-ONLINE_ALGOS: tuple[Algo, ...] = ("grpo", "opsd", "rft")
-"""The algorithms that simulate under each new version when given scenarios and a bot (RFT
-only so: it imitates the starting policy's own passed rollouts)."""
+ONLINE_ALGOS: tuple[Algo, ...] = ("grpo", "opsd", "rft", "distill")
+"""The algorithms that simulate under each new version when given scenarios and a bot (RFT and
+distill only so: they learn from the starting policy's own rollouts)."""
+
+ROLLOUT_ONLY: tuple[Algo, ...] = ("rft", "distill")
+"""The online algorithms with no offline form: they need scenarios and a bot to roll out."""
+
+
+def teacher_kind(teacher: str) -> Literal["logprobs", "replies"]:
+    """What a distill teacher gives.
+
+    A URL's server re-scores the student's tokens (`logprobs`); a `FILE.py:FUNCTION` policy
+    answers at the student's states (`replies`, trained by SFT).
+    """
+    return "logprobs" if teacher.startswith(("http://", "https://")) else "replies"
 
 SFT_ALGOS: tuple[Algo, ...] = ("sft", "rft")
 """The algorithms whose update is SFT (`sft.train_sft`): they share its learning rate."""
@@ -70,7 +82,8 @@ class TrainConfig(BaseModel):
     alpha: int | None = Field(default=None, ge=1)
     """LoRA alpha; None: `defaults.lora_alpha(rank)`, twice the rank."""
     lr: float | None = None
-    """None picks per algorithm: 2e-3 for SFT and RFT, 1e-4 for GRPO, OPSD and DPO."""
+    """None picks per algorithm: 2e-3 for SFT, RFT and distill from replies, 1e-4 for GRPO,
+    OPSD, DPO and distill from logprobs."""
     temperature: float = defaults.TRAIN_TEMPERATURE
     """GRPO / OPSD / RFT exploration temperature (recorded with each sampled turn)."""
     max_seq_len: int = 4096
@@ -129,6 +142,13 @@ class TrainConfig(BaseModel):
     guard_max_threshold: float = 0.5
     guard_turns: int = 16
     """At most this many recorded turns are re-scored by the guard."""
+    # distill
+    teacher: str | None = None
+    """Distill: the teacher, a vLLM URL serving a model with the student's tokenizer (it scores
+    the student's own tokens) or `FILE.py:FUNCTION`, a scripted policy (messages -> reply) such
+    as the clinic's expert (its replies at the student's states train by SFT)."""
+    teacher_model: str | None = None
+    """Distill with a URL: the model name to ask the teacher's server for (None: its first)."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = LOGPROBS_MODE
     """What the server returns: ours serves processed (after temperature), vLLM's default raw."""
 
@@ -145,7 +165,21 @@ class TrainConfig(BaseModel):
         # (benchmarks/sft_schedule.py). GRPO and OPSD: the smallest rate at which one step moves
         # the canary past the publish threshold while the clip engages on few tokens
         # (benchmarks/grpo_lr.py); below it no version ever leaves its parent.
-        return 2e-3 if self.algo in SFT_ALGOS else 1e-4
+        return 2e-3 if self.algo in SFT_ALGOS or self._sft_teacher() else 1e-4
+
+    def _sft_teacher(self) -> bool:
+        return self.algo == "distill" and self.teacher is not None and (
+            teacher_kind(self.teacher) == "replies"
+        )
+
+    @model_validator(mode="after")
+    def _teacher_given(self) -> "TrainConfig":
+        if self.algo == "distill" and not self.teacher:
+            raise ValueError(
+                "distill needs a teacher: a vLLM URL (--teacher http://host:8000/v1) or a "
+                "scripted policy (--teacher expert.py:expert_policy)"
+            )
+        return self
 
 
 class TrainResult(BaseModel):

@@ -6,14 +6,16 @@
 3. Rows (`rows`), then the algorithm: SFT on passed sessions and demonstrations; GRPO on groups of
    episodes (online: simulated per step under the current adapter; offline: from the ledger);
    OPSD on judged turns with a hinted teacher; DPO on people's picks in duels (`dpo`); RFT
-   (online only) SFT on the current adapter's own passed rollouts, the baseline RL must beat.
+   (online only) SFT on the current adapter's own passed rollouts, the baseline RL must beat;
+   distill (online only) a teacher's answer at each state the current adapter reached (`distill`).
 4. Save under a never-reused name; with a server, hot-load it and verify it is served; register it
    with its lineage, data, metrics and guard.
 
-Online (GRPO / OPSD / RFT with `rollouts`), every step samples under the current version, re-runs
-the guard on those very turns, updates, and publishes the next version, which must move the
-canary off its parent's. Only the newest two versions of the run stay loaded (the parent, which the
-next step's canary compares with, and the new one), so `--max-loras 2` suffices.
+Online (GRPO / OPSD / RFT / distill with `rollouts`), every step samples under the current
+version, re-runs the guard on those very turns, updates, and publishes the next version, which
+must move the canary off its parent's. Only the newest two versions of the run stay loaded (the
+parent, which the next step's canary compares with, and the new one), so `--max-loras 2`
+suffices.
 """
 
 import contextlib
@@ -42,7 +44,14 @@ from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.serving.server import VLLMAdmin
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import registry
-from pipecat_rl.training.config import ONLINE_ALGOS, TrainConfig, TrainResult
+from pipecat_rl.training.config import ONLINE_ALGOS, ROLLOUT_ONLY, TrainConfig, TrainResult
+from pipecat_rl.training.distill import (
+    LogprobTeacher,
+    ReplyTeacher,
+    load_teacher,
+    logprob_update,
+    reply_sequences,
+)
 from pipecat_rl.training.dpo import dpo_pairs, train_dpo
 from pipecat_rl.training.grpo import build_groups, dynamic_sampling, grpo_update
 from pipecat_rl.training.guard import run_guard
@@ -509,14 +518,19 @@ def train(
     out_dir = Path(config.out_dir or registry.default_out_dir()).expanduser()
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
     online = rollouts is not None and config.algo in ONLINE_ALGOS  # SFT, DPO: the ledger's
-    if config.algo == "rft" and not online:
+    if config.algo in ROLLOUT_ONLY and not online:
+        what = {
+            "rft": "RFT imitates the starting policy's own passed rollouts",
+            "distill": "distill asks the teacher at the starting policy's own states",
+        }[config.algo]
         raise TrainingError(
-            "RFT imitates the starting policy's own passed rollouts: give it scenarios and a bot "
-            "to roll out (`rollouts`; on the CLI --scenarios and --bot)"
+            f"{what}: give it scenarios and a bot to roll out (`rollouts`; on the CLI "
+            "--scenarios and --bot)"
         )
     if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
     policy = load_policy(config, _parent_path(ledger, config.parent))
+    distiller = load_teacher(config, policy.tokenizer) if config.algo == "distill" else None
     guard_result = guard(ledger, policy, config, server_url)
     logger.info(f"guard passed: {guard_result}")
     parent = config.parent if config.parent != BASE_ADAPTER else None
@@ -537,7 +551,7 @@ def train(
     else:
         # RFT's rounds are SFT runs, each with its own optimiser and schedule (`train_sft`)
         optimizer = None if config.algo == "rft" else optimizer_for(policy, config.learning_rate())
-        teacher = None
+        teacher = distiller
         if config.algo == "opsd":
             teacher = load_policy(config, _parent_path(ledger, config.parent), trainable=False)
             teacher.model.requires_grad_(False)
@@ -621,7 +635,7 @@ def _none_may_train(step: int, config: TrainConfig, current: str, counts: dict[s
 
 
 def _learned_from(config: TrainConfig, sessions: Sequence[SessionRecord]) -> set[str]:
-    """The sessions a step's update learns from: RFT's passed rollouts; all, for GRPO and OPSD."""
+    """The sessions a step's update learns from: RFT's passed rollouts; all, for the others."""
     return passed_sessions(sessions) if config.algo == "rft" else {s.id for s in sessions}
 
 
@@ -658,8 +672,31 @@ def _rft_update(
     return {**info, **counts, **train_sft(policy, sequences, config, on_step=on_step)}
 
 
+def _distill_update(
+    policy: Policy, optimizer: Any, teacher: ReplyTeacher | LogprobTeacher,
+    turns: list[TurnRecord], config: TrainConfig, step: int, log: Progress,
+    sampling: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Step `step` of distill: the teacher at each turn the step sampled, then the update.
+
+    A reply teacher's labels (every step's so far) train by SFT, a round as RFT's; a logprob
+    teacher's scores by reverse KL on the step's own samples.
+    """
+    counts = {k: v for k, v in sampling.items() if k in (HELDOUT_OVERLAP, ROLLOUTS)}
+
+    def on_step(metrics: dict[str, Any]) -> None:
+        sft = {f"sft_{k}": metrics[k] for k in ("step", "total_steps") if k in metrics}
+        log({**metrics, **sft, "step": step, "total_steps": config.steps, **counts})
+
+    if isinstance(teacher, ReplyTeacher):
+        sequences, labelled = reply_sequences(teacher, turns, policy.tokenizer)
+        counts.update(labelled)
+        return {**counts, **train_sft(policy, sequences, config, on_step=on_step)}
+    return {**counts, **logprob_update(policy, optimizer, teacher, turns, config, on_step=on_step)}
+
+
 def _update(
-    policy: Policy, optimizer: Any, teacher: Policy | None,
+    policy: Policy, optimizer: Any, teacher: Policy | ReplyTeacher | LogprobTeacher | None,
     batch: tuple[list[TurnRecord], list[SessionRecord], int, dict[str, Any]], config: TrainConfig,
     step: int, log: Progress, retry: int,
 ) -> dict[str, Any]:  # fmt: skip
@@ -669,6 +706,8 @@ def _update(
         log = _adding(log, {"move_retry": retry})
     if config.algo == "rft":
         return _rft_update(policy, turns, sessions, config, step, log, sampling)
+    if isinstance(teacher, ReplyTeacher | LogprobTeacher):
+        return _distill_update(policy, optimizer, teacher, turns, config, step, log, sampling)
     if config.algo == "grpo":
         kls: list[float] = []
 
