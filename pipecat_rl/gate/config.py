@@ -29,6 +29,14 @@ Defaults, and why:
   benchmark's (`benchmarks/gate_decision.py`, the README's table).
 - `max_unusable_share` 0.1, in [0, 1]: above this share of an arm's runs being harness errors or
   unverified, the verdict is INCONCLUSIVE (a broken harness is not evidence).
+- `caller_gap_p95_budget_ms` off, in (0, 600000]: budget on the candidate's P95 caller-perceived
+  gap (`gate.inputs.caller_gap_samples`: the caller's line to the agent's first words, tool
+  rounds included; the response gap in text mode, the heard gap in audio mode), by Woodruff's
+  interval over scenarios. The per-call LLM TTFT ratio cannot see an agent that answers fast
+  per call but makes the caller wait through its lookups in silence; this can.
+- `turn_taking` off: checks on how the agent shares the line (`TurnTakingConfig`), each set
+  alone. A configured check the runs cannot measure (text mode, no barge-in or backchannel
+  happened) is `unavailable` with the reason, listed on the receipt, never a pass.
 
 Every number must be finite, and a switch is a boolean (`true`/`false`), never a string or a
 number: `require_latency: 'no'` is refused, not read as on. A file is read as its suffix says:
@@ -78,6 +86,31 @@ class PriceTable(BaseModel):
     tts_usd_per_min: float = Field(0.05, ge=0)
 
 
+class TurnTakingConfig(BaseModel):
+    """Turn-taking checks (`gate.turntaking`), each off until set; audio runs measure them.
+
+    - `time_to_yield_p95_ratio`, in [1, 100]: the candidate's P95 time to yield (caller's speech
+      start to the agent's audio stop, per barge-in) over the incumbent's, paired over scenarios.
+    - `time_to_yield_p95_ms`, in (0, 60000]: budget on the candidate's P95 time to yield.
+    - `false_interruption_rate_diff`, in [0, 1): the candidate's false interruptions per
+      backchannel (a "mm-hm" that stopped the agent) minus the incumbent's, paired over
+      scenarios.
+    - `false_interruption_rate`, in (0, 1]: budget on the candidate's false-interruption rate.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    time_to_yield_p95_ratio: float | None = Field(None, ge=1.0, le=100.0)
+    time_to_yield_p95_ms: float | None = Field(None, gt=0, le=60_000)
+    false_interruption_rate_diff: float | None = Field(None, ge=0, lt=1)
+    false_interruption_rate: float | None = Field(None, gt=0, le=1)
+
+    @property
+    def configured(self) -> bool:
+        """Whether any turn-taking check is set."""
+        return any(v is not None for v in self.model_dump().values())
+
+
 class GateConfig(BaseModel):
     """Every threshold the verdict uses; see the module docstring for the defaults' meaning."""
 
@@ -98,6 +131,8 @@ class GateConfig(BaseModel):
     require_latency: StrictBool = True
     max_llm_latency_ratio: float = Field(3.0, ge=1.0, le=100.0)
     max_unusable_share: float = Field(0.1, ge=0.0, le=1.0)
+    caller_gap_p95_budget_ms: float | None = Field(None, gt=0, le=600_000)
+    turn_taking: TurnTakingConfig = TurnTakingConfig()
     prices: PriceTable = PriceTable()
 
     @field_validator("judged_metrics")

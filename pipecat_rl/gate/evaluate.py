@@ -28,7 +28,13 @@ import numpy as np
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate.config import GateConfig
 from pipecat_rl.gate.cost import CostSummary, cost_summary
-from pipecat_rl.gate.inputs import GateData, RunResult, Unusable, llm_ttft_samples
+from pipecat_rl.gate.inputs import (
+    GateData,
+    RunResult,
+    Unusable,
+    caller_gap_samples,
+    llm_ttft_samples,
+)
 from pipecat_rl.gate.latency import (
     LLM_MEASURES,
     STAGES,
@@ -39,6 +45,7 @@ from pipecat_rl.gate.latency import (
     compare_ratio,
     llm_label,
     stage_quantiles,
+    woodruff_interval,
 )
 from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.receipt import (
@@ -75,9 +82,11 @@ from pipecat_rl.gate.stats import (
     t_interval,
     win_loss_tie,
 )
+from pipecat_rl.gate.turntaking import TurnTakingStats, turn_taking_checks, turn_taking_stats
 from pipecat_rl.gate.verdict import (
     GateCheck,
     Verdict,
+    caller_gap_check,
     decide,
     guard_check,
     llm_ratio_check,
@@ -222,13 +231,16 @@ def _regression_stats(
 def _samples(run: RunResult, field: str) -> tuple[float, ...]:
     if field == "llm_ttft_ms":
         return llm_ttft_samples(run)
+    if field == "caller_gap_ms":
+        return caller_gap_samples(run)
     return run.stages_ms.get(field, ()) if field in STAGES else getattr(run, field)
 
 
 def _clusters(pairs: list[PairedScenario], role: Role, field: str) -> list[list[tuple]]:
     """Per scenario, per paired run of `role`, the samples of one latency field.
 
-    The LLM TTFT is per LLM call (`llm_ttft_samples`), not the caller-turn stage of that name.
+    The LLM TTFT is per LLM call (`llm_ttft_samples`), not the caller-turn stage of that name;
+    `caller_gap_ms` is each caller line's wait for the first words (`caller_gap_samples`).
     """
     return [
         [_samples(r, field) for r in (p.candidate if role == "candidate" else p.incumbent)]
@@ -285,7 +297,23 @@ def _latency(pairs: list[PairedScenario], config: GateConfig) -> LatencyStats:
             role: cdf_points([v for scenario in c for run in scenario for v in run])
             for role, c in gated.items()
         },
+        caller_gap={
+            role: stage_quantiles([v for r in rs for v in caller_gap_samples(r)])
+            for role, rs in runs.items()
+        },
+        caller_gap_p95=woodruff_interval(
+            [[v for run in s for v in run] for s in _clusters(pairs, "candidate", "caller_gap_ms")]
+        ),
     )
+
+
+def _turn_taking(pairs: list[PairedScenario], config: GateConfig) -> TurnTakingStats:
+    """Both arms' turn-taking over the paired runs (`gate.turntaking`)."""
+    return turn_taking_stats(
+        [[r.turn_taking for r in p.candidate] for p in pairs],
+        [[r.turn_taking for r in p.incumbent] for p in pairs],
+        resamples=config.resamples, seed=config.seed,
+    )  # fmt: skip
 
 
 def _ttft_unit(runs: list[RunResult]) -> TtftUnit | None:
@@ -341,11 +369,13 @@ def _checks(
     lineages: tuple[Lineage, Lineage],
     config: GateConfig,
     suite: RegressionSuiteStats | None = None,
+    turn_taking: TurnTakingStats | None = None,
 ) -> tuple[GateCheck, ...]:
     """Every check of the verdict, from the statistics (shared by `evaluate` and `recheck`).
 
-    The policies' names and pass rates only word the verdict sentence. A regression suite's
-    check comes last, so a receipt without one lists the checks it always did.
+    The policies' names and pass rates only word the verdict sentence. The caller-gap budget
+    and the turn-taking checks are there only when configured, and a regression suite's check
+    comes last, so a receipt without them lists the checks it always did.
     """
     paired, regressions, latency, safety, accounting = receipt_parts
     candidate, incumbent = lineages
@@ -372,6 +402,11 @@ def _checks(
                             names=names, label=llm_label(m, latency.llm_ttft_unit))
             for m in LLM_MEASURES
         ),
+        *(() if config.caller_gap_p95_budget_ms is None else (
+            caller_gap_check(latency.caller_gap_p95, config.caller_gap_p95_budget_ms, require,
+                             names=names),
+        )),
+        *turn_taking_checks(turn_taking, config.turn_taking, names=names),
         writes_check(safety.candidate, safety.incumbent, names=names),
         unusable_check(shares, config.max_unusable_share, names=names),
         guard_check(candidate, config.require_guard, names=names),
@@ -508,7 +543,8 @@ def evaluate(
         )
     parts = (paired, regressions, latency, safety, accounting)
     suite_stats = None if suite is None else _suite(suite, config)
-    checks = _checks(interval, parts, (candidate, incumbent), config, suite_stats)
+    turn_taking = _turn_taking(pairs, config)
+    checks = _checks(interval, parts, (candidate, incumbent), config, suite_stats, turn_taking)
     verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     return GateReceipt(
         receipt_id=uuid.uuid4().hex,
@@ -535,6 +571,7 @@ def evaluate(
         notes=notes,
         hotspots=_hotspots(pairs),
         regression_suite=suite_stats,
+        turn_taking=turn_taking,
     )
 
 
@@ -643,7 +680,10 @@ def recheck(receipt: GateReceipt) -> tuple[Verdict, list[str]]:
             problems.append("the regression suite's test does not follow from its table")
         suite = suite.model_copy(update={"tests": tests})
     parts = (recomputed_paired, regressions, receipt.latency, receipt.safety, receipt.runs)
-    checks = _checks(interval, parts, (receipt.candidate, receipt.incumbent), config, suite)
+    checks = _checks(
+        interval, parts, (receipt.candidate, receipt.incumbent), config, suite,
+        receipt.turn_taking,
+    )  # fmt: skip
     verdict = decide(checks, paired.sample_size if _open(interval, config.min_delta) else None)
     for check, stored_check in zip(checks, receipt.checks, strict=False):
         if (check.name, check.status) != (stored_check.name, stored_check.status):

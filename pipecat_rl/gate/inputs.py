@@ -19,8 +19,10 @@ it scores ledger sessions (`gate_score`): the shaped tool credit never counts. O
 `endpointing_ms`, `stt_ms`, `llm_ttft_ms`, `tts_ttfb_ms`), `llm_call_ttft_ms` and `llm_turn_ms`
 (each LLM call's time from request to its first token, and to its last), `guarded` (whether the
 run carried a check that something must not change),
-`writes` (its unauthorised writes: `kind`, `check`, `tool`, `call_id`) and `usage`
-(`prompt_tokens`, `completion_tokens`, `stt_seconds`, `tts_seconds`). A tool's own data goes
+`writes` (its unauthorised writes: `kind`, `check`, `tool`, `call_id`), `usage`
+(`prompt_tokens`, `completion_tokens`, `stt_seconds`, `tts_seconds`), `response_gap_ms` (text
+mode: per caller line, the time to the agent's first words, tool rounds included) and
+`turn_taking` (the call's `scoring.TurnTaking` record). A tool's own data goes
 under `meta` (kept, never read); any other key is refused with the key named (a misspelt
 `unauthorised_writes` must not read as "no writes"), and so is a key given twice. Lines of other
 policies are skipped and counted.
@@ -58,11 +60,13 @@ from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, TurnRecord
 from pipecat_rl.scenarios.scenario import GUARDED_CHECKS
 from pipecat_rl.scoring import (
     SessionOutcome,
+    TurnTaking,
     authoritative_part,
     gate_score,
     passed,
     score_passed,
 )
+from pipecat_rl.scoring.turntaking import METADATA_KEY as TURN_TAKING_KEY
 from pipecat_rl.strict import loads_json
 
 UNAUTHORIZED_LABELS = frozenset({"unauthorised_write", "unauthorized_write"})
@@ -145,6 +149,11 @@ class RunResult(BaseModel):
     # Audio mode: what a caller heard, and the channel the run went down.
     heard_gap_ms: tuple[float, ...] = ()
     """Caller-side heard gaps (audio mode): the figure the P95 checks gate on when present."""
+    response_gap_ms: tuple[Latency, ...] = ()
+    """Text mode: per caller line, its sending to the agent's first text received (tool rounds
+    included when the agent said nothing before them)."""
+    turn_taking: TurnTaking | None = None
+    """The call's turn-taking, as the simulator measured it (None: not recorded)."""
     channel: Literal["text", "audio"] | None = None
     transport: Literal["local", "webrtc"] | None = None
     """Audio runs: the call's transport. Heard gaps compare only within one (WebRTC adds its
@@ -254,6 +263,16 @@ def llm_ttft_samples(run: RunResult) -> tuple[float, ...]:
     per-call timing (a scores file with `stages_ms` only) is measured by that stage.
     """
     return run.llm_call_ttft_ms or run.stages_ms.get("llm_ttft_ms", ())
+
+
+def caller_gap_samples(run: RunResult) -> tuple[float, ...]:
+    """The run's caller-perceived gaps: per caller line, the wait for the agent's first words.
+
+    The heard gap in audio mode, the response gap in text mode; either way from the caller's
+    line to the first words it receives, so a lookup the agent runs in silence counts in full
+    and one it announces ("one moment while I check") does not.
+    """
+    return run.heard_gap_ms or run.response_gap_ms
 
 
 def _require_both(runs: Sequence[RunResult], candidate: str, incumbent: str, where: str) -> None:
@@ -604,6 +623,10 @@ def _session_run(
         scenario_hash=s.scenario_hash,
         session_id=s.id,
         heard_gap_ms=tuple(lat.heard_gap_ms for lat in lats if lat.heard_gap_ms is not None),
+        response_gap_ms=tuple(
+            lat.response_gap_ms for lat in lats if lat.response_gap_ms is not None
+        ),
+        turn_taking=s.metadata.get(TURN_TAKING_KEY),  # validated below, naming the session
         channel=s.metadata.get("mode") if s.metadata.get("mode") in ("text", "audio") else None,
         transport=_transport(s.metadata),
     )

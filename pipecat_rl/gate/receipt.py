@@ -9,7 +9,10 @@ incumbent's lineage, the held-out set and file hashes, seeds, repeats, threshold
 statistic, the per-scenario table, the hot spots of a scenario matrix (both policies' paired runs
 per axis value and pair of values; absent when no scenario has axes, and in older receipts), and
 the verdict with its reason; and, when the gate ran a regression suite, its runs and test (absent
-before, and without one).
+before, and without one). The caller-perceived gap per arm (`latency.caller_gap`) and the
+turn-taking section (`turn_taking`) came later without a schema bump: both are additions an older
+reader has no field to misread, absent (empty, None) in older receipts, and their checks are on
+a receipt only when its thresholds configured them.
 """
 
 import hashlib
@@ -38,6 +41,7 @@ from pipecat_rl.gate.lineage import Lineage
 from pipecat_rl.gate.regressions import RegressionTest
 from pipecat_rl.gate.safety import SafetyArm, writes_words
 from pipecat_rl.gate.stats import IntervalMethod, Outcome, SampleSize, SignFlip
+from pipecat_rl.gate.turntaking import RateInterval, TurnTakingArm, TurnTakingStats
 from pipecat_rl.gate.verdict import Decision, GateCheck, check_reason
 from pipecat_rl.gate.wording import (
     PER_CALL_VS_TURN,
@@ -139,6 +143,12 @@ class LatencyStats(_Part):
     """The stage whose P95 grew most from incumbent to candidate (None if none grew)."""
     cdf_ms: dict[Role, list[float]]
     """Gated-latency quantiles at 0, 1, ..., 100 percent, for the CDF plot."""
+    caller_gap: dict[Role, StageQuantiles] = Field(default_factory=dict)
+    """Per caller line, the wait for the agent's first words, tool rounds included
+    (`inputs.caller_gap_samples`), P50/P95 per arm; empty in older receipts."""
+    caller_gap_p95: QuantileInterval | None = None
+    """The candidate's P95 caller-perceived gap with Woodruff's interval over scenarios (what
+    `caller_gap_p95_budget_ms` reads); None without samples in 2 or more scenarios."""
 
 
 class SafetyStats(_Part):
@@ -267,6 +277,8 @@ class GateReceipt(_Part):
     """None when no paired scenario has axes (and in receipts written before hot spots)."""
     regression_suite: RegressionSuiteStats | None = None
     """A regression suite's runs and test, when the gate ran one (its check is the last)."""
+    turn_taking: TurnTakingStats | None = None
+    """Both arms' turn-taking (`gate.turntaking`); None in receipts written before it."""
 
     @model_validator(mode="after")
     def _one_reason_per_check(self) -> "GateReceipt":
@@ -320,7 +332,9 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else ms(value)
 
 
-LATENCY_CHECKS = ("p95_budget", "p95_vs_incumbent", "llm_ttft_ratio", "llm_turn_ratio")
+LATENCY_CHECKS = (
+    "p95_budget", "p95_vs_incumbent", "llm_ttft_ratio", "llm_turn_ratio", "caller_gap_budget",
+)  # fmt: skip
 """The checks that read latency, in the order the receipt lists them."""
 
 
@@ -342,6 +356,8 @@ def latency_gates(r: GateReceipt) -> str:
             "incumbent's"
             for m in LLM_MEASURES
         },
+        "caller_gap_budget": "the caller-perceived gap P95 within the "
+        f"{ms(t.caller_gap_p95_budget_ms or 0)} budget",
     }  # fmt: skip
     gated = [
         f"{said[c.name]} ({STATUS_WORDS[c.status]})"
@@ -405,6 +421,89 @@ def stage_rows(lat: LatencyStats) -> list[list[str]]:
     ]  # fmt: skip
 
 
+CALLER_GAP_HEADER = ["policy", "P50", "P95", "95% interval of the P95", "caller lines"]
+
+
+def caller_gap_rows(lat: LatencyStats) -> list[list[str]]:
+    """The caller-perceived gap per arm: (policy, P50, P95, the candidate's interval, lines)."""
+    i = lat.caller_gap_p95
+    band = "" if i is None else f"{ms(i.low)} to {ms(i.high) if i.bounded else 'unbounded'}"
+    return [
+        [role, _ms(q.p50), _ms(q.p95), band if role == "candidate" else "", f"{q.n:,}"]
+        for role, q in lat.caller_gap.items()
+        if q.n
+    ]
+
+
+CALLER_GAP_LEAD = (
+    "Caller-perceived gap, per caller turn: from the caller's line to the agent's first words, "
+    "tool rounds included (the response gap in text mode, the heard gap in audio mode)."
+)
+
+TURN_TAKING_HEADER = [
+    "policy", "measured calls", "time to yield P50", "time to yield P95 (barge-ins)",
+    "missed barge-ins", "false interruptions", "overlap ratio", "awkward silences",
+]  # fmt: skip
+
+
+def _rate_cell(r: RateInterval | None) -> str:
+    if r is None:
+        return "n/a"
+    return f"{r.events}/{r.opportunities}: {rate(r.estimate)} ({rate(r.low)} to {rate(r.high)})"
+
+
+def turn_taking_rows(t: TurnTakingStats) -> list[list[str]]:
+    """Per arm (`TURN_TAKING_HEADER`): time to yield, the rates with intervals, overlap."""
+
+    def row(role: str, a: TurnTakingArm) -> list[str]:
+        y = a.time_to_yield
+        return [
+            role, f"{a.measured_calls:,}", _ms(y.p50), f"{_ms(y.p95)} ({y.n:,})",
+            _rate_cell(a.missed_barge_ins), _rate_cell(a.false_interruptions),
+            "n/a" if a.overlap_ratio is None else rate(a.overlap_ratio), f"{a.awkward_silences:,}",
+        ]  # fmt: skip
+
+    return [row("candidate", t.candidate), row("incumbent", t.incumbent)]
+
+
+def turn_taking_comparisons(t: TurnTakingStats) -> list[str]:
+    """The paired comparisons in words, one line each (what the turn-taking checks read)."""
+    lines = []
+    if (c := t.time_to_yield_p95) is not None:
+        lines.append(
+            f"Time to yield P95, candidate / incumbent: {ratio(c.ratio.estimate)} "
+            f"({interval(c.ratio.low, c.ratio.high, ratio)}, paired over {c.clusters} scenarios)."
+        )
+    if (d := t.false_interruption_diff) is not None:
+        lines.append(
+            f"False interruptions per backchannel, candidate − incumbent: {rate(d.estimate)} "
+            f"({interval(d.low, d.high, rate)}, paired over {d.clusters} scenarios)."
+        )
+    return lines
+
+
+def turn_taking_lead(t: TurnTakingStats | None) -> str:
+    """What the turn-taking section shows, or why it shows nothing."""
+    if t is None or t.unavailable is not None:
+        return f"Turn-taking unavailable: {t.unavailable if t else 'not recorded'}."
+    return (
+        "Measured from the caller's side of the line: time to yield per barge-in the agent "
+        "yielded to; missed barge-ins per barge-in and false interruptions per backchannel, "
+        "each with a 95% interval over scenarios; overlap over all talk time."
+    )
+
+
+def _turn_taking_lines(r: GateReceipt) -> list[str]:
+    t = r.turn_taking
+    if t is None:
+        return []
+    lines = ["", "## Turn-taking", "", turn_taking_lead(t)]
+    if t.unavailable is None:
+        lines += ["", *_md_table(TURN_TAKING_HEADER, turn_taking_rows(t))]
+        lines += ["", *(f"- {line}" for line in turn_taking_comparisons(t))]
+    return lines
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
@@ -430,6 +529,10 @@ def _latency_lines(r: GateReceipt) -> list[str]:
             "Woodruff intervals per policy; the difference resamples scenarios with both "
             "policies together.",
         ]
+    gaps = caller_gap_rows(lat)
+    if gaps:
+        lines += ["", "### Caller-perceived gap", "", CALLER_GAP_LEAD, "",
+                  *_md_table(CALLER_GAP_HEADER, gaps)]  # fmt: skip
     lines += [
         "",
         "### Per LLM call",
@@ -595,6 +698,8 @@ def render_markdown(r: GateReceipt) -> str:
         "## Latency",
         "",
         *_latency_lines(r),
+        "",
+        *_turn_taking_lines(r),
         "",
         "## Safety",
         "",

@@ -17,8 +17,12 @@ from typing import Any
 
 from pipecat_rl.gate.latency import STAGE_LABELS, QuantileInterval, llm_label
 from pipecat_rl.gate.receipt import (
+    CALLER_GAP_HEADER,
+    CALLER_GAP_LEAD,
     SUITE_HEADER,
+    TURN_TAKING_HEADER,
     GateReceipt,
+    caller_gap_rows,
     ci_text,
     hotspot_rows,
     latency_gates,
@@ -29,6 +33,9 @@ from pipecat_rl.gate.receipt import (
     stage_rows,
     suite_lead,
     suite_rows,
+    turn_taking_comparisons,
+    turn_taking_lead,
+    turn_taking_rows,
 )
 from pipecat_rl.gate.report_forks import forks_section
 from pipecat_rl.gate.report_plots import (
@@ -250,6 +257,48 @@ def _llm_rows(measure: str) -> Callable[[GateReceipt], Rows]:
     return rows
 
 
+def _budget_rows(what: str, i: QuantileInterval | None, budget: float | None) -> Rows:
+    """The candidate's P95 of `what` with its interval, against a budget."""
+    if i is None:
+        return [[f"candidate {what} P95", "no samples in 2 or more scenarios", "", ""]]
+    return [[f"candidate {what} P95", *_quantile_cells(i), f"upper bound ≤ {_ms(budget)}"]]
+
+
+def _caller_gap_rows(r: GateReceipt) -> Rows:
+    lat, budget = r.latency, r.thresholds.caller_gap_p95_budget_ms
+    return _budget_rows("caller-perceived gap", lat.caller_gap_p95, budget)
+
+
+def _yield_ratio_rows(r: GateReceipt) -> Rows:
+    c = r.turn_taking.time_to_yield_p95 if r.turn_taking else None
+    if c is None:
+        return [["time to yield P95, candidate / incumbent", "not measured", "", ""]]
+    return [
+        [f"time to yield P95 ({_ms(c.candidate)} / {_ms(c.incumbent)})",
+         ratio(c.ratio.estimate), f"{ratio(c.ratio.low)} to {ratio(c.ratio.high)}",
+         f"upper bound ≤ {ratio(r.thresholds.turn_taking.time_to_yield_p95_ratio or 0)}"],
+    ]  # fmt: skip
+
+
+def _yield_budget_rows(r: GateReceipt) -> Rows:
+    t = r.turn_taking
+    return _budget_rows(
+        "time to yield", t.candidate_time_to_yield_p95 if t else None,
+        r.thresholds.turn_taking.time_to_yield_p95_ms,
+    )  # fmt: skip
+
+
+def _false_interruption_rows(r: GateReceipt, *, diff: bool) -> Rows:
+    t, limits = r.turn_taking, r.thresholds.turn_taking
+    limit = limits.false_interruption_rate_diff if diff else limits.false_interruption_rate
+    what = "false interruptions per backchannel" + (", candidate − incumbent" if diff else "")
+    i = (t.false_interruption_diff if diff else t.candidate.false_interruptions) if t else None
+    if i is None:
+        return [[what, "not measured", "", ""]]
+    return [[what, rate(i.estimate), f"{rate(i.low)} to {rate(i.high)}",
+             f"upper bound ≤ {rate(limit or 0)}"]]  # fmt: skip
+
+
 def _writes_rows(r: GateReceipt) -> Rows:
     rows = []
     for role, arm in (("candidate", r.safety.candidate), ("incumbent", r.safety.incumbent)):
@@ -286,6 +335,11 @@ _CHECK_ROWS: dict[str, Callable[[GateReceipt], Rows]] = {
     "p95_vs_incumbent": lambda r: _p95_rows(r, margin=True),
     "llm_ttft_ratio": _llm_rows("llm_ttft_ms"),
     "llm_turn_ratio": _llm_rows("llm_turn_ms"),
+    "caller_gap_budget": _caller_gap_rows,
+    "time_to_yield_ratio": _yield_ratio_rows,
+    "time_to_yield_budget": _yield_budget_rows,
+    "false_interruption_diff": lambda r: _false_interruption_rows(r, diff=True),
+    "false_interruption_rate": lambda r: _false_interruption_rows(r, diff=False),
     "unauthorized_writes": _writes_rows,
     "unusable_runs": _unusable_rows,
     "training_guard": _guard_rows,
@@ -361,6 +415,12 @@ def latency_section(r: GateReceipt) -> str:
             f"<h3>{esc(p95_name(lat).capitalize())} P95, per caller turn</h3>"
             f'<div class="pair">{table}{plot}</div>'
         )
+    gaps = caller_gap_rows(lat)
+    if gaps:
+        parts.append(
+            f'<h3>Caller-perceived gap</h3><p class="detail">{esc(CALLER_GAP_LEAD)}</p>'
+            + _table(CALLER_GAP_HEADER, [[esc(c) for c in row] for row in gaps])
+        )
     parts.append(
         "<h3>Per LLM call</h3>"
         + _table(
@@ -389,6 +449,19 @@ def latency_section(r: GateReceipt) -> str:
         f"{_figure(plot, 'Solid: P50, light: P95.') if plot else ''}</div>"
     )
     return "".join(parts)
+
+
+def turn_taking_section(r: GateReceipt) -> str:
+    """Both arms' turn-taking beside the paired comparisons; absent in older receipts."""
+    t = r.turn_taking
+    if t is None:
+        return ""
+    head = f'<h2 id="turn-taking">Turn-taking</h2><p class="detail">{esc(turn_taking_lead(t))}</p>'
+    if t.unavailable is not None:
+        return head
+    table = _table(TURN_TAKING_HEADER, [[esc(c) for c in row] for row in turn_taking_rows(t)])
+    said = "".join(f"<li>{esc(line)}</li>" for line in turn_taking_comparisons(t))
+    return head + table + (f"<ul>{said}</ul>" if said else "")
 
 
 def _field(value: Any) -> str:
@@ -547,6 +620,7 @@ mean delta {delta(p.mean_delta)}, {esc(ci_text(p))}.</p>
 {failed_html}
 <h2>Checks</h2>{checks}
 <h2>Latency</h2>{latency_section(r)}
+{turn_taking_section(r)}
 <h2>Score deltas</h2>{_figure(deltas, _DELTAS_CAPTION) if deltas else ""}
 <h2>Training of the candidate</h2>{training_section(r, training)}
 <h2>Cost</h2>

@@ -19,6 +19,11 @@ operating-characteristics simulation applies to thousands of trials at once).
   when it is wholly outside, uncertain in between (or when the data cannot bound it).
 - `llm_ttft_ratio`, `llm_turn_ratio`: candidate / incumbent of the LLM TTFT P50 and the LLM time
   per turn P50 against `max_llm_latency_ratio`, the same way; required in text mode.
+- `caller_gap_budget` (when `caller_gap_p95_budget_ms` is set): the candidate's P95 wait from
+  the caller's line to the agent's first words, tool rounds included, against the budget.
+- `time_to_yield_ratio`, `time_to_yield_budget`, `false_interruption_diff`,
+  `false_interruption_rate` (each when set under `turn_taking`; `gate.turntaking`): unavailable,
+  with the reason, when the runs did not measure turn-taking.
 - `unauthorized_writes`: any by the candidate fails.
 - `unusable_runs`: an arm with more than `max_unusable_share` of its runs lost to harness errors
   or missing verdicts is uncertain: those runs might have gone either way.
@@ -442,12 +447,29 @@ def p95_budget_check(
             headline=f"{cand}'s {m} P95 is unknown (no samples for both policies in 2 or more "
             "scenarios)",
         )  # fmt: skip
+    return quantile_budget_check(name, m, candidate, budget_ms, names=names)
+
+
+def quantile_budget_check(
+    name: str,
+    m: str,
+    candidate: QuantileInterval,
+    budget_ms: float,
+    *,
+    names: Names = ROLES,
+    unit: str = "turns",
+) -> GateCheck:
+    """The candidate's P95 of `m` (with its Woodruff interval) against an absolute budget.
+
+    `unit` names what was timed (`turns`; `barge-ins` for the time to yield).
+    """
+    cand = names[0]
     ci = (
         interval(candidate.low, candidate.high, ms) if candidate.bounded
         else f"95% CI from {ms(candidate.low)}, unbounded above"
     )  # fmt: skip
     text = (
-        f"The candidate's {m} P95 is {ms(candidate.estimate)} ({ci}, {candidate.turns:,} turns "
+        f"The candidate's {m} P95 is {ms(candidate.estimate)} ({ci}, {candidate.turns:,} {unit} "
         f"in {candidate.clusters} scenarios), against a budget of {ms(budget_ms)}"
     )
     said = f"{cand}'s {m} P95 of {ms(candidate.estimate)} ({ci})"
@@ -465,7 +487,7 @@ def p95_budget_check(
             detail=f"{text}. There are too few turns to bound the P95 from above; more sessions "
             "would.",
             headline=f"{cand}'s {m} P95 cannot be bounded from above with {candidate.turns:,} "
-            "turns",
+            f"{unit}",
         )  # fmt: skip
     return GateCheck(
         name=name, status="uncertain", detail=f"{text}: the interval straddles it.",
@@ -517,6 +539,79 @@ def p95_margin_check(
     )  # fmt: skip
 
 
+def caller_gap_check(
+    candidate: QuantileInterval | None, budget_ms: float, require: bool, *, names: Names = ROLES
+) -> GateCheck:
+    """The candidate's P95 caller-perceived gap (`inputs.caller_gap_samples`) against its budget.
+
+    What a caller waits in silence, tool rounds included: the per-call LLM checks pass an agent
+    whose every request is fast but which looks things up before saying a word.
+    """
+    name, m = "caller_gap_budget", "caller-perceived gap"
+    if candidate is None:
+        return GateCheck(
+            name=name, status="uncertain" if require else "unavailable",
+            detail=f"No {m} samples for the candidate in 2 or more scenarios, so its P95 is "
+            "unknown.",
+            headline=f"{names[0]}'s {m} P95 is unknown (no samples in 2 or more scenarios)",
+        )  # fmt: skip
+    return quantile_budget_check(name, m, candidate, budget_ms, names=names)
+
+
+def limit_status(low: float, high: float, limit: float) -> CheckStatus:
+    """An interval against an upper limit: pass inside it, fail wholly above, else uncertain."""
+    if high <= limit:
+        return "pass"
+    return "fail" if low > limit else "uncertain"
+
+
+def ratio_check(
+    name: str,
+    label: str,
+    comparison: RatioComparison | None,
+    limit: float,
+    *,
+    missing: str,
+    missing_status: CheckStatus = "unavailable",
+    names: Names = ROLES,
+    fix: str = "",
+) -> GateCheck:
+    """Candidate / incumbent of one quantile of `label` (paired over scenarios) against `limit`.
+
+    `missing` is the clause saying why there is no comparison (the check is then
+    `missing_status`); `fix` a sentence on what to look at when it fails.
+    """
+    cand, inc = names
+    if comparison is None:
+        return GateCheck(name=name, status=missing_status, detail=sentence(missing),
+                         headline=missing)  # fmt: skip
+    r, q = comparison.ratio, f"P{round(comparison.q * 100)}"
+    ci = interval(r.low, r.high, ratio)
+    text = (
+        f"The candidate's {q} {label} is {ratio(r.estimate)} the incumbent's "
+        f"({ms(comparison.candidate)} vs {ms(comparison.incumbent)}; {ci} over "
+        f"{comparison.clusters} paired scenarios)"
+    )
+    said = f"{cand}'s {q} {label} is {ratio(r.estimate)} {inc}'s"
+    status = limit_status(r.low, r.high, limit)
+    if status == "pass":
+        return GateCheck(
+            name=name, status=status, detail=f"{text}: within the {ratio(limit)} limit.",
+            headline=LATENCY_OK,
+        )  # fmt: skip
+    if status == "fail":
+        return GateCheck(
+            name=name, status=status,
+            detail=f"{text}: above the {ratio(limit)} limit.{f' {fix}' if fix else ''}",
+            headline=f"{said} ({ci}, limit {ratio(limit)})",
+        )  # fmt: skip
+    return GateCheck(
+        name=name, status=status,
+        detail=f"{text}: the interval straddles the {ratio(limit)} limit; more runs would decide.",
+        headline=f"{said} ({ci}) and may exceed the {ratio(limit)} limit",
+    )  # fmt: skip
+
+
 def llm_ratio_check(
     measure: str,
     comparison: RatioComparison | None,
@@ -530,39 +625,14 @@ def llm_ratio_check(
 
     `label` names the measure (`latency.llm_label`: what the TTFT was measured per).
     """
-    name = {"llm_ttft_ms": "llm_ttft_ratio", "llm_turn_ms": "llm_turn_ratio"}[measure]
     label = label or LLM_MEASURES[measure]
-    cand, inc = names
-    if comparison is None:
-        return GateCheck(
-            name=name, status="uncertain" if require else "unavailable",
-            detail=f"No {label} samples for both policies in 2 or more scenarios.",
-            headline=f"there are no {label} samples for both policies in 2 or more scenarios",
-        )  # fmt: skip
-    r = comparison.ratio
-    ci = interval(r.low, r.high, ratio)
-    text = (
-        f"The candidate's P50 {label} is {ratio(r.estimate)} the incumbent's "
-        f"({ms(comparison.candidate)} vs {ms(comparison.incumbent)}; {ci} over "
-        f"{comparison.clusters} paired scenarios)"
-    )
-    said = f"{cand}'s P50 {label} is {ratio(r.estimate)} {inc}'s"
-    if r.high <= limit:
-        return GateCheck(
-            name=name, status="pass", detail=f"{text}: within the {ratio(limit)} limit.",
-            headline=LATENCY_OK,
-        )  # fmt: skip
-    if r.low > limit:
-        return GateCheck(
-            name=name, status="fail",
-            detail=f"{text}: above the {ratio(limit)} limit. Find what made it slower (longer "
-            "prompts or replies, more tool-call round trips) before promoting it.",
-            headline=f"{said} ({ci}, limit {ratio(limit)})",
-        )  # fmt: skip
-    return GateCheck(
-        name=name, status="uncertain",
-        detail=f"{text}: the interval straddles the {ratio(limit)} limit; more runs would decide.",
-        headline=f"{said} ({ci}) and may exceed the {ratio(limit)} limit",
+    return ratio_check(
+        {"llm_ttft_ms": "llm_ttft_ratio", "llm_turn_ms": "llm_turn_ratio"}[measure], label,
+        comparison, limit,
+        missing=f"there are no {label} samples for both policies in 2 or more scenarios",
+        missing_status="uncertain" if require else "unavailable", names=names,
+        fix="Find what made it slower (longer prompts or replies, more tool-call round trips) "
+        "before promoting it.",
     )  # fmt: skip
 
 
