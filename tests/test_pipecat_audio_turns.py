@@ -111,7 +111,7 @@ def test_what_neither_mode_can_send_is_a_skip_naming_the_field(tmp_path, turn, f
         load_scenario_file(path)
 
 
-def test_pauses_the_caller_cannot_keep_are_a_warning(tmp_path):
+def test_pauses_text_mode_cannot_keep_are_a_warning(tmp_path):
     _tone(tmp_path / "clips" / "ask.wav")
     pausing = """\
               - name: pausing
@@ -121,7 +121,8 @@ def test_pauses_the_caller_cannot_keep_are_a_warning(tmp_path):
     path = _recorded(tmp_path, extra=textwrap.indent(textwrap.dedent(pausing), "  "))
     path.write_text(path.read_text().replace("{modality: audio}", "{modality: audio, speech: {}}"))
     _, warned = logged_warnings(lambda: load_scenario_file(path))
-    assert "recorded/pausing: turns.0.user: its pauses (`pause_ms:`) are not kept" in warned
+    pauses = "recorded/pausing: turns.0.user: its pauses (`pause_ms:`) are kept in audio mode only"
+    assert pauses in warned
     assert "user.speech: not used: turns without `audio:` are spoken by the channel's TTS" in warned
 
 

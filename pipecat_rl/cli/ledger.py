@@ -46,6 +46,7 @@ from pipecat_rl.ledger import (
     live_exclusions,
     resolve_ledger_path,
 )
+from pipecat_rl.ledger.eligibility import LIVE_REASONS
 from pipecat_rl.ledger.scores import MAX_EXPLANATION_CHARS
 from pipecat_rl.ledger.transfer import OnConflict, is_ledger_file
 
@@ -136,6 +137,10 @@ def stats(ledger: LedgerOpt = None, json_out: JsonOpt = False) -> None:
     )
     dropped = ", ".join(f"{k} {n}" for k, n in data["dropped_turns"].items() if n)
     out.print(f"  sampled turns kept out of training: {dropped or '-'}")
+    if data["recorded_from_caller"]:
+        label, hint = LIVE_REASONS["recorded_from_caller"]
+        n = data["recorded_from_caller"]
+        out.print(f"  sessions kept out of training: {n} {label}: {hint}", markup=False)
     live = data["live_sessions"]
     out.print(
         f"  live sessions: {live['unscored']} unscored, {live['scored']} scored "

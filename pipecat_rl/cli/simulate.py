@@ -5,8 +5,13 @@ scored), unless `--fail-under RATE` is given and the pass rate is below it (1, f
 failed test run); 64 for bad flags, a path that does not exist, a `simulator:`/`judge:` block we
 cannot reach offline, or a bot LLM service that cannot be served; 65 for bad scenario files; 69
 when the LLM server failed or went away mid-run (the episodes not yet started are reported
-`not_run`); 70 when episodes could not run to their end (harness errors, or a session the ledger
-could not fully write). The result table goes to stdout, the progress bar to stderr.
+`not_run`), or nothing answers at `--bot-url` when the run starts; 70 when episodes could not
+run to their end (harness errors, or a session the ledger could not fully write). The result
+table goes to stdout, the progress bar to stderr.
+
+`--bot-url URL` calls a bot that already runs (a deployment, or Pipecat's runner: `python bot.py
+-t websocket`) instead of importing `--bot`: audio calls over its WebSocket, recorded from the
+caller's side only, its world unverified, never trained on (`simulator.remote`).
 
 `--by AXIS` (repeatable; `all`: every axis) adds the hot-spot tables of a scenario matrix after
 the per-scenario table: pass rate, failures, unauthorised writes (hard checks broken) and labels
@@ -20,6 +25,7 @@ transcript (caller and agent lines, tool calls, its end) to stderr as the call e
 prefixed with its scenario and repeat, so stdout keeps the table or `--json`.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -51,7 +57,14 @@ from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
 from pipecat_rl.scenarios.loading import select_scenarios
-from pipecat_rl.scoring import VIOLATIONS, AxisRun, HotSpots, SessionOutcome, hot_spots
+from pipecat_rl.scoring import (
+    VIOLATIONS,
+    AxisRun,
+    HotSpots,
+    SessionOutcome,
+    hot_spots,
+    turntaking,
+)
 from pipecat_rl.scoring.hotspots import DEFAULT_MIN_RUNS, axes_seen
 from pipecat_rl.simulator.audio import check_recording, check_transport
 from pipecat_rl.simulator.junit import call_lines, case_name, junit_xml
@@ -68,7 +81,11 @@ def _ms(value: float | None) -> str:
 
 
 def _table(report: "SimulationReport", mode: str = "") -> Table:
-    table = Table(title=f"simulation {mode}".strip(), title_justify="left")
+    caption = turntaking.summary([e.turn_taking for e in report.episodes])
+    table = Table(
+        title=f"simulation {mode}".strip(), title_justify="left",
+        caption=caption, caption_justify="left",  # audio calls' turn-taking, pooled
+    )  # fmt: skip
     for column in ("scenario", "split", "pass", "score", "P50 ms", "P95 ms", "labels"):
         table.add_column(
             column, justify="right" if column in ("pass", "score") else "left",
@@ -175,7 +192,7 @@ def _print_call(episode: "EpisodeResult") -> None:
 
 def _run(
     scenarios: ScenarioSet,
-    bot: str,
+    bot: "str | _Remote",
     options: SimulationOptions,
     policy: str,
     ledger_path: Path | str,
@@ -183,9 +200,10 @@ def _run(
     progress_mode: ProgressMode,
 ) -> "SimulationReport":
     from pipecat_rl.simulator import load_bot, run
+    from pipecat_rl.simulator.remote import RemoteBot
     from pipecat_rl.simulator.runner import total_episodes
 
-    entry = load_bot(bot)
+    entry = RemoteBot(bot.url) if isinstance(bot, _Remote) else load_bot(bot)
     if server.needed and server.url is None:
         console.print("no --llm-url: starting the embedded vLLM server…")
     progress = CallProgress(total_episodes(scenarios, options), "simulating", progress_mode)
@@ -210,12 +228,21 @@ def simulate_command(
         ),
     ],
     bot: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--bot",
+            "--bot", show_default=False,
             help="The bot: path/to/bot.py or package.module, with :function (default run_bot).",
         ),
-    ],
+    ] = None,
+    bot_url: Annotated[
+        str | None,
+        typer.Option(
+            "--bot-url", metavar="URL", show_default=False,
+            help="Instead of --bot: call a bot already running at this WebSocket URL (Pipecat's "
+            "runner: ws://HOST:7860/ws-client), as an audio call recorded from the caller's "
+            "side only; its world is not verified and its sessions never train.",
+        ),
+    ] = None,
     repeats: Annotated[
         int | None,
         typer.Option(
@@ -247,13 +274,14 @@ def simulate_command(
         str | None, typer.Option("--adapter", help="Adapter the agent is served (default base).")
     ] = None,
     mode: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--mode",
-            help="Channel: text, audio (paced speech, offline Whisper + Piper), or text,audio "
-            "(both, same seeds, and the channel gap per failure label).",
+            "--mode", show_default=False,
+            help="Channel: text (the default), audio (paced speech, offline Whisper + Piper), or "
+            "text,audio (both, same seeds, and the channel gap per failure label); --bot-url "
+            "calls are audio.",
         ),
-    ] = "text",
+    ] = None,
     transport: Annotated[
         Literal["local", "webrtc"],
         typer.Option(
@@ -397,7 +425,8 @@ def simulate_command(
     With -v, each call's transcript goes to stderr as the call ends.
     """
     with cli_errors(json_out):
-        modes = _modes(mode, transport)
+        target = _target(bot, bot_url, mode, transport, executor)
+        modes = _modes(mode or ("audio" if bot_url else "text"), transport)
         if gap_html is not None:
             writable_folder(gap_html, "--gap-html")
         if junit is not None:  # refused before any call runs, not after an hour of them
@@ -429,7 +458,11 @@ def simulate_command(
             **executor_fields(executor, ray_address, ray_endpoints),
         )  # fmt: skip
         check_endpoints(loaded, options, llm_url)  # before any server starts: fail fast
-        server = Server(url=llm_url, model=model, needed=not no_server)
+        server = Server(url=llm_url, model=model, needed=not (no_server or bot_url))
+        if bot_url:
+            from pipecat_rl.simulator.remote import announce
+
+            console.print(announce(bot_url), markup=False, soft_wrap=True)
         reports = []
         for channel in modes:  # text first, then audio: same scenarios, seeds and adapter
             run_options = options.model_copy(
@@ -438,7 +471,7 @@ def simulate_command(
             path = resolve_ledger_path(ledger)
             shown: ProgressMode = "none" if json_out else progress_mode
             reports.append(
-                _run(loaded, bot, run_options, adapter or "base", path, server, shown)
+                _run(loaded, target, run_options, adapter or "base", path, server, shown)
             )
             if reports[-1].server_gone:
                 break  # no second channel against a server that is gone
@@ -500,6 +533,43 @@ def _check_pass_rate(reports: list["SimulationReport"], fail_under: float) -> No
                 f"is below --fail-under {fail_under:g}"
             )
             raise typer.Exit(EXIT_NO)
+
+
+@dataclass(frozen=True)
+class _Remote:
+    """`--bot-url`: a bot to call where it runs (checked before anything imports Pipecat)."""
+
+    url: str
+
+
+def _target(
+    bot: str | None, bot_url: str | None, mode: str | None, transport: str, executor: str
+) -> "str | _Remote":
+    """The bot to simulate: `--bot`'s spec, or `--bot-url`'s bot with the flags it allows."""
+    if (bot is None) == (bot_url is None):
+        raise ConfigError("give the bot to simulate: --bot path/to/bot.py, or --bot-url URL")
+    if bot_url is None:
+        return str(bot)
+    if not bot_url.startswith(("ws://", "wss://")):
+        raise ConfigError(
+            f"--bot-url {bot_url}: give the bot's WebSocket URL, ws:// or wss:// (Pipecat's "
+            "runner serves ws://HOST:PORT/ws-client for `python bot.py -t websocket`)"
+        )
+    wrong = [
+        flag
+        for flag, given in (
+            (f"--mode {mode}", mode not in (None, "audio")),
+            (f"--transport {transport}", transport != "local"),
+            (f"--executor {executor}", executor != "local"),
+        )
+        if given
+    ]
+    if wrong:
+        raise ConfigError(
+            f"--bot-url calls the bot as an audio call over its WebSocket, from this process: "
+            f"leave out {', '.join(wrong)}"
+        )
+    return _Remote(bot_url)
 
 
 def _modes(mode: str, transport: str) -> list[Literal["text", "audio"]]:

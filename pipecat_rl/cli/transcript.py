@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, ToolCallRecord, TurnRecord
 from pipecat_rl.ledger.transcript import after_tool_results, caller_lines, calls_by_turn
-from pipecat_rl.scoring import authoritative_part, gate_score
+from pipecat_rl.scoring import authoritative_part, gate_score, turntaking
 
 _STAGES = (
     ("endpointing", "endpointing_ms"),
@@ -92,6 +92,9 @@ def _header(out: Console, s: SessionRecord, store: Ledger) -> None:
     out.print(f"  labels {escape(', '.join(s.failure_labels) or '-')}")
     if wav := s.metadata.get("audio_wav"):  # --record-audio: the call, caller left, agent right
         out.print(f"  audio {escape(str(wav))}")
+    if (taking := turntaking.read(s.metadata)) is not None:  # audio: measured; text: why not
+        shown = turntaking.brief(taking) if taking.measured else f"— ({taking.unavailable})"
+        out.print(f"  turn-taking {escape(shown)}")
     flags = [f for f, on in (("excluded from training", s.excluded_from_training),
                              ("no consent", not s.consent)) if on]  # fmt: skip
     if flags:

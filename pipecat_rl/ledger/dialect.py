@@ -65,6 +65,7 @@ POOL_SIZE = 4
 
 JSON_PATHS: dict[str, str] = {
     "$.verdict.source": "text",
+    "$.recorded_from": "text",
     "$.writer.host": "text",
     "$.writer.pid": "integer",
     "$.writer.started": "integer",

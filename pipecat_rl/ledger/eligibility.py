@@ -2,7 +2,8 @@
 
 A session may train only if it is not held out (judged by its scenario's content hash against every
 held-out hash the ledger has seen, whatever folder the file sat in or `split:` it declared), not a
-gate run, not excluded, consented, and ended with an outcome other than a harness failure. A live
+gate run, not excluded, consented, ended with an outcome other than a harness failure, and
+recorded from the bot's side (not `recorded_from: caller`, a bot called at `--bot-url`). A live
 call must also be redacted (none of its turns written without the redactor), decided by a source
 the configuration trusts (`LiveTrust.sources`: the source whose `success` is its authoritative
 part, `ledger.outcome.deciding_source`), and have ended at least `LiveTrust.settle_s` ago, so
@@ -158,6 +159,11 @@ UNREDACTED_TURN = "EXISTS (SELECT 1 FROM turns r WHERE r.session_id = s.id AND r
 """A session with a turn the recorder wrote without its redactor (alias `s`)."""
 
 
+RECORDED_FROM = "json_extract(s.metadata, '$.recorded_from')"
+"""Whose side of the call the session holds: `caller` for a bot called where it runs
+(`simulate --bot-url`), whose turns, tools and world were never seen; absent: the bot's own."""
+
+
 @dataclass(frozen=True)
 class SessionRule:
     """One rule a session must pass to train, named for why a session fails it."""
@@ -177,6 +183,7 @@ SESSION_RULES: tuple[SessionRule, ...] = (
         f"(s.outcome IS NULL OR s.outcome NOT IN {_sql_set(UNTRAINABLE_OUTCOMES)})",
     ),
     SessionRule("in_progress", f"NOT {open_session('s')}"),
+    SessionRule("recorded_from_caller", f"COALESCE({RECORDED_FROM}, '') != 'caller'"),
 )
 """What every session needs to train, live or simulated (alias `s`)."""
 
@@ -224,6 +231,11 @@ LIVE_REASONS: dict[str, tuple[str, str]] = {
         "the call ended in an error or its process died mid-call",
     ),
     "in_progress": ("in progress", "still being recorded, it trains once it has ended"),
+    "recorded_from_caller": (
+        "recorded from the caller's side",
+        "a bot called where it runs (`simulate --bot-url`): its turns were never recorded, so "
+        "it never trains; simulate the bot with --bot to train on its calls",
+    ),
     "unscored": (
         "no score",
         "nobody posted its success: score it (`pipecat-rl ledger score CALL_ID --value pass`, "

@@ -23,6 +23,7 @@ from pipecat_rl.ledger.core import LedgerCore
 from pipecat_rl.ledger.eligibility import (
     DEFAULT_LIVE_TRUST,
     HELDOUT_SESSION,
+    RECORDED_FROM,
     SAMPLED_RULES,
     TOKEN_EXACT_TURN,
     LiveTrust,
@@ -664,7 +665,9 @@ class Sessions(LedgerCore):
         (`eligible_turns`: `sft` counts demonstrations too, `rl` only the policy's sampled
         turns) count by the same eligibility query `training_turns` runs, with the same `live`
         trust; `dropped_turns` counts, per rule of `SAMPLED_RULES`, the policy-sampled turns of
-        trainable sessions it keeps out (a turn failing several rules counts under each).
+        trainable sessions it keeps out (a turn failing several rules counts under each);
+        `recorded_from_caller` the sessions of bots called where they run (`--bot-url`), which
+        never train.
         """
         tables = (
             "sessions",
@@ -703,6 +706,9 @@ class Sessions(LedgerCore):
                 f"SELECT {counts_by_rule} FROM turns t JOIN sessions s ON s.id = t.session_id "
                 f"WHERE {eligible_session(live)}"
             ).fetchone()
+            (from_caller,) = conn.execute(
+                f"SELECT count(*) FROM sessions s WHERE {RECORDED_FROM} = 'caller'"
+            ).fetchone()
             live_row = conn.execute(SELECT_LIVE).fetchone()
             live_sessions = live_score_states(conn, live)
         return {
@@ -716,6 +722,7 @@ class Sessions(LedgerCore):
             "dropped_turns": {
                 r.reason: n or 0 for r, n in zip(SAMPLED_RULES, dropped, strict=True)
             },
+            "recorded_from_caller": from_caller,
             "live_sessions": live_sessions,
             "live": None if live_row is None else LIVE.record(live_row).adapter,
         }

@@ -34,6 +34,7 @@ from pipecat_rl.scenarios.turns import (
     unknown_keys,
     unsupported,
     untimed,
+    with_moves,
 )
 from pipecat_rl.scenarios.yaml_safe import load_yaml, read_text
 from pipecat_rl.strict import UniqueKeyLoader
@@ -182,7 +183,10 @@ def _with_parsed_turns(path: Path, scenarios: list[Scenario]) -> list[Scenario]:
     out = []
     for s in scenarios:
         if s.scripted:
-            turns = parsed[s.name]
+            try:
+                turns = with_moves(parsed[s.name], s.turns or [])
+            except ValueError as e:
+                raise ScenarioError(f"{path}: {s.name}: {e}") from e
             reason = unsupported(turns)
             if reason:
                 raise UnsupportedScenarioError(f"{path}: {s.name}: {reason}")
@@ -255,8 +259,8 @@ def _not_honoured(s: Scenario) -> list[str]:
             "spoken by the channel's TTS (`channel.tts`, `channel.tts_voice`) with --mode audio"
         )
     found += [
-        f"{s.name}: turns.{t}.user: its pauses (`pause_ms:`) are not kept: the caller says the "
-        "text without them"
+        f"{s.name}: turns.{t}.user: its pauses (`pause_ms:`) are kept in audio mode only: text "
+        "mode sends the text without them"
         for t, turn in enumerate(turns)
         if turn.parts is not None and any(isinstance(p, int) for p in turn.parts)
     ]

@@ -16,6 +16,16 @@ scripted caller runs one as the opening turn, whose checks apply to the agent's 
 
 Fields Pipecat ignores without a word (a key it does not know in a turn or an expectation) are
 named by `unknown_keys`, so the loader can warn instead of running a check nobody wrote.
+
+Turn-taking moves, played in audio mode (`simulator.audio.moves`): Pipecat's `send_after:
+{event: bot_started_speaking, delay_ms: N}` says the turn N ms after the agent's reply to the
+turn before began to sound, over it (a barge-in); our `barge_in: {after_ms: N}` or
+`{after_words: N}` does the same once the caller has heard that much of the agent's voice;
+`backchannel:` and `side_speech:` (`{say: ..., after_ms: N}`) are said during the agent's reply
+to this turn and are no turn of the caller's; a pausing `user:` (Pipecat's `pause_ms:` parts)
+is spoken with its silences. Text mode has no time on the line: a barge-in turn is sent after
+the reply, asides are not sent, pauses are dropped (`with_moves` reads our keys, which
+Pipecat's parser does not keep).
 """
 
 import dataclasses
@@ -23,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 REPLY_EVENTS = frozenset({"response", "llm_response", "tts_response"})
 """The agent's reply (its text in text mode)."""
@@ -72,6 +82,39 @@ class Expectation(_Frozen):
     absent: StrictBool = False
 
 
+WORD_MS = 350
+"""How long one word of the agent's takes to say (~170 words a minute, Piper's pace): the
+caller counts `after_words` as that much of the agent's voice heard."""
+
+
+class BargeIn(_Frozen):
+    """Say the turn over the agent's reply to the turn before, once this much of it was heard."""
+
+    after_ms: int | None = Field(default=None, gt=0)
+    """Milliseconds of the agent's voice (its silences not counted)."""
+    after_words: int | None = Field(default=None, gt=0)
+    """Words of the agent's, counted as `WORD_MS` of its voice each."""
+
+    @model_validator(mode="after")
+    def _one(self) -> "BargeIn":
+        if (self.after_ms is None) == (self.after_words is None):
+            raise ValueError("give one of after_ms or after_words")
+        return self
+
+    @property
+    def voice_ms(self) -> int:
+        """How much of the agent's voice the caller hears before it barges in."""
+        return self.after_ms if self.after_ms is not None else WORD_MS * (self.after_words or 0)
+
+
+class Aside(_Frozen):
+    """Something the caller says during the agent's reply that is no turn (a backchannel)."""
+
+    say: str = Field(min_length=1)
+    after_ms: int = Field(default=0, ge=0)
+    """Milliseconds of the agent's voice heard in its reply before the caller says it."""
+
+
 class Turn(_Frozen):
     """One scripted turn: what the caller sends, and what it expects back."""
 
@@ -82,7 +125,15 @@ class Turn(_Frozen):
     dtmf: str | None = None
     send_after: SendAfter | None = None
     image: str | None = None
+    barge_in: BargeIn | None = None
+    backchannel: Aside | None = None
+    side_speech: Aside | None = None
 
+
+MOVE_KEYS = ("barge_in", "backchannel", "side_speech")
+"""Our turn keys (turn-taking moves), which Pipecat's parser does not know."""
+BARGE_IN_EVENT = "bot_started_speaking"
+"""The one `send_after.event` the caller can time a send from: the agent's voice, as heard."""
 
 _TURN_KEYS = set(Turn.model_fields) - {"parts"}
 _EXPECTATION_KEYS = set(Expectation.model_fields) | {"name", "args"}  # the calls shorthand
@@ -113,7 +164,25 @@ def _turn(name: str, index: int, parsed: Any) -> Turn:
         raise ValueError(f"{name}: {field}: {error['msg']}") from e
 
 
-_NOT_SENT = {"dtmf": "keypresses", "image": "an image for the bot", "send_after": "a timed send"}
+def with_moves(turns: Sequence[Turn], raw_turns: Sequence[Any]) -> list[Turn]:
+    """`turns` with our turn-taking keys (`MOVE_KEYS`) read from the file's own turns.
+
+    Raises:
+        ValueError: a move is malformed (`turns.<i>.<key>...: why`).
+    """
+    out = []
+    for i, (turn, raw) in enumerate(zip(turns, raw_turns, strict=True)):
+        moves = {k: raw[k] for k in MOVE_KEYS if isinstance(raw, dict) and k in raw}
+        try:
+            out.append(Turn.model_validate({**turn.model_dump(exclude_unset=True), **moves}))
+        except ValidationError as e:
+            error = e.errors()[0]
+            field = ".".join(str(p) for p in ("turns", i, *error["loc"]))
+            raise ValueError(f"{field}: {error['msg']}") from e
+    return out
+
+
+_NOT_SENT = {"dtmf": "keypresses", "image": "an image for the bot"}
 
 
 def unsupported(turns: Sequence[Turn]) -> str | None:
@@ -128,6 +197,18 @@ def unsupported(turns: Sequence[Turn]) -> str | None:
                     f"turn {t} uses `{key}:` ({what}), which neither text mode nor the audio "
                     "harness can send"
                 )
+        timed = turn.send_after is not None or turn.barge_in is not None
+        if turn.send_after is not None and turn.send_after.event != BARGE_IN_EVENT:
+            return (
+                f"turn {t} uses `send_after:` timed from {turn.send_after.event or 'its delay'}: "
+                f"the caller can time a send from `{BARGE_IN_EVENT}` only (a barge-in)"
+            )
+        if turn.send_after is not None and turn.barge_in is not None:
+            return f"turn {t} has both `send_after:` and `barge_in:`: give one"
+        if timed and (t == 1 or turn.user is None):
+            return f"turn {t} barges in, but " + (
+                "it says nothing (`user:`)" if turn.user is None else "no reply comes before it"
+            )
         if turn.user is None and t > 1:
             return (
                 f"turn {t} has no `user:` text: the scripted caller runs a turn that only waits "

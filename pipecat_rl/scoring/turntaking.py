@@ -9,9 +9,12 @@ Names follow the anchors where they exist: LiveKit's simulations (time to yield,
 interruptions, overlap ratio, awkward silences) and tau-voice (yield rate, selectivity).
 """
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from pipecat_rl.scoring.quantile import P50, P95, quantile_or_none
 
 AWKWARD_SILENCE_MS = 2000.0
 """Nobody on the line for longer than this, inside a call, is an awkward silence."""
@@ -82,6 +85,63 @@ def text_mode() -> TurnTaking:
         channel="text",
         unavailable="text mode: no audio on the line, so no overlap, yield or silence to time",
     )
+
+
+def as_json(record: TurnTaking | None) -> dict | None:
+    """The record as `simulate --json` shows it: its fields and the ratios derived from them."""
+    if record is None:
+        return None
+    return {
+        **record.model_dump(),
+        "overlap_ratio": record.overlap_ratio,
+        "yield_rate": record.yield_rate,
+    }
+
+
+def brief(record: TurnTaking) -> str:
+    """One measured call in a line (`ledger show`): what happened, each figure only if it did."""
+    parts = []
+    if record.barge_ins:
+        parts.append(f"yield {record.barge_ins - record.missed_barge_ins}/{record.barge_ins}")
+    if record.time_to_yield_ms:
+        parts.append(f"{max(record.time_to_yield_ms):.0f} ms")
+    if record.backchannels:
+        parts.append(f"false int {record.false_interruptions}/{record.backchannels}")
+    if record.overlap_ratio is not None:
+        parts.append(f"overlap {record.overlap_ratio:.0%}")
+    for count, label in ((record.awkward_silences, "silence"),
+                         (record.premature_responses, "premature"),
+                         (record.unanswered_turns, "unanswered")):  # fmt: skip
+        if count:
+            parts.append(f"{label}×{count}")
+    return " · ".join(parts) or "—"
+
+
+def summary(records: Sequence[TurnTaking | None]) -> str | None:
+    """One line over many calls (`simulate`'s table): pooled counts, time to yield P50/P95.
+
+    None when no call was measured (text mode, or no record).
+    """
+    measured = [r for r in records if r is not None and r.measured]
+    if not measured:
+        return None
+    barge_ins = sum(r.barge_ins for r in measured)
+    yielded = barge_ins - sum(r.missed_barge_ins for r in measured)
+    ttys = [ms for r in measured for ms in r.time_to_yield_ms]
+    p50, p95 = quantile_or_none(ttys, P50), quantile_or_none(ttys, P95)
+    talk = sum(r.talk_ms for r in measured)
+    overlap = f"{sum(r.overlap_ms for r in measured) / talk:.0%}" if talk else "—"
+    parts = [
+        f"barge-ins yielded {yielded}/{barge_ins}",
+        "time to yield " + ("—" if p50 is None else f"P50 {p50:.0f} / P95 {p95:.0f} ms"),
+        f"false interruptions {sum(r.false_interruptions for r in measured)}"
+        f"/{sum(r.backchannels for r in measured)}",
+        f"overlap {overlap}",
+        f"awkward silences {sum(r.awkward_silences for r in measured)}",
+        f"premature {sum(r.premature_responses for r in measured)}",
+        f"unanswered {sum(r.unanswered_turns for r in measured)}",
+    ]
+    return f"turn-taking ({len(measured)} audio calls): " + " · ".join(parts)
 
 
 def read(metadata: dict) -> TurnTaking | None:

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from loguru import logger
 from pipecat.pipeline.worker import PipelineWorker
@@ -40,10 +40,12 @@ from pipecat_rl.scenarios import Scenario, ScenarioSet, heldout, loading
 from pipecat_rl.scoring import (
     P50,
     P95,
+    TurnTaking,
     authoritative_score,
     outcome_passed,
     pass_hat_k,
     quantile_or_none,
+    turntaking,
 )
 from pipecat_rl.scoring import SessionOutcome as Outcome
 from pipecat_rl.scoring import outcome as passed_outcome
@@ -83,6 +85,9 @@ from pipecat_rl.simulator.rewards import (
 from pipecat_rl.simulator.script_turns import score_turns
 from pipecat_rl.simulator.transport import EndReason, Line, LocalTransportPair
 from pipecat_rl.simulator.world import CheckResult, ToolExecution, World
+
+if TYPE_CHECKING:  # it imports this module
+    from pipecat_rl.simulator.remote import RemoteBot
 
 SHUTDOWN_GRACE_S = 5.0
 """How long a bot gets to stop on its own after the call ends, before it is cancelled."""
@@ -149,6 +154,8 @@ class EpisodeResult:
     nothing the agent said matched) and `caller_gave_up` (it hung up after repeated non-answers)."""
     fork: dict[str, Any] = field(default_factory=dict)
     """A fork's replay (`simulator.fork.ForkRun.report`): its call, turn, hand-off and world."""
+    turn_taking: TurnTaking | None = None
+    """The call's turn-taking from the caller's side (text mode: why it is unavailable)."""
 
     @property
     def passed(self) -> bool | None:
@@ -563,6 +570,11 @@ async def run_episode(
     result.bypassed, result.redirected = episode.bypassed, episode.redirected
     result.mode = config.mode
     result.fork = fork.report() if fork is not None else {}
+    result.turn_taking = (
+        audio.pair.timeline.measure(caller_hung_up=pair.end_reason == "caller_hung_up")
+        if audio is not None
+        else turntaking.text_mode()
+    )
     if audio is not None:
         result.speech = audio.agent_speech.notes
         result.call_s = audio.pair.audio_seconds
@@ -631,6 +643,11 @@ def _write(ledger: Ledger, info: SessionInfo, result: EpisodeResult) -> None:
             **({"fork": result.fork} if result.fork else {}),
             **({"speech": result.speech, "call_s": result.call_s} if result.call_s else {}),
             **({"audio_wav": result.audio_wav} if result.audio_wav else {}),
+            **(
+                {turntaking.METADATA_KEY: result.turn_taking.model_dump()}
+                if result.turn_taking
+                else {}
+            ),
         },
         latencies=caller_side_latencies(result, recorded),
         scores=scores,
@@ -793,6 +810,7 @@ class SimulationReport:
                     "mode": e.mode,
                     "turns": len(e.transcript),
                     "duration_s": round(e.duration_s, 3),
+                    "turn_taking": turntaking.as_json(e.turn_taking),
                 }
                 for e in self.episodes
             ],
@@ -802,7 +820,7 @@ class SimulationReport:
 
 async def simulate(
     scenarios: ScenarioSet,
-    bot: BotEntry,
+    bot: "BotEntry | RemoteBot",
     config: SimulationConfig,
     ledger: Ledger,
     *,
@@ -815,9 +833,17 @@ async def simulate(
     `stop` is asked before each episode starts: once it says yes, nothing more starts (the
     episodes in flight finish, so none is cut half-written) and the rest are `not_run`.
     `run_one` runs each episode (`run_episode` here, by default; `simulator.executor` gives
-    the Ray one); seeds, pairing and the held-out split are decided the same either way.
+    the Ray one); seeds, pairing and the held-out split are decided the same either way. A
+    `RemoteBot` (`simulate --bot-url`) is called where it runs, here, by
+    `remote.run_remote_episode`, once it has answered at its URL.
     """
     run_one = run_one or run_episode
+    remote = _remote_bot(bot)
+    if remote is not None:  # a bot already running elsewhere: called, never imported
+        from pipecat_rl.simulator.remote import check_remote, run_remote_episode
+
+        check_remote(scenarios)
+        run_one = run_remote_episode
     started = time.monotonic()
     scenarios = loading.runnable(scenarios, config.mode)  # recorded turns play in audio only
     for scenario in scenarios:  # a scenario whose world cannot be built is a usage error
@@ -867,7 +893,9 @@ async def simulate(
 
     check_endpoints(scenarios, config, config.llm_url)
     with simulation_environment(config.llm_url, setup_files()):
-        if jobs:
+        if remote is not None:  # its pre-flight: it answers at its URL
+            await remote.check()
+        elif jobs:
             await preflight(bot, jobs[0][0], config)
         # A task group, not gather: cancelled (Ctrl-C), gather ends at its first cancelled
         # child while calls still run, and asyncio's shutdown then hangs on their runners; a
@@ -880,6 +908,13 @@ async def simulate(
         wall_s=time.monotonic() - started,
         server_gone=gone[0] if gone else None,
     )
+
+
+def _remote_bot(bot: Any) -> "RemoteBot | None":
+    """`bot` when it is one already running elsewhere (`simulate --bot-url`), else None."""
+    from pipecat_rl.simulator.remote import RemoteBot
+
+    return bot if isinstance(bot, RemoteBot) else None
 
 
 def _not_run(

@@ -13,6 +13,7 @@ between them is theirs, not the time of day's. `options.executor` says where eac
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from pipecat_rl.errors import first_error
 from pipecat_rl.ledger import BASE_ADAPTER, Ledger
@@ -28,6 +29,9 @@ from pipecat_rl.simulator.runner import (
     SimulationReport,
     simulate,
 )
+
+if TYPE_CHECKING:  # it imports Pipecat's WebSocket client only for a run that calls one
+    from pipecat_rl.simulator.remote import RemoteBot
 
 EMBEDDED = Server()
 """The default: the embedded vLLM, started for the run."""
@@ -66,7 +70,7 @@ async def _endpoints(
 
 def run(
     scenarios: ScenarioSet,
-    bot: BotEntry,
+    bot: "BotEntry | RemoteBot",
     options: SimulationOptions,
     ledger: Ledger,
     *,
@@ -80,7 +84,7 @@ def run(
 
     Args:
         scenarios: loaded scenarios (`load_scenarios`); only these run, never a file's neighbours.
-        bot: the loaded bot (`load_bot`).
+        bot: the loaded bot (`load_bot`), or a `RemoteBot` to call where it runs.
         options: what the run is asked to do (caller, channel, seed, repeats, concurrency).
         ledger: where every episode is written.
         policies: the adapters to run (`base` for the base model); several run interleaved,

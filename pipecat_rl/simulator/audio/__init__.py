@@ -4,7 +4,9 @@
 paced 20 ms call and the caller-side heard-gap meter, `stages` where each heard gap went,
 `webrtc` the same call over SmallWebRTC on loopback, `channel` the seeded perturbations,
 `spoken` how the caller reads codes aloud, `services` the speech services (`whisper` the
-agent's stand-in STT), `recorder` the `--record-audio` WAV of each call. Only the flag checks
+agent's stand-in STT), `recorder` the `--record-audio` WAV of each call, `timeline` the call's
+turn-taking from what each side put on the line, `moves` a scripted caller's barge-ins, asides
+and pauses. Only the flag checks
 (`check_transport`, `check_recording`) live here: the CLI runs them before anything heavy is
 imported.
 """

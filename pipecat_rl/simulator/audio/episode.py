@@ -11,7 +11,8 @@ on VAD events.
 Persona side (`persona_audio_stages`): Silero VAD -> STT (`persona_ear`) -> `PersonaHearing`
 before the persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes
 and long numbers character by character, as a caller does (`spoken`). A scripted scenario's
-recorded turns (`audio:`) are played instead of being spoken (`recordings`).
+recorded turns (`audio:`) are played instead of being spoken (`recordings`), and its
+turn-taking moves (barge-ins, backchannels, side speech, pauses) are timed by `moves`.
 
 With `record_audio` (`--record-audio DIR`) the call is also written, both sides on one clock,
 to a stereo WAV in that folder (`recorder`), closed with the episode.
@@ -36,6 +37,7 @@ from pipecat_rl.scenarios import Scenario
 from pipecat_rl.scenarios.turns import recordings, spoken
 from pipecat_rl.simulator.audio import check_recording
 from pipecat_rl.simulator.audio.channel import ChannelPerturbation
+from pipecat_rl.simulator.audio.moves import CallerMoves, pausing_lines
 from pipecat_rl.simulator.audio.recorder import CallRecording, recording_path
 from pipecat_rl.simulator.audio.services import (
     OFFLINE_STT,
@@ -126,11 +128,14 @@ class AgentSpeech:
 
 
 def persona_audio_stages(
-    pair: AudioTransportPair, choice: SpeechChoice, recorded: Mapping[int, str] | None = None
+    pair: AudioTransportPair,
+    choice: SpeechChoice,
+    recorded: Mapping[int, str | tuple[str | int, ...]] | None = None,
 ) -> tuple[list[FrameProcessor], list[FrameProcessor]]:
     """The persona's ear (before its turn logic) and mouth (after its LLM).
 
-    `recorded` (caller line number -> file) are the turns played from recordings, not spoken.
+    `recorded` (caller line number -> file, or text and pauses) are the turns played whole,
+    not spoken by the TTS.
     """
     ear = persona_ear(choice.stt)
     hearing: list[FrameProcessor] = [
@@ -150,8 +155,9 @@ class AudioEpisode:
     pair: AudioTransportPair
     choice: SpeechChoice
     agent_speech: AgentSpeech
-    recorded: dict[int, str] = field(default_factory=dict)
-    """A scripted scenario's recorded turns (caller line -> file), played instead of spoken."""
+    recorded: dict[int, str | tuple[str | int, ...]] = field(default_factory=dict)
+    """A scripted scenario's recorded turns (caller line -> file) and lines said with pauses
+    (-> their text and pauses), played whole instead of spoken by the TTS."""
     recording: CallRecording | None = None
     """`--record-audio`: the call's WAV, written as the call goes (`recorder`)."""
     _wav: Path | None = field(default=None, init=False, repr=False)
@@ -169,13 +175,15 @@ class AudioEpisode:
         record_audio: Path | None = None,
         repeat: int = 0,
         session_id: str = "",
+        bot_url: str | None = None,
     ) -> "AudioEpisode":
         """The episode's audio call, with the scenario's channel perturbations seeded by `seed`.
 
         `transport="webrtc"` carries it over SmallWebRTC on loopback, the agent's transport built
         with `agent_params` (the bot's own `transport_params["webrtc"]`, if it has one).
         `record_audio`: a folder to write the call's WAV in, named for the scenario, `repeat`
-        and `session_id` (`recorder.recording_path`).
+        and `session_id` (`recorder.recording_path`). `bot_url`: the call goes to a bot running
+        there (`simulator.remote`), and the pair is the caller's side only.
         """
         choice = SpeechChoice.for_scenario(scenario, stt, tts)
         channel = scenario.channel
@@ -186,10 +194,16 @@ class AudioEpisode:
                 base = scenario.source_path.parent if scenario.source_path else Path.cwd()
                 noise_file = base / channel.background_noise
             perturb = ChannelPerturbation(channel, seed, noise_file=noise_file)
-        if transport == "webrtc":
+        if bot_url is not None:
+            from pipecat_rl.simulator.remote import WebSocketCallPair
+
+            pair: AudioTransportPair = WebSocketCallPair(
+                bot_url, max_turns=scenario.max_turns, perturb=perturb
+            )
+        elif transport == "webrtc":
             from pipecat_rl.simulator.audio.webrtc import WebRTCAudioPair
 
-            pair: AudioTransportPair = WebRTCAudioPair(
+            pair = WebRTCAudioPair(
                 max_turns=scenario.max_turns, perturb=perturb, agent_params=agent_params
             )
         else:
@@ -197,11 +211,14 @@ class AudioEpisode:
         if record_audio is not None:
             path = recording_path(record_audio, scenario.id, repeat, session_id)
             pair.recording = CallRecording(path)
+        turns = scenario.parsed_turns or []
+        moves = CallerMoves(turns)
+        pair.moves = moves if moves.any else None
         return cls(
             pair=pair,
             choice=choice,
             agent_speech=AgentSpeech(choice),
-            recorded=recordings(spoken(scenario.parsed_turns or [])),
+            recorded={**pausing_lines(turns), **recordings(spoken(turns))},
             recording=pair.recording,
         )
 

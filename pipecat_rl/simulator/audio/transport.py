@@ -65,9 +65,11 @@ from pipecat.utils.time import time_now_iso8601
 from pipecat_rl import compat
 from pipecat_rl.recording.spoken import SpokenPart, join_spoken, spoken_part
 from pipecat_rl.simulator.audio.channel import FRAME_SAMPLES, SAMPLE_RATE, VOICED_RMS
+from pipecat_rl.simulator.audio.moves import CallerMoves, spoken_with_pauses
 from pipecat_rl.simulator.audio.recorder import CallRecording, Side
 from pipecat_rl.simulator.audio.recordings import RecordingFrame, read_recording
 from pipecat_rl.simulator.audio.stages import StageTimeline
+from pipecat_rl.simulator.audio.timeline import LineTimeline, UtteranceKind
 from pipecat_rl.simulator.transport import CLIENT_ID, Line, LocalTransportPair, client_ready
 
 FRAME_BYTES = FRAME_SAMPLES * 2
@@ -100,17 +102,27 @@ def frames_of(pcm: bytes) -> list[bytes]:
     return out
 
 
+Tag = tuple[UtteranceKind, int]
+"""Which utterance a caller frame belongs to: a turn line (by line index) or an aside."""
+
+
 @dataclass
 class _Slot:
     pcm: bytes
     voiced: bool
     played: asyncio.Future | None = None
+    tag: Tag | None = None
 
 
 class Mouth:
-    """A 20 ms clock that sends queued speech, or silence, to `deliver` on every tick."""
+    """A 20 ms clock that sends queued speech, or silence, to `deliver` on every tick.
 
-    def __init__(self, deliver: Deliver, on_sent: Callable[[bool, float], None] | None = None):
+    `on_sent` is told each frame as it goes: voiced or not, when, and the tag it was queued with.
+    """
+
+    def __init__(
+        self, deliver: Deliver, on_sent: Callable[[bool, float, Tag | None], None] | None = None
+    ):
         self._deliver = deliver
         self._on_sent = on_sent
         self._queue: collections.deque[_Slot] = collections.deque()
@@ -141,11 +153,13 @@ class Mouth:
             if slot.played is not None and not slot.played.done():
                 slot.played.set_result(None)
 
-    def queue(self, frames: list[bytes], voiced_mask: list[bool] | None = None) -> None:
+    def queue(
+        self, frames: list[bytes], voiced_mask: list[bool] | None = None, tag: Tag | None = None
+    ) -> None:
         """Queue speech to be played, without waiting for it."""
         mask = [voiced(f) for f in frames] if voiced_mask is None else list(voiced_mask)
         mask = (mask + [False] * len(frames))[: len(frames)]  # resampling may shift a frame
-        self._queue.extend(_Slot(f, v) for f, v in zip(frames, mask, strict=True))
+        self._queue.extend(_Slot(f, v, tag=tag) for f, v in zip(frames, mask, strict=True))
 
     async def play(self, frame: bytes) -> None:
         """Play one frame: wait for its slot (the pace of the output)."""
@@ -167,7 +181,7 @@ class Mouth:
             if slot.played is not None and not slot.played.done():
                 slot.played.set_result(None)
             if self._on_sent is not None:
-                self._on_sent(slot.voiced, at)
+                self._on_sent(slot.voiced, at, slot.tag)
             await self._deliver(slot.pcm, at)
 
 
@@ -244,6 +258,10 @@ class AudioTransportPair(LocalTransportPair):
         """How long the call has run on the wire (the caller's mouth ticks)."""
         self.recording: CallRecording | None = None
         """`--record-audio`: the call's stereo WAV, told every frame each side sends."""
+        self.timeline = LineTimeline(FRAME_S)
+        """What each side put on the line, for the call's turn-taking (`timeline.measure`)."""
+        self.moves: CallerMoves | None = None
+        """A scripted caller's barge-ins and asides, timed by the agent's voice (`moves`)."""
         self.agent = self._agent_transport()
         self.caller = AudioCallerTransport(self)
 
@@ -267,11 +285,36 @@ class AudioTransportPair(LocalTransportPair):
         if self.recording is not None:
             self.recording.add(side, pcm, at)
 
-    def agent_audio_heard(self, is_voiced: bool, at: float) -> None:
-        """An agent frame reached the caller: the heard-gap meter and the call's activity."""
-        self.meter.agent_frame(is_voiced, at)
+    def agent_audio_heard(self, is_voiced: bool, at: float, tag: Tag | None = None) -> None:
+        """An agent frame reached the caller: the heard-gap meter, timeline, moves, activity.
+
+        While the caller is still saying its line, the agent's voice is no answer to it (it
+        talks over the caller): the meter waits for voice after the line.
+        """
+        del tag  # the agent's frames carry none
+        self.timeline.agent(is_voiced, at)
+        busy = self.caller.mouth.busy
+        if not busy:
+            self.meter.agent_frame(is_voiced, at)
         if is_voiced:
             self.last_activity = at
+        if self.moves is not None:
+            asides = self.moves.agent_frame(is_voiced, at, self.caller_turns, busy, FRAME_S)
+            for kind, n, pcm in asides:
+                self.caller.output().play(pcm, (kind, n))
+
+    def agent_cut(self) -> None:
+        """The agent's output dropped speech it had queued: it was interrupted while speaking."""
+        self.timeline.cut(time.monotonic())
+
+    def agent_interrupted(self) -> None:
+        """Mark the agent's line as cut off: the one being said, or the one a barge-in ended."""
+        if self.agent_spoken:
+            self.agent_spoken.append(("[interrupted]", False))
+            return
+        last = next((x for x in reversed(self.transcript) if x.speaker == "agent"), None)
+        if last is not None and not last.text.endswith("[interrupted]"):
+            last.text = f"{last.text} [interrupted]".strip()
 
     def request_hang_up(self) -> None:
         """The caller hangs up once its last line has been synthesised and played.
@@ -292,10 +335,12 @@ class AudioTransportPair(LocalTransportPair):
         self.transcript.append(Line("caller", text, "", time.time()))
         self.last_activity = time.monotonic()
 
-    def caller_sent(self, is_voiced: bool, at: float) -> None:
-        """A frame left the caller's mouth."""
+    def caller_sent(self, is_voiced: bool, at: float, tag: Tag | None = None) -> None:
+        """A frame left the caller's mouth (an aside's is no line: the meter leaves it out)."""
         self.audio_seconds += FRAME_S
-        self.meter.caller_frame(is_voiced, at)
+        self.timeline.caller(is_voiced, at, tag)
+        if tag is None or tag[0] == "turn":
+            self.meter.caller_frame(is_voiced, at)
         if is_voiced:
             self.last_activity = at
         if is_voiced or self.caller.mouth.busy or self.caller_speaking:
@@ -526,6 +571,8 @@ class AudioCallerInput(_AudioInput):
     async def start(self, frame: StartFrame):
         """Connect to the agent once the persona pipeline runs; speak the opening line, if any."""
         await super().start(frame)
+        if self._pair.moves is not None:
+            await self._pair.moves.prepare()
         await self._pair.connect_caller()
         if self._pair.caller_opening:
             self._pair.caller_line(self._pair.caller_opening)
@@ -556,6 +603,7 @@ class AudioCallerOutput(_MouthOutput):
                 resampler = create_file_resampler()
                 pcm = await resampler.resample(pcm, frame.sample_rate, SAMPLE_RATE)
             self._play(pcm)
+            self._pair.caller_speaking = False
             return
         if isinstance(frame, TTSAudioRawFrame):
             # Only the frame processor's bookkeeping: this audio is played by the mouth, whole,
@@ -574,15 +622,19 @@ class AudioCallerOutput(_MouthOutput):
     def _flush(self) -> None:
         pcm, self._utterance = bytes(self._utterance), bytearray()
         self._play(pcm)
+        self._pair.caller_speaking = False
 
     def _play(self, pcm: bytes) -> None:
+        self.play(pcm, ("turn", self._pair.caller_turns - 1))
+
+    def play(self, pcm: bytes, tag: Tag) -> None:
+        """Queue an utterance on the mouth, through the channel's perturbations."""
         if pcm:
             if self._pair.perturb is not None:
                 pcm, mask = self._pair.perturb(pcm)
-                self.mouth.queue(frames_of(pcm), mask)
+                self.mouth.queue(frames_of(pcm), mask, tag)
             else:
-                self.mouth.queue(frames_of(pcm))
-        self._pair.caller_speaking = False
+                self.mouth.queue(frames_of(pcm), tag=tag)
 
 
 class AudioCallerTransport(BaseTransport):
@@ -623,12 +675,16 @@ class CallerLineTap(FrameProcessor):
 
     A scripted turn played from a recording (`recorded`: caller line, 1-based -> file) is not
     spoken: its reply passes on marked `skip_tts` and its `RecordingFrame` follows (see
-    `recordings`). The tap decides it, as the one processor that adds caller lines after the
-    opening, so the turn a reply says is the pair's next line when the reply starts.
+    `recordings`); so is a line said with pauses (`recorded` gives its parts: `moves`). The
+    tap decides it, as the one processor that adds caller lines after the opening, so the turn
+    a reply says is the pair's next line when the reply starts.
     """
 
     def __init__(
-        self, pair: AudioTransportPair, recorded: Mapping[int, str] | None = None, **kwargs
+        self,
+        pair: AudioTransportPair,
+        recorded: Mapping[int, str | tuple[str | int, ...]] | None = None,
+        **kwargs,
     ):
         super().__init__(**kwargs)
         self._pair = pair
@@ -671,6 +727,9 @@ class CallerLineTap(FrameProcessor):
 
     async def _play(self, turn: int) -> None:
         path = self._recorded.pop(turn)  # each turn is said once
+        if not isinstance(path, str):  # a pausing line: its text and silences (`moves`)
+            await self.push_frame(await spoken_with_pauses(path))
+            return
         try:
             recording = await read_recording(path)
         except ValueError as e:  # the loader read it: it changed since
@@ -687,7 +746,9 @@ class PersonaHearing(FrameProcessor):
     the persona's STT has transcribed all it heard, and the reply the agent was speaking has
     been played. A busy machine (CI, rollouts beside the call) slows the STT and starves the
     agent's TTS between sentences; neither is the agent yielding the turn, so both are waited
-    out, for at most `patience_s` (then the caller speaks up, as a person would).
+    out, for at most `patience_s` (then the caller speaks up, as a person would). A scripted
+    barge-in (`moves`) ends the agent's turn at once, as heard so far, so the caller's next line
+    goes over the agent.
     """
 
     def __init__(
@@ -715,10 +776,13 @@ class PersonaHearing(FrameProcessor):
         self._transcribed = asyncio.Event()
         self._transcribed.set()
         self._timer: asyncio.Task | None = None
+        self._barge_ins: asyncio.Task | None = None
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Hold transcripts until the agent's turn is over."""
         await super().process_frame(frame, direction)
+        if isinstance(frame, StartFrame) and self._pair.moves is not None and not self._barge_ins:
+            self._barge_ins = self.create_task(self._barge_in(), name=f"{self}::barge_in")
         if isinstance(frame, VADUserStartedSpeakingFrame):
             self._speaking = True
             await self._cancel_timer()
@@ -740,6 +804,18 @@ class PersonaHearing(FrameProcessor):
         """The call is over: an agent turn still settling is not heard."""
         await super().cleanup()
         await self._cancel_timer()
+        if self._barge_ins is not None:
+            await self.cancel_task(self._barge_ins)
+            self._barge_ins = None
+
+    async def _barge_in(self) -> None:
+        moves = self._pair.moves
+        assert moves is not None  # started only for a call with moves
+        while True:
+            await moves.barge_in_due.wait()
+            moves.barge_in_due.clear()
+            await self._cancel_timer()
+            await self._hand_over()
 
     def _owe(self, segments: int) -> None:
         self._untranscribed = max(0, self._untranscribed + segments)
@@ -765,9 +841,13 @@ class PersonaHearing(FrameProcessor):
                 await self._pair.agent_reply_played()
         except TimeoutError:
             pass  # a segment that yields no text, a reply that never ends: speak up anyway
+        self._timer = None
+        await self._hand_over()
+
+    async def _hand_over(self) -> None:
+        """The agent's turn is over as the caller heard it: pass it on to the caller's turn."""
         self._owe(-self._untranscribed)
         heard, self._heard = " ".join(h for h in self._heard if h), []
-        self._timer = None
         if self._pair.agent_turn_heard(heard):
             await self.push_frame(
                 TranscriptionFrame(text=heard, user_id="agent", timestamp=time_now_iso8601())
@@ -850,4 +930,5 @@ class AgentHearingObserver(BaseObserver):
                 self._seen.add(frame.id)
                 self._pair.agent_replying(False)
                 if self._bot_speaking:  # its text so far was not all heard: say so
-                    self._pair.agent_spoken.append(("[interrupted]", False))
+                    self._pair.agent_interrupted()
+                    self._pair.agent_cut()
