@@ -10,6 +10,8 @@ from pipecat_rl.simulator.runner import EpisodeResult, caller_side_latencies
 from pipecat_rl.simulator.transport import Line
 from tests import paced_bots
 
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
+
 
 async def test_each_response_gap_is_its_turns_planted_model_time(tmp_path):
     scenario = tmp_path / "paced.yaml"
@@ -71,3 +73,21 @@ def test_one_v2v_measurement_never_lands_on_two_turns():
     # A bot whose recorder timed nothing: the agent's own figures fill in, each on its line.
     rows = caller_side_latencies(episode, {})
     assert [(r.user_turn, r.v2v_ms) for r in rows] == [(0, 1670.51), (1, 640.0)]
+
+
+async def test_a_holding_line_and_its_lookup_reach_the_caller_as_one_turn(tmp_path):
+    """The clinic's expert says a holding line in the reply that starts a lookup: the caller
+    hears it and the reply after the tool round as one turn, two sentences, and the recorder
+    keeps the holding line beside the tool call in the demonstration the warm start learns."""
+    clinic = CLINIC
+    ledger = Ledger(tmp_path / "l.db")
+    config = SimulationConfig(persona="scripted", concurrency=1)
+    scenarios = load_scenarios([clinic / "scenarios" / "pool" / "routine_booking.yaml"])
+    report = await simulate(scenarios, load_bot(str(clinic / "expert.py")), config, ledger)
+    (episode,) = report.episodes
+    assert episode.error is None and episode.outcome == "pass", episode.transcript
+    holding = "One moment while I check that."
+    joined = [x.text for x in episode.transcript if x.speaker == "agent" and holding in x.text]
+    assert joined and all(t.startswith(f"{holding} ") and len(t) > len(holding) + 5 for t in joined)
+    said = [t for t in ledger.turns(episode.session_id) if t.tool_calls]
+    assert said and said[0].generated_text == holding and said[0].demonstration

@@ -28,6 +28,10 @@ OFFERED = re.compile(r"slot (\d+)\. Shall I book it")
 DECLINED = re.compile(r"don't work|doesn't work|another|other time|later|afternoon|can't make")
 RETRIED = ("find_slots", "transfer")
 """Tools whose failure is the backend's (a timeout): call again, up to three tries in all."""
+HOLDING = "One moment while I check that."
+"""Said in the reply that starts a lookup, as production voice agents do: the caller hears
+something at once instead of silence through every tool round (a slow or retried search
+included). Worded to match none of the callers' intents, so no caller answers it."""
 
 
 def _tool_results(messages: list[dict]) -> dict[str, object]:
@@ -179,7 +183,7 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
         return ScriptedReply("Of course. What is your confirmation number?")
     name = NAME.search(said)
     if name and ("name" in prior.lower() or "spell" in prior.lower()):
-        return ScriptedReply(tool_calls=[("lookup_patient", {"name": name.group(1)})])
+        return ScriptedReply(HOLDING, tool_calls=[("lookup_patient", {"name": name.group(1)})])
     if re.search(r"book|appointment|checkup|cleaning|pain|emergency|see a dentist", lower):
         return ScriptedReply("Certainly. May I have your full name?")
     if re.search(r"\bno\b|that's all|bye|thank", lower):

@@ -27,8 +27,8 @@ from pipecat.frames.frames import (
     EndFrame,
     Frame,
     FunctionCallCancelFrame,
-    FunctionCallInProgressFrame,
     FunctionCallResultFrame,
+    FunctionCallsStartedFrame,
     InputTransportMessageFrame,
     LLMFullResponseEndFrame,
     LLMFullResponseStartFrame,
@@ -269,14 +269,18 @@ class _PairOutput(BaseOutputTransport):
             if isinstance(frame, AggregatedTextFrame):
                 self._segments.add(frame.id)
             self._heard(spoken_part(frame))
-        elif isinstance(frame, FunctionCallInProgressFrame) and self._join_tool_turns:
-            self._calls_in_flight += 1
+        elif isinstance(frame, FunctionCallsStartedFrame) and self._join_tool_turns:
+            # Pushed before the response's end frame (a call's in-progress frame comes after
+            # it), so a reply that says a holding line and calls a tool is held and joined.
+            self._calls_in_flight += len(frame.function_calls)
         elif isinstance(frame, (FunctionCallResultFrame, FunctionCallCancelFrame)):
             self._calls_in_flight = max(0, self._calls_in_flight - 1)
         elif isinstance(frame, LLMFullResponseEndFrame):
             self.responding = False
             if not self._calls_in_flight:
                 self._turn_done()
+            elif self._parts:  # a holding line, then the reply after the tool round: two sentences
+                self._parts.append((" ", False))
 
     def _heard(self, part: SpokenPart) -> None:
         """Text the other side hears, joined at the turn's end by the recorder's rule."""
