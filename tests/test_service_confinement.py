@@ -121,6 +121,23 @@ def test_a_symlink_inside_the_data_dir_that_points_out_is_refused(client, data, 
     assert queued(client) == []
 
 
+def test_a_distill_teacher_is_a_url_or_a_file_inside_the_data_dir(client, data, outside):
+    (data / "expert.py").write_text("def policy(messages):\n    return None\n")
+    (outside / "evil.py").write_text("def policy(messages):\n    return None\n")
+    online = {"kind": "train", "algo": "distill", "scenarios": ["scenarios"], "bot": "bot.py"}
+    refused(client, {**online, "teacher": "../outside/evil.py:policy"}, 403, "teacher", "outside")
+    refused(client, {**online, "teacher": "nowhere.py:policy"}, 422, "teacher", "no such file")
+    refused(client, online, 422, "teacher is for algo distill, which needs one")
+    refused(client, {**online, "algo": "grpo", "teacher": "expert.py:policy"}, 422, "teacher")
+    refused(client, {"kind": "train", "algo": "rft"}, 422, "algo rft rolls the parent out")
+    for teacher in ("expert.py:policy", "http://gpu-box:8000/v1"):
+        r = client.post("/jobs", json={**online, "teacher": teacher}, headers=AUTH)
+        assert r.status_code == 202, r.text
+    kept = [job["params"]["teacher"] for job in queued(client)]
+    assert sorted(kept) == sorted([f"{data.resolve() / 'expert.py'}:policy",
+                                   "http://gpu-box:8000/v1"])  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("scenarios", "scenarios/\u0000tiny.yaml"), ("bot", "bot.py\u0000:run_bot")],

@@ -17,7 +17,7 @@ from pipecat_rl.ledger.jobs import JobEventRecord, JobRecord, JobState
 from pipecat_rl.loop.config import STAGES
 from pipecat_rl.service.security import path_problem
 from pipecat_rl.simulator.options import GATE_REPEATS, PersonaKind, SimulationOptions
-from pipecat_rl.training.config import Algo, TrainConfig
+from pipecat_rl.training.config import ONLINE_ALGOS, ROLLOUT_ONLY, Algo, TrainConfig
 
 MAX_REPEATS = 64
 """Runs per scenario one request may ask for (the service is shared: a typo must not book it
@@ -89,11 +89,12 @@ class TrainJob(_Body):
     Defaults are the trainer's own (`pipecat_rl.training.TrainConfig`).
     """
 
-    PATH_FIELDS: ClassVar[tuple[str, ...]] = ("scenarios", "bot")
+    PATH_FIELDS: ClassVar[tuple[str, ...]] = ("scenarios", "bot", "teacher")
     kind: Literal["train"] = "train"
     """The job kind."""
     algo: Algo
-    """SFT on passed calls and demonstrations, GRPO on groups of rewarded calls, or OPSD."""
+    """SFT on passed calls and demonstrations, GRPO on groups of rewarded calls, OPSD, RFT on
+    the parent's passed rollouts, distill from a `teacher`, or DPO on duel picks."""
     parent: str | None = _training("parent")
     """The adapter to continue from (None: a fresh LoRA on the base model)."""
     steps: int = _training("steps", ge=1)
@@ -118,13 +119,23 @@ class TrainJob(_Body):
     """Online: the caller of the simulated calls."""
     max_tokens: int | None = _option("max_tokens", ge=1)
     """Online: cap on the agent's replies when its bot sets none."""
+    teacher: PathText | None = None
+    """Distill: a vLLM URL serving a model with the student's tokenizer, or a scripted policy
+    `teacher.py:function` relative to the data directory (`TrainConfig.teacher`)."""
+    teacher_model: str | None = None
+    """Distill with a URL: the model to ask its server for (None: its first)."""
 
     @model_validator(mode="after")
     def _online(self) -> "TrainJob":
+        online = ", ".join(ONLINE_ALGOS)
         if (self.scenarios is None) != (self.bot is None):
-            raise ValueError("online GRPO / OPSD needs both scenarios and bot (or neither)")
-        if self.scenarios is not None and self.algo in ("sft", "dpo"):
-            raise ValueError("scenarios and bot are for algo grpo or opsd (online); not sft or dpo")
+            raise ValueError("online training needs both scenarios and bot (or neither)")
+        if self.scenarios is not None and self.algo not in ONLINE_ALGOS:
+            raise ValueError(f"scenarios and bot are for algo {online} (online); not {self.algo}")
+        if self.scenarios is None and self.algo in ROLLOUT_ONLY:
+            raise ValueError(f"algo {self.algo} rolls the parent out: give scenarios and bot")
+        if (self.teacher is None) != (self.algo != "distill"):
+            raise ValueError("teacher is for algo distill, which needs one (URL or file:function)")
         return self
 
 

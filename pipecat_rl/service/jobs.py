@@ -74,12 +74,26 @@ def split_bot(value: str) -> tuple[str, str | None]:
     return value, None
 
 
+CALLABLE_FIELDS = frozenset({"bot", "teacher"})
+"""Fields naming a Python file, optionally with its function (`bot.py:run_bot`)."""
+
+
+def path_part(field_name: str, value: str) -> str | None:
+    """The file or folder a path field's value names; None for a teacher given as a URL."""
+    if field_name == "teacher" and value.startswith(("http://", "https://")):
+        return None
+    return split_bot(value)[0] if field_name in CALLABLE_FIELDS else value
+
+
 def _resolve(data_dir: Path, field_name: str, value: str) -> tuple[str, bool]:
     """`value` resolved inside `data_dir` (HTTP 403 outside it), and whether it exists.
 
-    A bot is a file (`bot.py`, `bot.py:function`); other fields may name files or folders.
+    A bot or a scripted teacher is a file (`bot.py`, `bot.py:function`); a teacher may be a URL
+    (kept as given); other fields may name files or folders.
     """
-    if field_name == "bot":
+    if path_part(field_name, value) is None:
+        return value, True
+    if field_name in CALLABLE_FIELDS:
         path, function = split_bot(value)
         resolved = confine(data_dir, path)
         return (f"{resolved}:{function}" if function else str(resolved)), resolved.is_file()
@@ -107,7 +121,7 @@ def resolve_paths(data_dir: Path, request: Any) -> Any:
         for index, item in enumerate(value if many else [value]):
             path, exists = _resolve(data_dir, name, item)
             if not exists:
-                what = "file" if name == "bot" else "file or folder"
+                what = "file" if name in CALLABLE_FIELDS else "file or folder"
                 missing.append({
                     "type": "path_missing", "loc": ("body", name, *([index] if many else [])),
                     "msg": f"{name}: no such {what} {item!r} in the service's data directory",
@@ -199,9 +213,10 @@ def _simulate(ctx: JobContext, p: SimulateJob) -> dict[str, Any]:
     }
 
 
-TRAIN_FIELDS = frozenset(
-    {"algo", "parent", "steps", "epochs", "group_size", "rank", "lr", "temperature", "seed"}
-)
+TRAIN_FIELDS = frozenset({
+    "algo", "parent", "steps", "epochs", "group_size", "rank", "lr", "temperature", "seed",
+    "teacher", "teacher_model",
+})  # fmt: skip
 """The train request's fields that are `TrainConfig` fields of the same name."""
 
 

@@ -56,13 +56,15 @@ def submit(request: Request, job: JobRequest) -> JobView:
 
 def _confine_fields(data_dir: FilePath, job: Any) -> None:
     """403 (or 422) naming the first path field of `job` that is outside the data directory."""
-    from pipecat_rl.service.jobs import split_bot
+    from pipecat_rl.service.jobs import path_part
 
     for name in job.PATH_FIELDS:
         value = getattr(job, name)
         items = value if isinstance(value, list) else [] if value is None else [value]
         for index, item in enumerate(items):
-            path = split_bot(item)[0] if name == "bot" else item
+            path = path_part(name, item)
+            if path is None:  # a URL, not a file
+                continue
             label = f"{name}.{index}" if isinstance(value, list) else name
             confine(data_dir, path, label, item)
 
