@@ -20,7 +20,7 @@ def test_serve_merged_live_serves_the_live_adapter_under_its_name(tmp_path, monk
         ledger.move_live(live.name)
     started: list[VLLMServer] = []
 
-    async def serve(server: VLLMServer, json_out: bool) -> None:
+    async def serve(server: VLLMServer, *_: object) -> None:
         started.append(server)
 
     monkeypatch.setattr("pipecat_rl.cli.llm._serve_until_stopped", serve)

@@ -2,7 +2,8 @@
 
 The report is parsed back as a JUnit consumer would (ElementTree: expat), with a planted
 failure (a check the expert's booking breaks), an unverified scenario (no checks, no judge) and
-reasons holding what XML 1.0 forbids; `-v` prints calls to stderr, never into `--json`.
+reasons holding what XML 1.0 forbids; `-v` prints each call's lines to stderr as they are said,
+never into `--json`.
 """
 
 import json
@@ -137,11 +138,12 @@ def test_the_report_has_a_case_per_scenario_and_repeat_and_names_the_failed_chec
         assert len(store.sessions()) == 6
 
 
-def test_v_prints_each_call_to_stderr_and_nothing_into_json(tmp_path, scenarios):
+def test_v_prints_each_line_as_it_is_said_and_nothing_into_json(tmp_path, scenarios):
     quiet = simulate(tmp_path, scenarios, "--json", "-s", "jx_book")
     assert quiet.exit_code == EXIT_OK, quiet.output
     assert "jx_book#0" not in quiet.stderr
-    loud = simulate(tmp_path, scenarios, "--json", "-v")
+    report = tmp_path / "junit.xml"
+    loud = simulate(tmp_path, scenarios, "--json", "-v", "--junit-xml", str(report))
     assert loud.exit_code == EXIT_OK, loud.output
     assert len(json.loads(loud.stdout)["episodes"]) == 6  # stdout is the JSON document alone
     lines = loud.stderr.splitlines()
@@ -150,9 +152,14 @@ def test_v_prints_each_call_to_stderr_and_nothing_into_json(tmp_path, scenarios)
     assert any(line.startswith("jx_forbidden#1 agent: ") for line in forbidden)
     assert any("tool book(patient_id=1, slot_id=11) → " in line for line in forbidden)
     assert forbidden[-1].startswith("jx_forbidden#1 end: caller_hung_up · fail")
-    assert forbidden == lines[lines.index(forbidden[0]) :][: len(forbidden)]  # one block
-    for name in ("jx_book#0", "jx_book#1", "jx_price#0", "jx_price#1", "jx_forbidden#0"):
-        assert any(line.startswith(f"{name} end: ") for line in lines), name
+    for name, case in cases(ET.parse(report).getroot()).items():
+        # each call's lines, in the order it said them, each once: the transcript it ended with
+        live = [line.removeprefix(f"{name} ") for line in lines if line.startswith(f"{name} ")]
+        ended = (case.findtext("system-out") or "").splitlines()[1:]  # after the session id
+        assert live == ended, name
+    first_end = next(i for i, line in enumerate(lines) if " end: " in line)
+    calls_before = {line.split(" ", 1)[0] for line in lines[:first_end] if "#" in line}
+    assert len(calls_before) > 1  # -c 3: calls speak side by side, live, not call after call
 
 
 def test_the_report_is_refused_where_it_would_destroy_something(tmp_path, scenarios):

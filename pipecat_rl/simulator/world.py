@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
+
 from pipecat_rl.errors import ScenarioError, ToolError
 from pipecat_rl.scenarios.fork import FIXTURE_LABEL
 from pipecat_rl.scenarios.scenario import Fault, Scenario, VerifyCheck, Where
@@ -163,6 +165,8 @@ class World:
         self._rng = random.Random(seed)
         self._calls: dict[str, int] = {}
         self.executions: list[ToolExecution] = []
+        self.on_execution: Callable[[ToolExecution], None] | None = None
+        """Called with each tool execution as it ends (`simulate -v` prints it)."""
         self.harness_errors: list[str] = []
         """Pack code that tried to end the process: the episode is the harness's failure."""
         where = f"{scenario.source_path}: world"
@@ -293,6 +297,11 @@ class World:
         execution.state_diff = self.diff(before, self.snapshot())
         execution.duration_ms = (time.perf_counter() - start) * 1000.0
         self.executions.append(execution)
+        if self.on_execution is not None:
+            try:
+                self.on_execution(execution)
+            except Exception:  # a listener's bug is not the agent's failed call
+                logger.exception("a tool-execution listener failed")
         return execution
 
     # -- verify --------------------------------------------------------------------------------

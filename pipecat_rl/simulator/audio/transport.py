@@ -332,7 +332,7 @@ class AudioTransportPair(LocalTransportPair):
             return
         self.meter.caller_line(self.caller_turns)
         self.stages.caller_line(self.caller_turns)
-        self.transcript.append(Line("caller", text, "", time.time()))
+        self.add_line(Line("caller", text, "", time.time()))
         self.last_activity = time.monotonic()
 
     def caller_sent(self, is_voiced: bool, at: float, tag: Tag | None = None) -> None:
@@ -382,7 +382,7 @@ class AudioTransportPair(LocalTransportPair):
         gap = self.meter.gaps_ms.get(self.caller_turns - 1) if self.caller_turns else None
         answers = max(self.meter.gaps_ms, default=-1) + 1  # the lines its voice has followed
         stages = self.stages.stage_ms(self.caller_turns - 1) if gap is not None else None
-        self.transcript.append(AudioLine("agent", spoken, heard, time.time(), gap, answers, stages))
+        self.add_line(AudioLine("agent", spoken, heard, time.time(), gap, answers, stages))
         self.last_activity = time.monotonic()
         if self.caller_turns >= self.max_turns:
             self.end("max_turns")
