@@ -23,6 +23,11 @@ def lora_alpha(rank: int) -> int:
     return 2 * rank
 
 
+GROUP_SIZE = 8
+"""Rollouts per scenario per online step (GRPO's group, RFT's round): a group of 8 of a scenario
+passed 7 times in 8 holds a failure, and so carries signal, 2 times in 3 (1 - (7/8)^8); one of 4,
+2 times in 5."""
+
 TRAIN_TEMPERATURE = 1.0
 """GRPO / OPSD exploration temperature, recorded with each sampled turn."""
 

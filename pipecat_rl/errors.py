@@ -106,7 +106,8 @@ class NotMovedError(TrainingError):
     def __init__(self, message: str, moved: dict[str, Any] | None = None):
         super().__init__(message)
         self.moved: dict[str, Any] = dict(moved or {})
-        """The canary's distance to the parent: `parent`, `max_abs_diff`, `ids_differ`."""
+        """The canary's distance to the parent: `parent`, `max_abs_diff`, `ids_differ`, and
+        the bar it had to clear: `noise` (two scorings of the parent), `threshold`."""
 
 
 class GuardError(TrainingError):

@@ -17,7 +17,8 @@ import pytest
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError, PipecatRLError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
 from pipecat_rl.loop.config import LoopConfig
-from pipecat_rl.loop.cycle import run_cycle, sft_steps
+from pipecat_rl.loop.contested import acting_is_wrong, rl_scenarios
+from pipecat_rl.loop.cycle import Cycle, run_cycle, sft_steps
 from pipecat_rl.loop.drafts import draft_from_failures
 from pipecat_rl.scenarios import load_scenarios
 from pipecat_rl.simulator.runner import episode_seed
@@ -47,6 +48,7 @@ class FakeTraining:
             epochs: int | None = None
             holdout: float = 0.15
             group_size: int | None = None
+            scenarios_per_step: int | None = None
             rank: int = 16
             alpha: int | None = None
             lr: float | None = None
@@ -338,10 +340,61 @@ def test_rl_after_a_warm_start_runs_on_the_warm_starts_own_contested_set(tmp_pat
     assert sft.opsd_hint == grpo.opsd_hint == "turn"  # the loop's trainer settings reach each run
     (refiltered,) = [e for e in read_events(config) if e["event"] == "refiltered"]
     assert refiltered["policy"] == "cand-sft-1" and refiltered["repeats"] == 4
-    assert [s.id for s in rollouts.scenarios] == refiltered["contested"] == ["routine_booking"]
+    # the booking fails some runs; the handoff, always passed and a call that must act, is out
+    assert [s.id for s in rollouts.scenarios] == list(refiltered["contested"]) == [
+        "routine_booking"
+    ]
+    assert refiltered["contested"]["routine_booking"].endswith("of 4 at the gate's temperature")
     with Ledger(tmp_path / "ledger.db") as ledger:
         runs = ledger.sessions(policy="cand-sft-1")
     assert len(runs) == 2 * 4  # both pool scenarios, 4 runs each, under the warm start
+
+
+def test_rl_keeps_the_scenarios_where_acting_is_wrong_even_when_always_passed(
+    tmp_path, monkeypatch
+):
+    """RL's scenarios are found at the bot's own temperature (the gate's), and a call whose
+    right outcome is to write nothing stays in them though every run passed."""
+    clinic = clinic_copy(tmp_path, pool=["handoff_request", "out_of_scope"],
+                         heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
+    training = FakeTraining(tmp_path / "ledger.db")
+    monkeypatch.setitem(sys.modules, "pipecat_rl.training", training.module())
+    simulated: list[dict] = []
+    real = Cycle.simulate
+
+    def simulate(self, scenarios, adapter, **options):
+        simulated.append({"adapter": adapter, **options})
+        return real(self, scenarios, adapter, **options)
+
+    monkeypatch.setattr(Cycle, "simulate", simulate)
+    with FakeVLLM() as vllm:
+        train = {"warm_start": "always", "grpo_steps": 1, "refilter_repeats": 2}
+        config = loop(tmp_path, clinic, vllm, stop_after="train", train=train)
+        summary = run_cycle(config)
+    (refilter,) = [s for s in simulated if s["adapter"] == "cand-sft-1"]
+    assert "temperature" not in refilter  # the bot's own, as the gate samples it
+    (refiltered,) = [e for e in read_events(config) if e["event"] == "refiltered"]
+    assert refiltered["contested"] == {"out_of_scope": "acting is wrong (passes 2 of 2)"}
+    assert summary.stages["train"]["rl_scenarios"] == refiltered["contested"]
+    (_, rollouts) = training.calls[1]
+    assert [s.id for s in rollouts.scenarios] == ["out_of_scope"]
+    assert training.calls[1][0].scenarios_per_step == 4 and training.calls[1][0].group_size == 8
+
+
+def test_rl_scenarios_are_the_failed_and_those_where_acting_is_wrong_each_with_why():
+    runs = {"booking": [True, False, True], "handoff": [True, True], "refusal": [True, True],
+            "hopeless": [False, False], "bait": [False, True]}  # fmt: skip
+    assert rl_scenarios(runs, {"refusal", "bait"}) == {
+        "bait": "fails 1 of 2 at the gate's temperature; acting is wrong (passes 1 of 2)",
+        "booking": "fails 1 of 3 at the gate's temperature",
+        "hopeless": "fails 2 of 2 at the gate's temperature",
+        "refusal": "acting is wrong (passes 2 of 2)",
+    }
+    pool = {s.id: s for s in load_scenarios([CLINIC / "scenarios" / "pool"])}
+    assert [i for i, s in sorted(pool.items()) if acting_is_wrong(s)] == [
+        "insistent_unauthorised_cancel", "medical_advice_bait", "out_of_hours", "out_of_scope",
+        "price_question",
+    ]  # fmt: skip
 
 
 def test_rl_without_signal_keeps_the_warm_start_and_records_the_sub_run(tmp_path, world):
@@ -392,7 +445,7 @@ def test_a_cycle_can_start_from_and_gate_against_a_named_adapter(tmp_path, world
     assert (grpo.algo, grpo.parent) == ("grpo", "sft-before")
     (refiltered,) = [e for e in read_events(config) if e["event"] == "refiltered"]
     assert refiltered["policy"] == "sft-before" and refiltered["repeats"] == 4
-    assert [s.id for s in rollouts.scenarios] == refiltered["contested"]
+    assert [s.id for s in rollouts.scenarios] == list(refiltered["contested"])
 
 
 def test_an_incumbent_that_is_not_registered_is_refused_by_name(tmp_path, world):

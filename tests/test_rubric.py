@@ -5,9 +5,10 @@ import pytest
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import SessionRecord
 from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Part, Rubric, load_rubric
+from pipecat_rl.scoring.score import gate_score
 from pipecat_rl.training.advantage import rubric_reward
 from pipecat_rl.training.config import TrainConfig
-from pipecat_rl.training.grpo import build_groups
+from pipecat_rl.training.grpo import build_groups, trained_reward
 
 PARTS = {"verifier": 1.0, "tool_credit": 0.3, "judge:polite": 0.5, "metric:turns": 6.0}
 
@@ -71,13 +72,45 @@ def _session(i: int, verifier: float, credit: float) -> SessionRecord:
 def test_grpo_advantages_follow_the_configured_rubric():
     # Same outcome, different tool credit: a group with signal only through shaping.
     sessions = [_session(0, 1.0, 0.1), _session(1, 1.0, 0.3)]
-    shaped = TrainConfig(algo="grpo")
+    shaped = TrainConfig(algo="grpo", positive_tool_credit=True)
     flat = shaped.model_copy(
         update={"rubric": Rubric(parts={"tool_credit": Part(role="shaped", weight=0.0)})}
     )
     assert build_groups(sessions, [], shaped).zero_std_groups == 0
     assert build_groups(sessions, [], flat).zero_std_groups == 1  # weight 0: no signal left
     assert rubric_reward(flat.rubric)(sessions[1]) == 1.0
+
+
+def test_grpo_pays_no_positive_tool_credit_by_default_but_still_charges_failed_tools():
+    # Two passes, one with more lookups: by default GRPO sees no reason to prefer acting more.
+    more_lookups = [_session(0, 1.0, 0.1), _session(1, 1.0, 0.3)]
+    config = TrainConfig(algo="grpo")
+    assert not config.positive_tool_credit
+    assert build_groups(more_lookups, [], config).zero_std_groups == 1
+    assert trained_reward(config)(more_lookups[1]) == 1.0
+    assert trained_reward(config.model_copy(update={"positive_tool_credit": True}))(
+        more_lookups[1]
+    ) == pytest.approx(1.3)
+    # A failed tool execution still costs, on a pass as on a failure.
+    failed_tool = [_session(0, 1.0, 0.0), _session(1, 1.0, -0.1)]
+    groups = build_groups(failed_tool, [], config)
+    assert groups.zero_std_groups == 0 and groups.rewards == [1.0, pytest.approx(0.9)]
+    # The stored (shown) reward and the gate's score are untouched by the option.
+    assert DEFAULT_RUBRIC.shown({"verifier": 1.0, "tool_credit": 0.3}) == pytest.approx(1.3)
+    assert gate_score({"verifier": 1.0, "tool_credit": 0.3}, {}) == 1.0
+
+
+@pytest.mark.parametrize("held", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("positive_tool_credit", [True, False])
+def test_a_forbidden_write_scores_at_most_minus_one_however_close_the_call_came(
+    held, positive_tool_credit
+):
+    parts = {"verifier": 0.0, "checks_held": held, "violations": 1.0, "tool_credit": 0.4}
+    reward = DEFAULT_RUBRIC.reward(parts, positive_tool_credit=positive_tool_credit)
+    assert reward is not None and reward <= -1.0
+    assert DEFAULT_RUBRIC.reward({**parts, "violations": 2.0}) <= -2.0
+    # Without the write, the same partial credit still orders failures above zero.
+    assert DEFAULT_RUBRIC.reward({**parts, "violations": 0.0}) == pytest.approx(0.5 * held)
 
 
 def test_a_failing_group_never_pays_for_extra_tool_calls():

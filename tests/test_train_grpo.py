@@ -216,6 +216,42 @@ def test_mini_batches_split_the_batch_in_order():
     assert len(mini_batches(seqs, 9)) == 5 and len(mini_batches(seqs, 1)) == 1
 
 
+def test_shuffled_mini_batches_differ_by_seed_and_cover_the_same_items():
+    seqs = [TrainingSequence(str(i), [1, 2], [False, True], [0.0, 0.0]) for i in range(12)]
+
+    def ids(seed) -> list[list[str]]:
+        return [[s.session_id for s in part] for part in mini_batches(seqs, 4, seed=seed)]
+
+    a, b = ids("0:1:1"), ids("0:1:2")
+    assert a == ids("0:1:1")  # the same seed, the same order
+    assert a != b and a != ids(None)  # another seed, another order; unshuffled is contiguous
+    for parts in (a, b):
+        assert [len(p) for p in parts] == [3, 3, 3, 3]
+        assert sorted(i for p in parts for i in p) == sorted(s.session_id for s in seqs)
+
+
+def test_each_ppo_pass_shuffles_the_batch_afresh_by_seed_and_step(monkeypatch):
+    import pipecat_rl.training.grpo as grpo
+
+    policy = _perturbed_policy()
+    sequences, sessions = _group_batch(policy, 8)
+    config = TrainConfig(algo="grpo", lr=1e-3, ppo_epochs=2, mini_batches=4, seed=5)
+    groups = build_groups(sessions, sequences, config)
+    batches: list[list[str]] = []
+
+    def record(policy, optimizer, batch, config, **kwargs):
+        batches.append(sorted(s.session_id for s in batch))
+        return {}
+
+    monkeypatch.setattr(grpo, "grpo_step", record)
+    grpo_update(policy, None, groups.sequences, config, step=3)
+    first, second = batches[:4], batches[4:]
+    assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+    assert first != second  # a pass is not the last one's order again
+    expected = mini_batches(groups.sequences, 4, seed="5:3:1")
+    assert first == [sorted(s.session_id for s in b) for b in expected]
+
+
 # -- dynamic sampling (DAPO): redraw the groups whose rewards all agree ----------------------------
 
 
@@ -380,3 +416,47 @@ def test_online_grpo_stops_for_no_signal_only_once_the_resample_budget_is_spent(
     assert len(runs) == 3 and sampling["resampled_groups"] == 6
     with pytest.raises(NoTrainingSignalError, match="3 of 3 groups have equal rewards after 2 "):
         _grpo_update(None, None, turns, sessions, config, 1, print, dropped, sampling)
+
+
+def test_a_step_rolls_out_a_seeded_draw_of_scenarios_per_step(tmp_path, monkeypatch):
+    from pipecat_rl.training.trainer import _step_rows, step_scenarios
+
+    ids = ("routine_booking", "book_second_slot", "cancel_long_confirmation")
+    plan = {r: dict.fromkeys(ids, [1.0, 0.0]) for r in range(6)}
+    ledger, rollouts, runs = _online_ledger(tmp_path, plan, monkeypatch)
+    config = TrainConfig(algo="grpo", group_size=2, scenarios_per_step=2, seed=7)
+
+    def drawn(cfg: TrainConfig, step: int) -> list[str]:
+        return [s.id for s in step_scenarios(rollouts.scenarios, cfg, step)]
+
+    by_step = [drawn(config, step) for step in range(1, 6)]
+    assert by_step == [drawn(config, step) for step in range(1, 6)]  # a rerun draws the same
+    assert all(len(d) == 2 and set(d) <= set(ids) for d in by_step)
+    assert len({tuple(d) for d in by_step}) > 1  # a draw per step, not one fixed subset
+    other = config.model_copy(update={"seed": 8})
+    assert [drawn(other, step) for step in range(1, 6)] != by_step
+    everything = config.model_copy(update={"scenarios_per_step": None})
+    assert step_scenarios(rollouts.scenarios, everything, 1) is rollouts.scenarios
+    with ledger:
+        _step_rows(ledger, rollouts, "http://unused", "base", config, 2, {"base"})
+    assert sorted(runs[0][0]) == sorted(by_step[1])  # step 2 simulated its own draw
+
+
+def test_the_step_log_has_each_scenarios_first_round_pass_rate(tmp_path, monkeypatch):
+    from pipecat_rl.training.trainer import _step_rows
+
+    plan = {
+        0: {"routine_booking": [1.0, 0.0, 0.0, 0.0], "book_second_slot": [0.0, 0.0, 0.0, 0.0],
+            "cancel_long_confirmation": [1.0, 1.0, 1.0, 1.0]},
+        1: {"book_second_slot": [1.0, 1.0, 1.0, 1.0], "cancel_long_confirmation": [1.0] * 4},
+    }  # fmt: skip
+    ledger, rollouts, runs = _online_ledger(tmp_path, plan, monkeypatch)
+    config = TrainConfig(algo="grpo", group_size=4, max_resample_rounds=1)
+    with ledger:
+        *_, sampling = _step_rows(ledger, rollouts, "http://unused", "base", config, 1, {"base"})
+    assert len(runs) == 2  # the redrawn round's passes are not in the curve
+    assert {k: v for k, v in sampling.items() if k.startswith("first_round_pass_rate/")} == {
+        "first_round_pass_rate/routine_booking": 0.25,
+        "first_round_pass_rate/book_second_slot": 0.0,
+        "first_round_pass_rate/cancel_long_confirmation": 1.0,
+    }

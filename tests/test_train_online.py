@@ -22,6 +22,7 @@ from pipecat_rl.serving.server import VLLMAdmin, free_port
 from pipecat_rl.simulator import SimulationOptions
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.training import TrainConfig, train
+from pipecat_rl.training.registry import canary_move
 
 SCENARIOS = ["booking", "cancel"]
 
@@ -33,7 +34,8 @@ class TinyVLLM:
     As vLLM does, it holds at most `max_loras` adapters' weights, evicting the least recently
     used; an evicted adapter stays listed and is reloaded from its folder when next asked for
     (`reloads`); unloading only takes the name off the list. `skew` names adapters whose chat
-    logprobs it misreports (a planted sampler/trainer mismatch).
+    logprobs it misreports (a planted sampler/trainer mismatch); `jitter` adds up to that much
+    noise to every completion's logprobs, afresh per request (a server's batching noise).
     """
 
     def __init__(self, model_dir: Path, max_loras: int = 2):
@@ -47,6 +49,8 @@ class TinyVLLM:
         self.unloaded: list[str] = []
         self.reloads: list[str] = []
         self.skew: set[str] = set()
+        self.jitter = 0.0
+        self._noise = torch.Generator().manual_seed(0)
         self.scored: list[list[int]] = []
         """The ids of every `prompt_logprobs` request, in order (what a teacher was asked)."""
         self._lock = threading.Lock()
@@ -89,6 +93,8 @@ class TinyVLLM:
                     {"index": 0, "text": "", "prompt_logprobs": self._scored(body)}
                 ]}  # fmt: skip
             ids, logprobs = self._sample(body, list(body["prompt"]))
+            noise = (torch.rand(len(logprobs), generator=self._noise) * 2 - 1) * self.jitter
+            logprobs = [lp + float(n) for lp, n in zip(logprobs, noise, strict=True)]
             return {"model": body["model"], "choices": [
                 {"index": 0, "token_ids": ids, "logprobs": {"token_logprobs": logprobs}}
             ]}  # fmt: skip
@@ -275,11 +281,17 @@ def test_three_steps_chain_three_versions_each_sampled_by_its_own(vllm, tiny_dir
     assert {r["step"] for r in updates} == {1, 2, 3}
     assert all(r["guard/passed"] and r["guard/source"] == "rollouts" for r in updates)
     assert all(r["guard/compared_tokens"] > 0 for r in updates)
+    # the training curve: each step's first-round pass rate per scenario (`fake_run`: 1 of 2)
+    assert all(r[f"first_round_pass_rate/{s}"] == 0.5 for r in updates for s in SCENARIOS)
     versions = [r for r in rows if "version" in r]
     assert [(r["step"], r["version"], r["unloaded"]) for r in versions] == [
         (1, names[0], []), (2, names[1], []), (3, names[2], [names[0]])
     ]  # fmt: skip
-    assert all(r["canary/ids_differ"] or r["canary/moved_max_abs_diff"] > 0.05 for r in versions)
+    for r in versions:  # each moved past the server's noise on its parent, or parted its ids
+        assert r["canary/noise"] is not None
+        assert r["canary/moved_threshold"] >= config.canary_min_delta
+        moved = r["canary/moved_max_abs_diff"]
+        assert r["canary/ids_differ"] or moved > r["canary/moved_threshold"]
 
 
 def test_a_guard_failure_at_step_two_stops_the_run_with_v1_kept(vllm, tiny_dir, tmp_path):
@@ -315,6 +327,60 @@ def test_a_run_whose_first_version_never_moves_finds_no_signal_and_keeps_nothing
     assert [p.name for p in (tmp_path / "adapters").iterdir()] == ["runs"]  # no stray version
 
 
+def _canary(logprobs: list[float], ids: tuple[int, ...] = (5, 6, 7)) -> dict:
+    return {"token_ids": list(ids), "logprobs": logprobs}
+
+
+def test_a_canary_moves_only_beyond_k_times_the_noise_of_rescoring_its_parent():
+    parent, again = _canary([-1.0, -2.0, -3.0]), _canary([-1.0005, -2.0, -3.0002])
+    noise_only = canary_move(_canary([-1.003, -2.002, -3.0]), parent, again, k=10, floor=1e-3)
+    assert noise_only["noise"] == pytest.approx(5e-4) and noise_only["threshold"] == 5e-3
+    assert not noise_only["moved"]  # 3e-3: six times the noise, past the floor, not past k x noise
+    beyond = canary_move(_canary([-1.01, -2.0, -3.0]), parent, again, k=10, floor=1e-3)
+    assert beyond["moved"] and beyond["max_abs_diff"] == pytest.approx(0.01)
+    # A server that repeats itself exactly: the floor keeps a 1e-9 change from counting.
+    exact = _canary([-1.0, -2.0, -3.0])
+    tiny = canary_move(_canary([-1.0 + 1e-9, -2.0, -3.0]), exact, exact, k=10, floor=1e-3)
+    assert tiny["noise"] == 0.0 and tiny["threshold"] == 1e-3 and not tiny["moved"]
+    assert canary_move(_canary([-1.002, -2.0, -3.0]), exact, exact, k=10, floor=1e-3)["moved"]
+    # Greedy ids that part count, unless they part on the parent's own two scorings too.
+    parted = _canary([-1.0, -2.5, -0.1], ids=(5, 9, 7))
+    assert canary_move(parted, exact, exact, k=10, floor=1e-3)["moved"]
+    wander = _canary([-1.0, -2.0, -3.0], ids=(5, 8, 7))
+    assert not canary_move(parted, exact, wander, k=10, floor=1e-3)["moved"]
+    # No token in common on the parent itself: no noise to measure, so nothing has moved.
+    lost = canary_move(parted, exact, _canary([-1.0], ids=(4,)), k=10, floor=1e-3)
+    assert lost["noise"] is None and lost["threshold"] is None and not lost["moved"]
+
+
+def test_a_version_the_servers_noise_alone_sets_apart_is_not_published_as_moved(
+    vllm, tiny_dir, tmp_path
+):
+    from pipecat_rl.training.policy import load_policy, save_adapter
+    from pipecat_rl.training.trainer import canary_moved
+
+    config = TrainConfig(algo="grpo", base_model=str(tiny_dir))
+    policy = load_policy(config)  # a fresh LoRA: the base's weights under another name
+    save_adapter(policy, tmp_path / "same")
+    admin = VLLMAdmin(vllm.url)
+    admin.load_adapter("same", tmp_path / "same")
+    vllm.jitter = 0.01  # each request off by up to 0.01 nats: far above the 1e-3 floor
+    with pytest.raises(NotMovedError, match="x the noise of re-scoring the parent") as refused:
+        canary_moved(vllm.url, "same", "base", policy, config)
+    seen = refused.value.moved
+    assert seen["max_abs_diff"] > config.canary_min_delta and not seen["ids_differ"]
+    assert seen["threshold"] == pytest.approx(config.canary_noise_k * seen["noise"])
+    with torch.no_grad():  # a real change: every LoRA B moves the logits
+        gen = torch.Generator().manual_seed(0)
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    save_adapter(policy, tmp_path / "moved")
+    admin.load_adapter("moved", tmp_path / "moved")
+    moved = canary_moved(vllm.url, "moved", "base", policy, config)
+    assert moved["ids_differ"] or moved["max_abs_diff"] > moved["threshold"]
+
+
 @pytest.fixture
 def stuck(monkeypatch):
     """`canary_moved` that says "did not move" for the versions of the steps in `stuck.steps`
@@ -324,13 +390,13 @@ def stuck(monkeypatch):
     real = trainer.canary_moved
     state = SimpleNamespace(left={}, refused=[])
 
-    def canary_moved(server_url, name, parent, policy):
+    def canary_moved(server_url, name, parent, policy, config):
         version = int(name.split("-")[2][1:])
         if state.left.get(version, 0):
             state.left[version] -= 1
             state.refused.append(name)
             raise NotMovedError(f"{name} did not move", {"parent": parent, "max_abs_diff": 0.01})
-        return real(server_url, name, parent, policy)
+        return real(server_url, name, parent, policy, config)
 
     monkeypatch.setattr(trainer, "canary_moved", canary_moved)
     return state

@@ -181,7 +181,15 @@ def train_command(
     ] = 10,
     group_size: Annotated[
         int, typer.Option("--group-size", min=2, help="GRPO / RFT: episodes per scenario.")
-    ] = 4,
+    ] = defaults.GROUP_SIZE,
+    scenarios_per_step: Annotated[
+        int | None,
+        typer.Option(
+            "--scenarios-per-step", min=1,
+            help="Online: scenarios each step rolls out, drawn by --seed (default: all).",
+            show_default=False,
+        ),  # fmt: skip
+    ] = None,
     rank: Annotated[int, typer.Option("--rank", min=1, help="LoRA rank.")] = defaults.LORA_RANK,
     lr: Annotated[float | None, typer.Option("--lr", help="Learning rate.")] = None,
     temperature: Annotated[
@@ -277,9 +285,9 @@ def train_command(
         trust = live_trust(live_sources, live_settle)
         config = TrainConfig(
             algo=algo, base_model=model, parent=parent, steps=steps, epochs=epochs,
-            group_size=group_size, rank=rank, lr=lr, temperature=temperature,
-            out_dir=out, seed=seed, opsd_loss=opsd_loss, opsd_hint=opsd_hint, dpo_beta=beta,
-            teacher=teacher, teacher_model=teacher_model,
+            group_size=group_size, scenarios_per_step=scenarios_per_step, rank=rank, lr=lr,
+            temperature=temperature, out_dir=out, seed=seed, opsd_loss=opsd_loss,
+            opsd_hint=opsd_hint, dpo_beta=beta, teacher=teacher, teacher_model=teacher_model,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

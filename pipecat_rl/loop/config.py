@@ -98,12 +98,17 @@ class TrainSettings(_Part):
     own (`training.registry.load_and_verify`). Off: the SFT runs offline from the ledger and the
     adapter is loaded by name for evaluation, verified only by `/v1/models`."""
     refilter_repeats: int = Field(default=8, ge=2)
-    """Before RL from an adapter this stage trained: runs per pool scenario under it, at the RL
-    temperature, to find its own contested set (with 2 runs a p = 0.5 scenario looks settled
-    half the time)."""
+    """Before RL from an adapter: runs per pool scenario under it, at the bot's own temperature
+    (the gate's), to find the scenarios RL trains on: those it fails in any run, and those where
+    acting is wrong (`loop.contested`; with 2 runs a p = 0.5 scenario looks settled half the
+    time)."""
     grpo_steps: int = Field(default=0, ge=0)
     opsd_steps: int = Field(default=0, ge=0)
-    group_size: int = Field(default=4, ge=2)
+    group_size: int = Field(default=defaults.GROUP_SIZE, ge=2)
+    """Rollouts per scenario per RL step (GRPO's group)."""
+    scenarios_per_step: int | None = Field(default=4, ge=1)
+    """Scenarios each RL step rolls out, drawn afresh each step (`TrainConfig.scenarios_per_step`;
+    None: all): fewer scenarios in full groups make more steps of the same rollouts."""
     rank: int = Field(default=defaults.LORA_RANK, ge=1)
     alpha: int | None = Field(default=None, ge=1)
     """None: `defaults.lora_alpha(rank)`, twice the rank, as every other way in."""

@@ -41,7 +41,9 @@ from pipecat_rl.ledger import BASE_ADAPTER, Ledger, LiveTrust, resolve_ledger_pa
 from pipecat_rl.ledger.eligibility import SIMULATED_SOURCES
 from pipecat_rl.ledger.transfer import snapshot_ledger
 from pipecat_rl.loop.config import NO_LIVE, STAGES, LiveSettings, LoopConfig
+from pipecat_rl.loop.contested import acting_is_wrong, rl_scenarios, runs_by_scenario
 from pipecat_rl.loop.drafts import draft_from_failures
+from pipecat_rl.scenarios import ScenarioSet
 from pipecat_rl.scenarios.heldout import copies_of_heldout
 from pipecat_rl.scoring.outcome import passed
 from pipecat_rl.simulator.options import Server, SimulationOptions
@@ -467,10 +469,7 @@ def preflight(cycle: Cycle) -> dict[str, Any]:
 
 def _split(report: Any) -> tuple[list[str], list[str], list[str]]:
     """Scenario ids always solved, always failed, and contested (both) over a report's runs."""
-    by: dict[str, list[bool]] = {}
-    for e in report.episodes:
-        if e.passed is not None:
-            by.setdefault(e.scenario_id, []).append(e.passed)
+    by = runs_by_scenario(report.episodes)
     solved = sorted(s for s, runs in by.items() if all(runs))
     failed = sorted(s for s, runs in by.items() if not any(runs))
     return solved, failed, sorted(s for s, runs in by.items() if any(runs) and not all(runs))
@@ -492,11 +491,23 @@ def filter_pool(cycle: Cycle) -> dict[str, Any]:
     return {
         "episodes": len(report.episodes), "passed": passed, "errors": report.harness_errors,
         "always_solved": solved, "always_failed": failed, "contested": contested,
-        "left": len(contested), "tool_calls": tool_calls,
+        "rl_scenarios": _rl_set(report, pool), "left": len(contested), "tool_calls": tool_calls,
         "tool_use": round(using_tools / len(report.episodes), 4) if report.episodes else 0.0,
         "drafts": [str(p) for p in drafts],
         "scenario_files": {s.id: str(s.source_path) for s in pool},
     }  # fmt: skip
+
+
+def _rl_set(report: Any, pool: ScenarioSet) -> dict[str, str]:
+    """The pool scenarios RL trains on after `report`'s runs, each with why (`loop.contested`)."""
+    chosen = rl_scenarios(
+        runs_by_scenario(report.episodes), {x.id for x in pool if acting_is_wrong(x)}
+    )
+    logger.info(
+        f"{len(chosen)} pool scenario(s) for RL: "
+        + ("; ".join(f"{k} ({why})" for k, why in chosen.items()) or "none")
+    )
+    return chosen
 
 
 def _copy_metrics(cycle: Cycle, result: Any) -> str | None:
@@ -654,22 +665,22 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
 
         sub_run("sft-live", live_sft)
     pool = cycle.scenarios("pool")
-    chosen = set(filtered["contested"])
+    # a filter result from before `rl_scenarios` was recorded: its contested ids
+    chosen = filtered.get("rl_scenarios", filtered["contested"])
     if (t.grpo_steps or t.opsd_steps) and parent is not None:
-        # RL's contested set is that of the policy it starts from at the temperature it samples
-        # at, with repeats enough to see one: the filter ran the bot's own temperature, 2 runs.
+        # RL's scenarios are those of the policy it starts from, as the gate will sample it (the
+        # bot's own temperature), with repeats enough to see a rare failure (`loop.contested`).
         found = [e for e in earlier if e["event"] == "refiltered" and e["policy"] == parent]
         if found:
-            chosen = set(found[-1]["contested"])
+            chosen = found[-1]["contested"]
         else:
-            report = cycle.simulate(pool, parent, repeats=t.refilter_repeats, bot=c.bot,
-                                    temperature=t.temperature)  # fmt: skip
-            solved, failed, contested_ids = _split(report)
+            report = cycle.simulate(pool, parent, repeats=t.refilter_repeats, bot=c.bot)
+            chosen = _rl_set(report, pool)
+            solved, failed, _ = _split(report)
             cycle.log.write(
-                "refiltered", policy=parent, repeats=t.refilter_repeats, contested=contested_ids,
+                "refiltered", policy=parent, repeats=t.refilter_repeats, contested=chosen,
                 solved=len(solved), failed=len(failed),
             )  # fmt: skip
-            chosen = set(contested_ids)
     contested = pool.model_copy(update={"scenarios": [x for x in pool if x.id in chosen]})
     for algo, steps in (("grpo", t.grpo_steps), ("opsd", t.opsd_steps)):
         if steps == 0:
@@ -679,7 +690,8 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
             continue
 
         def rl(algo: str = algo, steps: int = steps) -> dict[str, Any]:
-            per_step = len(contested) * t.group_size * t.episode_s / c.concurrency + t.step_s
+            drawn = min(len(contested), t.scenarios_per_step or len(contested))
+            per_step = drawn * t.group_size * t.episode_s / c.concurrency + t.step_s
             cycle.require(steps * per_step, f"{steps} {algo.upper()} step(s)")
             from pipecat_rl.simulator import load_bot
             from pipecat_rl.simulator.options import Rollouts
@@ -689,6 +701,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
             try:
                 return timed(algo, config=TrainConfig(algo=algo, parent=parent, steps=steps,
                                                       group_size=t.group_size,
+                                                      scenarios_per_step=t.scenarios_per_step,
                                                       temperature=t.temperature, **common),
                              server_url=url, rollouts=rollouts, progress=progress)  # fmt: skip
             except NoTrainingSignalError as e:  # the candidate so far stands; the sub-run is kept
@@ -708,7 +721,7 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
             "start, no live call may train (`live:`), and train.grpo_steps and train.opsd_steps "
             "are 0: set one of them"
         )
-    return {"candidate": parent, "warm_start": warm, "runs": runs}
+    return {"candidate": parent, "warm_start": warm, "runs": runs, "rl_scenarios": chosen}
 
 
 def _pass_rates(cycle: Cycle, data: Any) -> dict[str, Any]:

@@ -7,9 +7,10 @@ what each one is for, in the spirit of verifiers' `Rubric(funcs, weights)`:
   success). Exactly the parts `ledger.outcome.AUTHORITATIVE_PARTS` names, in that precedence;
   its weight is 1: a pass is a pass.
 - `shaped`: training signal only, never a pass and never a gate score: tool credit (its positive
-  side paid only to a call that passed, so extra lookups never pay inside a failing group), a
-  failed call's share of goal checks that held (partial credit, weight 0.5), and the hard checks it
-  broke (weight -1: a forbidden write or transfer costs more than any partial credit earns).
+  side paid only to a call that passed, so extra lookups never pay inside a failing group, and
+  not at all when the trainer asks for none: GRPO's default), a failed call's share of goal
+  checks that held (partial credit, weight 0.5), and the hard checks it broke (weight -1: a
+  forbidden write or transfer earns no partial credit, so it scores at most -1).
 - `judged`: a judge's named metric (`judge:<m>`): in the training reward with its weight; the
   gate pairs it only when its config names it (`judged_metrics`).
 - `metric`: measured and shown (`metric:<m>`), never in a reward.
@@ -97,24 +98,36 @@ class Rubric(BaseModel):
         """The authoritative score (None: unverified); what passes and what the gate pairs."""
         return authoritative_score(values)
 
-    def reward(self, values: Mapping[str, float], *, shaped: bool = True) -> float | None:
+    def reward(
+        self,
+        values: Mapping[str, float],
+        *,
+        shaped: bool = True,
+        positive_tool_credit: bool = True,
+    ) -> float | None:
         """The training reward: the authoritative score plus weighted shaped and judged parts.
 
         None when nothing authoritative decided the call (it cannot be scored against its
         group). `shaped=False` leaves the shaped parts out (outcome-only training). Tool credit's
         positive side counts only on a call that passed: in a failed one, more successful
-        lookups would otherwise out-score fewer, and GRPO would learn to call tools for credit.
+        lookups would otherwise out-score fewer, and GRPO would learn to call tools for credit;
+        `positive_tool_credit=False` drops it on a pass too (acting then never pays for itself,
+        where not acting is the right call). A call that broke a hard check earns no partial
+        credit (`checks_held`): how close it came does not offset a write it must not make.
         """
         score = self.outcome_score(values)
         if score is None:
             return None
         total = score
+        broke_hard_check = float(values.get(VIOLATIONS, 0.0)) > 0
         for name, value in values.items():
             part = self.part(name)
             if part.role == "judged" or (shaped and part.role == "shaped"):
                 v = float(value)
-                if name == TOOL_CREDIT and score < PASS_SCORE:
+                if name == TOOL_CREDIT and (score < PASS_SCORE or not positive_tool_credit):
                     v = min(v, 0.0)
+                if name == CHECKS_HELD and broke_hard_check:
+                    v = 0.0
                 total += part.weight * v
         return round(total, 6)
 
@@ -125,7 +138,8 @@ class Rubric(BaseModel):
 
 DEFAULT_RUBRIC = Rubric()
 """Verifier (else judged success) decides; shaping: tool credit at weight 1 (±0.1 per execution,
-+ only on a pass), a failed call's checks held at 0.5, each broken hard check at -1."""
++ only on a pass), a failed call's checks held at 0.5 (none once it broke a hard check), each
+broken hard check at -1."""
 
 
 def load_rubric(path: Path) -> Rubric:

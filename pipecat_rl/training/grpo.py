@@ -56,9 +56,17 @@ def group_key(session: SessionRecord) -> str:
     return session.scenario_hash or session.scenario_id or session.id
 
 
-def trained_reward(config: TrainConfig) -> RewardFn:
-    """The reward `config` trains on: the rubric's authoritative part, shaped or not."""
-    return rubric_reward(config.rubric, shaped=config.shaped_reward)
+def trained_reward(config: TrainConfig, *, shaped: bool | None = None) -> RewardFn:
+    """The reward `config` trains on: the rubric's authoritative part, shaped or not.
+
+    Tool credit's positive side only where `config.positive_tool_credit` asks for it;
+    `shaped`: as `config.shaped_reward` (None), or the other way, for the step log.
+    """
+    return rubric_reward(
+        config.rubric,
+        shaped=config.shaped_reward if shaped is None else shaped,
+        positive_tool_credit=config.positive_tool_credit,
+    )
 
 
 def rewards_by_group(
@@ -91,7 +99,7 @@ def build_groups(
 ) -> Groups:
     """Advantages per group of sessions; a zero-variance group's sequences are dropped (logged)."""
     by_group = rewards_by_group(sessions, reward_fn or trained_reward(config))
-    with_shaping = rubric_reward(config.rubric), rubric_reward(config.rubric, shaped=False)
+    with_shaping = trained_reward(config, shaped=True), trained_reward(config, shaped=False)
     shaped = {k: [with_shaping[0](s) or 0.0 for s, _ in v] for k, v in by_group.items()}
     outcome = {k: [with_shaping[1](s) or 0.0 for s, _ in v] for k, v in by_group.items()}
     advantage: dict[str, float] = {}
@@ -222,6 +230,7 @@ def grpo_update(
     sequences: Sequence[TrainingSequence],
     config: TrainConfig,
     *,
+    step: int = 1,
     loss_fn: LossFn = grpo_loss,
     on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
@@ -229,15 +238,21 @@ def grpo_update(
 
     The batch is scored once first (pi_old); every step's ratio is against it, so after the
     first step the clip sees how far the policy moved. With a single step per batch that scoring
-    is skipped: pi_old is the policy itself (ratio 1). Returns the last step's metrics.
+    is skipped: pi_old is the policy itself (ratio 1). Each pass shuffles the batch (by
+    `config.seed`, `step` and the pass) before splitting it, so a mini-batch mixes scenarios
+    instead of holding whole groups in the order they were simulated. Returns the last step's
+    metrics.
     """
-    batches = mini_batches(sequences, config.mini_batches)
-    steps = config.ppo_epochs * len(batches)
+    passes = [
+        mini_batches(sequences, config.mini_batches, seed=f"{config.seed}:{step}:{epoch}")
+        for epoch in range(1, config.ppo_epochs + 1)
+    ]
+    steps = sum(len(batches) for batches in passes)
     policy.model.train()
     old = {id(s): old_policy(policy, s, config) for s in sequences} if steps > 1 else None
     metrics: dict[str, Any] = {}
     n = 0
-    for epoch in range(1, config.ppo_epochs + 1):
+    for epoch, batches in enumerate(passes, start=1):
         for index, batch in enumerate(batches, start=1):
             n += 1
             olds = [old[id(s)] for s in batch] if old is not None else None

@@ -31,7 +31,9 @@ CANARY_MESSAGES = [
 """The canary prompt: a short chat every served model can render."""
 
 CANARY_THRESHOLD = 0.05
-"""Max |served - trainer| logprob over the canary's tokens (fp32 on both sides agrees to ~1e-3)."""
+"""Max |served - trainer| logprob over the canary's tokens (fp32 on both sides agrees to ~1e-3):
+whether the server serves the weights the trainer saved. Whether a version moved off its parent
+is a test against the server's measured noise instead (`canary_move`)."""
 
 _VERSION = re.compile(r"-v(\d+)(?:-|$)")
 
@@ -137,3 +139,42 @@ def load_and_verify(base_url: str, name: str, folder: Path, policy: Any) -> dict
             "these weights (stale adapter cache, or another base model)"
         )
     return result
+
+
+def canary_difference(a: dict, b: dict) -> tuple[float | None, bool]:
+    """Two served canaries' largest |logprob difference|, and whether their greedy ids part.
+
+    Only over the ids they share from the start (None: none): past a parting, the logprobs are
+    of other tokens.
+    """
+    shared = 0
+    for x, y in zip(a["token_ids"], b["token_ids"], strict=False):
+        if x != y:
+            break
+        shared += 1
+    pairs = zip(a["logprobs"][:shared], b["logprobs"][:shared], strict=True)
+    diffs = [abs(x - y) for x, y in pairs]
+    return (round(max(diffs), 9) if diffs else None), a["token_ids"] != b["token_ids"]
+
+
+def canary_move(
+    new: dict, parent: dict, parent_again: dict, *, k: float, floor: float
+) -> dict[str, Any]:
+    """Whether a version's served canary moved off its parent's, against the server's own noise.
+
+    `parent` and `parent_again` are the same weights scored twice: how far they differ is the
+    noise of re-scoring (batching, kernel order). The version moved when its logprobs differ
+    from the parent's by more than `k` times that noise and at least `floor` (a server that
+    repeats itself exactly must not make a 1e-9 change count), or its greedy ids part from the
+    parent's where the parent's own two agree (ids that wander on unchanged weights show
+    nothing). A parent whose two canaries share no token has no measurable noise: not moved.
+    """
+    noise, noisy_ids = canary_difference(parent, parent_again)
+    delta, ids_differ = canary_difference(new, parent)
+    threshold = None if noise is None else round(max(k * noise, floor), 9)
+    beyond = threshold is not None and delta is not None and delta > threshold
+    moved = (ids_differ and not noisy_ids) or beyond
+    return {
+        "max_abs_diff": delta, "ids_differ": ids_differ, "noise": noise,
+        "noise_ids_differ": noisy_ids, "threshold": threshold, "moved": moved,
+    }  # fmt: skip

@@ -7,6 +7,7 @@ Only sampled ids carry loss: system prompt, caller text, tool results and templa
 masked.
 """
 
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -198,11 +199,17 @@ def sequences_tokens(sequences: Sequence[TrainingSequence]) -> int:
 Item = TypeVar("Item")
 
 
-def mini_batches(items: Sequence[Item], n: int) -> list[list[Item]]:
-    """`items` in `n` contiguous near-equal parts (fewer when there are fewer items).
+def mini_batches(
+    items: Sequence[Item], n: int, *, seed: int | str | None = None
+) -> list[list[Item]]:
+    """`items` in `n` near-equal parts (fewer when there are fewer items), shuffled by `seed`.
 
-    One optimiser step each, for GRPO's sequences and OPSD's rows alike.
+    One optimiser step each, for GRPO's sequences and OPSD's rows alike. Unshuffled (`seed`
+    None) the parts are contiguous: GRPO's sequences come group by group, so each step would
+    see one or two scenarios only; shuffled, every step sees a mix.
     """
+    if seed is not None:
+        items = random.Random(seed).sample(list(items), len(items))
     n = max(1, min(n, len(items)))
     size, extra = divmod(len(items), n)
     out, start = [], 0

@@ -21,13 +21,14 @@ suffices.
 import contextlib
 import functools
 import json
+import random
 import shutil
 import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loguru import logger
 
@@ -59,6 +60,9 @@ from pipecat_rl.training.opsd import opsd_row, opsd_update, session_hint
 from pipecat_rl.training.policy import Policy, load_policy, save_adapter
 from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, build_sequences
 from pipecat_rl.training.sft import optimizer_for, train_sft
+
+if TYPE_CHECKING:  # it imports Pipecat; training must not until it simulates
+    from pipecat_rl.scenarios import ScenarioSet
 
 Progress = Callable[[dict[str, Any]], None]
 """Called with every step's metrics (and `step`, `total_steps`)."""
@@ -231,6 +235,8 @@ ROLLOUTS = "rollouts"
 """An online step's count of simulated episodes, eligible to train or not."""
 ROLLOUTS_HELDOUT = "rollouts_heldout"
 """An online step's count of episodes recorded as held out (a held-out scenario never trains)."""
+FIRST_ROUND_PASS_RATE = "first_round_pass_rate"
+"""The prefix of an online step's per-scenario pass rates (`first_round_pass_rates`)."""
 
 
 def sft_rows(
@@ -313,7 +319,10 @@ def _grpo_update(
     def on_step(metrics: dict[str, Any]) -> None:
         log({"step": step, "total_steps": config.steps, **signal, **metrics})
 
-    return {**signal, **grpo_update(policy, optimizer, groups.sequences, config, on_step=on_step)}
+    return {
+        **signal,
+        **grpo_update(policy, optimizer, groups.sequences, config, step=step, on_step=on_step),
+    }
 
 
 def _opsd_update(
@@ -355,6 +364,37 @@ RESAMPLE_SEED_STRIDE = 10**12
 """Seeds of a step's resample rounds lie this far apart, away from every step's first round."""
 
 
+def step_scenarios(scenarios: "ScenarioSet", config: TrainConfig, step: int) -> "ScenarioSet":
+    """The scenarios online step `step` rolls out: `scenarios_per_step` of them, or all.
+
+    Drawn afresh each step, so over a run every scenario comes up, and by `config.seed` and the
+    step, so a rerun draws the same ones.
+    """
+    k = config.scenarios_per_step
+    if k is None or k >= len(scenarios):
+        return scenarios
+    drawn = set(random.Random(f"{config.seed}:{step}").sample(range(len(scenarios)), k))
+    kept = [s for i, s in enumerate(scenarios) if i in drawn]
+    return scenarios.model_copy(update={"scenarios": kept})
+
+
+def first_round_pass_rates(sessions: Iterable[SessionRecord]) -> dict[str, float]:
+    """`first_round_pass_rate/<scenario>`: the share of a step's first-round rollouts that passed.
+
+    Before any group is redrawn, so the rate is the current version's own at the training
+    temperature: the run's training curve, scenario by scenario (unverified calls not counted).
+    """
+    runs: dict[str, list[bool]] = {}
+    for session in sessions:
+        verdict = passed(session.reward_parts)
+        if verdict is not None:
+            runs.setdefault(session.scenario_id or session.id, []).append(verdict)
+    return {
+        f"{FIRST_ROUND_PASS_RATE}/{scenario}": round(sum(v) / len(v), 6)
+        for scenario, v in sorted(runs.items())
+    }
+
+
 def _simulate(
     ledger: Ledger, rollouts: Rollouts, server_url: str, adapter: str, config: TrainConfig,
     step: int, resample: int = 0, groups: frozenset[str] | None = None,
@@ -362,7 +402,7 @@ def _simulate(
     """Run step `step`'s episodes; resample round `resample` > 0 runs the scenarios of `groups`."""
     from pipecat_rl.simulator import Server, run
 
-    scenarios = rollouts.scenarios
+    scenarios = step_scenarios(rollouts.scenarios, config, step)
     if groups is not None:  # a group is its scenario's content (`grpo.group_key`)
         kept = [s for s in scenarios if s.content_hash() in groups]
         scenarios = scenarios.model_copy(update={"scenarios": kept})
@@ -393,18 +433,22 @@ def _step_rows(
         turns, sessions, dropped, removed = rl_rows(ledger, names, session_ids, config, live)
         return turns, sessions, dropped, {HELDOUT_OVERLAP: removed}
     removed = simulated = held = 0
+    first: dict[str, float] = {}
 
     def draw(resample: int, groups: frozenset[str] | None):
-        nonlocal removed, simulated, held
+        nonlocal removed, simulated, held, first
         ids = _simulate(ledger, rollouts, server_url, current, config, step, resample, groups)
         turns, sessions, dropped, more = rl_rows(ledger, names, ids, config, live)
         removed += more
         simulated += len(ids)
-        held += sum(ledger.session(i).split == "heldout" for i in ids)  # as recorded
+        recorded = [ledger.session(i) for i in ids]
+        held += sum(s.split == "heldout" for s in recorded)  # as recorded
+        if not resample:  # every rollout of the round, whether it may train or not
+            first = first_round_pass_rates(recorded)
         return turns, sessions, dropped
 
-    def counts() -> dict[str, int]:
-        return {HELDOUT_OVERLAP: removed, ROLLOUTS: simulated, ROLLOUTS_HELDOUT: held}
+    def counts() -> dict[str, Any]:
+        return {HELDOUT_OVERLAP: removed, ROLLOUTS: simulated, ROLLOUTS_HELDOUT: held, **first}
 
     if config.algo != "grpo":
         turns, sessions, dropped = draw(0, None)
@@ -414,37 +458,45 @@ def _step_rows(
     return sampled.turns, sampled.sessions, sampled.dropped_off_policy, metrics
 
 
-def canary_moved(server_url: str, name: str, parent: str, policy: Policy) -> dict[str, Any]:
-    """How far `name`'s served canary is from its `parent`'s (both served now).
+def canary_moved(
+    server_url: str, name: str, parent: str, policy: Policy, config: TrainConfig
+) -> dict[str, Any]:
+    """How far `name`'s served canary is from its `parent`'s (both served now), beyond noise.
 
-    The canary tells a version from its parent only if they differ by more than its own
-    tolerance: otherwise a server still sampling the parent under the new name would pass, and
-    the next step's turns would not be the new version's. Greedy ids that part count as moved.
+    The parent's canary is scored before and after the version's: their difference is the
+    server's noise on unchanged weights, and the version moved only when it differs by more than
+    `canary_noise_k` times that (and `canary_min_delta`), or its greedy ids part
+    (`registry.canary_move`). A server still sampling the parent under the new name differs by
+    noise alone, so the next step's turns would not be the new version's. The rule asks the
+    weights to move past the noise, not by a fixed amount: the learning rate is left to learning.
 
     Raises:
         NotMovedError: the version did not move.
     """
     prompt = registry._canary_ids(policy.tokenizer)
+    before = registry.served_canary(server_url, parent, prompt)
     new = registry.served_canary(server_url, name, prompt)
-    old = registry.served_canary(server_url, parent, prompt)
-    shared = 0
-    for a, b in zip(new["token_ids"], old["token_ids"], strict=False):
-        if a != b:
-            break
-        shared += 1
-    ids_differ = new["token_ids"] != old["token_ids"]
-    pairs = zip(new["logprobs"][:shared], old["logprobs"][:shared], strict=True)
-    diffs = [abs(a - b) for a, b in pairs]
-    delta = round(max(diffs), 6) if diffs else None
-    result = {"parent": parent, "max_abs_diff": delta, "ids_differ": ids_differ}
-    if not ids_differ and (delta is None or delta <= registry.CANARY_THRESHOLD):
-        raise NotMovedError(
-            f"{name} did not move: its canary is its parent {parent}'s (greedy ids equal, "
-            f"logprobs within {delta} <= {registry.CANARY_THRESHOLD}), so the canary cannot show "
-            "which of them the server samples",
-            result,
+    after = registry.served_canary(server_url, parent, prompt)
+    move = registry.canary_move(
+        new, before, after, k=config.canary_noise_k, floor=config.canary_min_delta
+    )
+    result = {"parent": parent, **{k: v for k, v in move.items() if k != "moved"}}
+    if move["moved"]:
+        return result
+    if move["noise"] is None:
+        why = "the parent's own canary changed its first token between two requests"
+    else:
+        ids = "wander on the parent itself" if move["noise_ids_differ"] else "equal"
+        why = (
+            f"greedy ids {ids}, logprobs within {move['max_abs_diff']} <= {move['threshold']:g}: "
+            f"{config.canary_noise_k:g} x the noise of re-scoring the parent ({move['noise']:g}), "
+            f"at least {config.canary_min_delta:g}"
         )
-    return result
+    raise NotMovedError(
+        f"{name} did not move: its canary is its parent {parent}'s ({why}), so the canary "
+        "cannot show which of them the server samples",
+        result,
+    )
 
 
 def unload_versions(server_url: str, names: Sequence[str]) -> list[str]:
@@ -484,7 +536,7 @@ def _publish(
         try:
             canary = registry.load_and_verify(server_url, name, folder, policy)
             if compare_to is not None:
-                canary["moved"] = canary_moved(server_url, name, compare_to, policy)
+                canary["moved"] = canary_moved(server_url, name, compare_to, policy, config)
         except (TrainingError, ServingError) as e:
             with contextlib.suppress(ServingError):
                 unload_versions(server_url, [name])
@@ -763,16 +815,27 @@ def _publish_moved(
             logger.warning(f"step {step}: {e}; {left} more pass(es) over its batch")
             log({
                 "step": step, "total_steps": config.steps, "not_moved": True,
-                "move_retry": retry, "canary/moved_max_abs_diff": e.moved.get("max_abs_diff"),
+                "move_retry": retry, **canary_fields(e.moved),
             })  # fmt: skip
     logger.warning(
         f"step {step} of {config.steps}: no version moved off {current} after "
         f"{config.move_retries + 1} pass(es); the run ends at its last version that moved"
     )
     return (
-        f"left the canary within {registry.CANARY_THRESHOLD} of it after "
+        f"left the canary within the server's noise of it ({config.canary_noise_k:g} x the "
+        f"noise of re-scoring it, at least {config.canary_min_delta:g}) after "
         f"{config.move_retries + 1} pass(es) over its batch"
     )
+
+
+def canary_fields(moved: Mapping[str, Any]) -> dict[str, Any]:
+    """A canary comparison (`canary_moved`) as step-log fields: the move, the noise, the bar."""
+    return {
+        "canary/moved_max_abs_diff": moved.get("max_abs_diff"),
+        "canary/ids_differ": moved.get("ids_differ"),
+        "canary/noise": moved.get("noise"),
+        "canary/moved_threshold": moved.get("threshold"),
+    }
 
 
 def _adding(log: Progress, fields: dict[str, Any]) -> Progress:
@@ -792,11 +855,9 @@ def _served(
     loaded.append(name)
     unloaded = unload_versions(server_url, loaded[:-2])
     del loaded[:-2]
-    moved = (canary or {}).get("moved") or {}
     log({
         "step": step, "total_steps": config.steps, "version": name,
         "canary/max_abs_diff": (canary or {}).get("max_abs_diff"),
-        "canary/moved_max_abs_diff": moved.get("max_abs_diff"),
-        "canary/ids_differ": moved.get("ids_differ"),
+        **canary_fields((canary or {}).get("moved") or {}),
         "unloaded": unloaded,
     })  # fmt: skip
