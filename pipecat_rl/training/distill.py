@@ -34,7 +34,12 @@ from pipecat_rl.training.config import TrainConfig, teacher_kind
 from pipecat_rl.training.loss import reverse_kl_loss
 from pipecat_rl.training.policy import Policy
 from pipecat_rl.training.prefix import PrefixBatch, batch_scores, prefix_batches
-from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, mini_batches
+from pipecat_rl.training.rows import (
+    TrainableTurn,
+    TrainingSequence,
+    mini_batches,
+    token_weighted,
+)
 from pipecat_rl.training.sft import grad_norm
 
 TOKENIZER_PROBE = "Hello! I'd like to book a checkup for Tuesday at 3pm, please. Thanks."
@@ -274,13 +279,10 @@ def logprob_update(
         if on_step is not None:
             on_step(metrics)
         steps.append(metrics)
-    tokens = sum(m["num_tokens"] for m in steps)
-    weighted = {
-        key: round(sum(m[key] * m["num_tokens"] for m in steps) / max(tokens, 1), 6)
-        for key in ("kl/reverse_sampled", "teacher_logprob")
-    }
+    weighted = token_weighted(steps, ("kl/reverse_sampled", "teacher_logprob"))
     return {
-        **steps[-1], **weighted, "optimizer_steps": len(steps), "num_tokens": tokens,
+        **steps[-1], **weighted, "optimizer_steps": len(steps),
+        "num_tokens": sum(m["num_tokens"] for m in steps),
         "distilled_turns": len(sequences),
         "step_time": round(sum(m["step_time"] for m in steps), 3),
     }  # fmt: skip

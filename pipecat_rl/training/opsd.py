@@ -22,7 +22,12 @@ from pipecat_rl.training.config import TrainConfig
 from pipecat_rl.training.loss import forward_topk_kl_loss, reverse_kl, reverse_kl_loss
 from pipecat_rl.training.policy import Policy
 from pipecat_rl.training.prefix import PrefixBatch, batch_scores, common_prefix_len, prefix_batches
-from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, mini_batches
+from pipecat_rl.training.rows import (
+    TrainableTurn,
+    TrainingSequence,
+    mini_batches,
+    token_weighted,
+)
 from pipecat_rl.training.sft import grad_norm
 
 
@@ -261,13 +266,9 @@ def opsd_update(
         if on_step is not None:
             on_step(metrics)
         steps.append(metrics)
-    tokens = sum(m["num_tokens"] for m in steps)
-    weighted = {
-        key: round(sum(m[key] * m["num_tokens"] for m in steps) / max(tokens, 1), 6)
-        for key in DIVERGENCES
-    }
     return {
-        **steps[-1], **weighted, "hinted_turns": len(rows), "num_tokens": tokens,
+        **steps[-1], **token_weighted(steps, DIVERGENCES), "hinted_turns": len(rows),
+        "num_tokens": sum(m["num_tokens"] for m in steps),
         "computed_tokens": sum(m["computed_tokens"] for m in steps),
         "step_time": round(sum(m["step_time"] for m in steps), 3),
     }  # fmt: skip

@@ -218,3 +218,11 @@ def mini_batches(
         out.append(list(items[start:end]))
         start = end
     return out
+
+
+def token_weighted(steps: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, float]:
+    """Per-token metrics of a pass's optimiser steps, averaged by each step's `num_tokens`."""
+    tokens = sum(m["num_tokens"] for m in steps)
+    return {
+        key: round(sum(m[key] * m["num_tokens"] for m in steps) / max(tokens, 1), 6) for key in keys
+    }
