@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError, PipecatRLError, TrainingError
 from pipecat_rl.ledger import AdapterRecord, Ledger, SessionRecord
-from pipecat_rl.loop.config import LoopConfig
+from pipecat_rl.loop.config import LoopConfig, load_loop_config
 from pipecat_rl.loop.contested import acting_is_wrong, rl_scenarios
 from pipecat_rl.loop.cycle import Cycle, run_cycle, sft_steps
 from pipecat_rl.loop.drafts import draft_from_failures
@@ -49,10 +50,11 @@ class FakeTraining:
             holdout: float = 0.15
             group_size: int | None = None
             scenarios_per_step: int | None = None
+            teacher: str | None = None
             rank: int = 16
             alpha: int | None = None
             lr: float | None = None
-            temperature: float = 1.0
+            temperature: float | None = 1.0
             out_dir: Path = Path("adapters")
             seed: int = 0
             rubric: object = None
@@ -348,6 +350,30 @@ def test_rl_after_a_warm_start_runs_on_the_warm_starts_own_contested_set(tmp_pat
     with Ledger(tmp_path / "ledger.db") as ledger:
         runs = ledger.sessions(policy="cand-sft-1")
     assert len(runs) == 2 * 4  # both pool scenarios, 4 runs each, under the warm start
+
+
+def test_distill_after_the_warm_start_rolls_the_whole_pool_out_before_rl(tmp_path, world):
+    """`train.distill_steps`: the teacher (a file relative to the loop file) at every state the
+    warm start reaches on the whole pool, at the bot's own temperature; GRPO starts from it."""
+    clinic, training, vllm = world
+    (clinic / "loop.yaml").write_text(
+        "bot: expert.py\npool: scenarios/pool\nheldout: scenarios/heldout\nout: cycle\ntrain:\n"
+        "  warm_start: always\n  distill_steps: 2\n  teacher: expert.py:expert_policy\n"
+        "  grpo_steps: 1\n"
+    )
+    config = load_loop_config(clinic / "loop.yaml")
+    assert config.train.teacher == f"{(clinic / 'expert.py').resolve()}:expert_policy"
+    settings = loop(tmp_path, clinic, vllm, stop_after="train").model_dump()
+    run_cycle(LoopConfig.model_validate({**settings, "train": {
+        **config.train.model_dump(), "refilter_repeats": 2}}))  # fmt: skip
+    (sft, _), (distill, rollouts), (grpo, _) = training.calls
+    assert (sft.algo, distill.algo, grpo.algo) == ("sft", "distill", "grpo")
+    assert (distill.parent, grpo.parent) == ("cand-sft-1", "cand-distill-2")
+    assert distill.teacher == config.train.teacher and distill.steps == 2
+    assert distill.group_size == 2 and distill.temperature is None  # the gate's states
+    assert sorted(s.id for s in rollouts.scenarios) == ["handoff_request", "routine_booking"]
+    with pytest.raises(ValidationError, match="train.distill_steps needs train.teacher"):
+        LoopConfig.model_validate({**settings, "train": {"distill_steps": 1}})
 
 
 def test_rl_keeps_the_scenarios_where_acting_is_wrong_even_when_always_passed(

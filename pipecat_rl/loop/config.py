@@ -18,6 +18,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from pipecat_rl import defaults
@@ -71,7 +72,7 @@ class FilterSettings(_Part):
 
 
 class TrainSettings(_Part):
-    """What the train stage runs: an SFT warm start, then GRPO and/or OPSD steps."""
+    """What the train stage runs: an SFT warm start, then distill, GRPO and/or OPSD steps."""
 
     warm_start: Literal["auto", "always", "never"] = "auto"
     """`auto`: an SFT warm start when the incumbent cannot call tools (see `tool_use_below`)."""
@@ -102,6 +103,15 @@ class TrainSettings(_Part):
     (the gate's), to find the scenarios RL trains on: those it fails in any run, and those where
     acting is wrong (`loop.contested`; with 2 runs a p = 0.5 scenario looks settled half the
     time)."""
+    distill_steps: int = Field(default=0, ge=0)
+    """Online distillation steps after the warm start, before GRPO / OPSD: each rolls the
+    candidate so far out on the whole pool (`distill_repeats` runs a scenario, at the bot's own
+    temperature) and trains on the `teacher`'s answers at the states it reached (`--algo
+    distill`)."""
+    distill_repeats: int = Field(default=2, ge=2)
+    teacher: str | None = None
+    """Distill's teacher: a vLLM URL, or `FILE.py:FUNCTION`, a scripted policy such as
+    `expert.py:expert_policy` (relative to the loop file)."""
     grpo_steps: int = Field(default=0, ge=0)
     opsd_steps: int = Field(default=0, ge=0)
     group_size: int = Field(default=defaults.GROUP_SIZE, ge=2)
@@ -123,6 +133,15 @@ class TrainSettings(_Part):
     embedded model): the budget check uses it; set it from a run's metrics on other hardware."""
     episode_s: float = Field(default=20.0, gt=0)
     """Expected seconds per simulated episode of an online step, for the same check."""
+
+    @model_validator(mode="after")
+    def _teacher_given(self) -> "TrainSettings":
+        if self.distill_steps and not self.teacher:
+            raise ValueError(
+                "train.distill_steps needs train.teacher: a vLLM URL or FILE.py:FUNCTION (e.g. "
+                "expert.py:expert_policy)"
+            )
+        return self
 
 
 class LiveSettings(_Part):
@@ -258,6 +277,10 @@ def _rebase(data: dict[str, Any], base: Path) -> dict[str, Any]:
         value = out.get(key)
         if isinstance(value, str) and (".py" in value or "/" in value):
             out[key] = str((base / value).resolve()) if not value.startswith("/") else value
+    train = out.get("train")
+    teacher = train.get("teacher") if isinstance(train, dict) else None
+    if isinstance(teacher, str) and ".py:" in teacher and not teacher.startswith("/"):
+        out["train"] = {**train, "teacher": str((base / teacher).resolve())}
     gate = out.get("gate")
     if isinstance(gate, dict) and isinstance(gate.get("config"), str):
         out["gate"] = {**gate, "config": str((base / gate["config"]).resolve())}

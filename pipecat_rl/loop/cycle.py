@@ -665,6 +665,24 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
 
         sub_run("sft-live", live_sft)
     pool = cycle.scenarios("pool")
+    if t.distill_steps:
+
+        def distill() -> dict[str, Any]:
+            """The teacher at every state the candidate so far reaches on the whole pool."""
+            per_step = len(pool) * t.distill_repeats * t.episode_s / c.concurrency + t.step_s
+            cycle.require(t.distill_steps * per_step, f"{t.distill_steps} distill step(s)")
+            from pipecat_rl.simulator import load_bot
+            from pipecat_rl.simulator.options import Rollouts
+
+            rollouts = Rollouts(scenarios=pool, bot=load_bot(c.bot), options=cycle.options())
+            config = TrainConfig(
+                algo="distill", parent=parent, steps=t.distill_steps,
+                group_size=t.distill_repeats, teacher=t.teacher, temperature=None, **common,
+            )  # fmt: skip
+            return timed("distill", config=config, server_url=url, rollouts=rollouts,
+                         progress=progress)  # fmt: skip
+
+        sub_run("distill", distill)
     # a filter result from before `rl_scenarios` was recorded: its contested ids
     chosen = filtered.get("rl_scenarios", filtered["contested"])
     if (t.grpo_steps or t.opsd_steps) and parent is not None:
@@ -718,8 +736,8 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
         raise TrainingError(
             "the train stage had nothing to run: the incumbent already calls tools (tool use "
             f"{filtered['tool_use']:.0%} of calls) or no expert_bot is set, so there is no warm "
-            "start, no live call may train (`live:`), and train.grpo_steps and train.opsd_steps "
-            "are 0: set one of them"
+            "start, no live call may train (`live:`), and train.distill_steps, train.grpo_steps "
+            "and train.opsd_steps are 0: set one of them"
         )
     return {"candidate": parent, "warm_start": warm, "runs": runs, "rl_scenarios": chosen}
 

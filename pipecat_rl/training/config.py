@@ -88,8 +88,9 @@ class TrainConfig(BaseModel):
     lr: float | None = None
     """None picks per algorithm: 2e-3 for SFT, RFT and distill from replies, 1e-4 for GRPO,
     OPSD, DPO and distill from logprobs."""
-    temperature: float = defaults.TRAIN_TEMPERATURE
-    """GRPO / OPSD / RFT exploration temperature (recorded with each sampled turn)."""
+    temperature: float | None = Field(default=defaults.TRAIN_TEMPERATURE, ge=0)
+    """Online rollouts' sampling temperature (recorded with each sampled turn); None: the bot's
+    own, as deployed (distill's states are then the ones the gate sees)."""
     max_seq_len: int = 4096
     """Sequences longer than this are split at turn boundaries or dropped (counted)."""
     seed: int = 0
