@@ -271,7 +271,7 @@ def test_ledger_sessions_carry_their_response_gaps_and_turn_taking(tmp_path):
     assert all(r.turn_taking == measured for r in runs)
 
 
-@pytest.mark.parametrize("run", ["cycle-clinic", "cycle-clinic-035c76b"])  # schema 5 and 3
+@pytest.mark.parametrize("run", ["cycle-clinic-2bfb815", "cycle-clinic-035c76b"])  # schema 5 and 3
 def test_a_receipt_from_before_turn_taking_still_loads_renders_and_rechecks(run):
     old = load_receipt(Path(__file__).parents[1] / "docs" / "results" / run / "receipt")
     assert old.turn_taking is None and old.latency.caller_gap == {}

@@ -487,8 +487,9 @@ def turn_taking_lead(t: TurnTakingStats | None) -> str:
     if t is None or t.unavailable is not None:
         return f"Turn-taking unavailable: {t.unavailable if t else 'not recorded'}."
     return (
-        "Measured from the caller's side of the line: time to yield per barge-in the agent "
-        "yielded to; missed barge-ins per barge-in and false interruptions per backchannel, "
+        "Measured from the caller's side of the line: time to yield per barge-in (how long the "
+        "agent talked over the caller, a missed barge-in included); missed barge-ins per "
+        "barge-in and false interruptions per backchannel, "
         "each with a 95% interval over scenarios; overlap over all talk time."
     )
 

@@ -5,9 +5,10 @@ mode says why it cannot). The scenario is the unit here as in every other check:
 backchannels of one call share its agent, its caller and its audio, so they are not
 independent events, and both policies' runs of a scenario stay together.
 
-- Time to yield (per barge-in the agent yielded to): P50/P95 per arm (the one quantile), the
-  candidate / incumbent P95 with the paired bootstrap interval of `latency.compare_ratio` (the
-  text gate's LLM ratios), and the candidate's P95 with Woodruff's interval for a budget.
+- Time to yield (per barge-in, a missed one included: how long the agent talked over the
+  caller): P50/P95 per arm (the one quantile), the candidate / incumbent P95 with the paired
+  bootstrap interval of `latency.compare_ratio` (the text gate's LLM ratios), and the
+  candidate's P95 with Woodruff's interval for a budget.
 - Rates (false interruptions per backchannel, missed barge-ins per barge-in): events over
   opportunities pooled over an arm's runs (a ratio estimator), with a cluster-robust
   (linearised) standard error over scenarios and Student t with scenarios - 1 degrees of
@@ -298,7 +299,7 @@ def turn_taking_checks(
 ) -> tuple[GateCheck, ...]:
     """One check per configured limit (none when nothing is configured), in a fixed order."""
     checks: list[GateCheck] = []
-    yields = "barge-ins the agent yielded to"
+    yields = "barge-ins"
     if config.time_to_yield_p95_ratio is not None:
         checks.append(ratio_check(
             "time_to_yield_ratio", "time to yield",

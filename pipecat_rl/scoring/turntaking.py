@@ -41,7 +41,9 @@ class TurnTaking(BaseModel):
     the turn (a scripted interruption, or any caller speech over the agent that is not a
     backchannel or side speech)."""
     time_to_yield_ms: list[float] = Field(default_factory=list)
-    """Per barge-in the agent yielded to: caller's speech start to the agent's audio stop."""
+    """Per barge-in: caller's speech start to the agent's audio stop. A missed barge-in's is
+    here too (how long the agent talked over the caller), so a time-to-yield check sees an agent
+    that never yields as the slowest, not as one with nothing to measure."""
     missed_barge_ins: int = 0
     """Barge-ins the agent talked through for longer than `MISSED_BARGE_IN_MS` (or to its end)."""
     backchannels: int = 0

@@ -10,7 +10,8 @@ on planted timelines. Its rules:
   (between words and sentences); a *stretch* ends at a longer silence, and starts at an *onset*;
 - a caller turn line that starts inside an agent stretch is a barge-in; the agent yielded at the
   end of that stretch (time to yield = that end minus the line's start), and missed it when the
-  stretch went on longer than `MISSED_BARGE_IN_MS`;
+  stretch went on longer than `MISSED_BARGE_IN_MS` (its time is kept too: an agent that talks
+  through a barge-in has the longest time to yield, not none);
 - a backchannel or side speech that starts inside an agent stretch counts in `backchannels`; it
   is a false interruption when the agent's output was cut between its start and
   `MISSED_BARGE_IN_MS` after its end (or the next caller line, whichever comes first);
@@ -128,8 +129,7 @@ def measure(
             took = over[1] - u.start
             if took > bound_s:
                 record.missed_barge_ins += 1
-            else:
-                record.time_to_yield_ms.append(round(took * 1000.0, 1))
+            record.time_to_yield_ms.append(round(took * 1000.0, 1))
         inside = [t for t in onsets if u.start < t < u.end]
         if any(not any(s <= t < e for s, e in u.spans) for t in inside):
             record.premature_responses += 1
