@@ -156,7 +156,9 @@ def test_a_teacher_that_agrees_is_no_label(tmp_path):
     )  # fmt: skip
     same = ReplyTeacher("t", lambda m: ScriptedReply("Hello there.", [("f", {"a": 1})]))
     other = ReplyTeacher("t", lambda m: ScriptedReply("Hello there.", [("f", {"a": 2})]))
-    assert same.label(turn) is None
+    assert same.label(turn) is None and same.training_labels() == []
+    every = ReplyTeacher("t", same.policy, train_agreed=True)  # DAgger's every visited state
+    assert every.label(turn) is None and every.training_labels()[0].demonstration
     label = other.label(turn)
     assert label.demonstration and label.tool_calls == [
         {"id": "call_0", "name": "f", "arguments": {"a": 2}}
@@ -206,8 +208,8 @@ def test_distill_needs_a_teacher_and_rollouts(tmp_path):
 
 def test_no_label_is_no_training_signal(served, tiny_dir, tmp_path, monkeypatch):
     """A teacher that agrees everywhere leaves nothing to distil: said, and nothing published."""
-    monkeypatch.setattr(ReplyTeacher, "label", lambda self, turn: self.labels.setdefault(
-        (turn.session_id, turn.index), None))  # fmt: skip
+    monkeypatch.setattr(ReplyTeacher, "label", lambda self, turn: self.agreed.add(
+        (turn.session_id, turn.index)))  # fmt: skip
     (tmp_path / "t.py").write_text("def policy(messages):\n    return None\n")
     config, rollouts = _config(tiny_dir, tmp_path, f"{tmp_path / 't.py'}:policy")
     with Ledger(tmp_path / "l.db") as ledger:

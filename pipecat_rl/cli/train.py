@@ -166,6 +166,14 @@ def train_command(
             show_default=False,
         ),
     ] = None,
+    distill_agreed: Annotated[
+        bool,
+        typer.Option(
+            "--distill-agreed",
+            help="Distill from a scripted teacher: train on the states where it agreed with the "
+            "student too (DAgger's every visited state), not only where it differs.",
+        ),
+    ] = False,
     teacher_model: Annotated[
         str | None,
         typer.Option(
@@ -288,6 +296,7 @@ def train_command(
             group_size=group_size, scenarios_per_step=scenarios_per_step, rank=rank, lr=lr,
             temperature=temperature, out_dir=out, seed=seed, opsd_loss=opsd_loss,
             opsd_hint=opsd_hint, dpo_beta=beta, teacher=teacher, teacher_model=teacher_model,
+            distill_agreed=distill_agreed,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

@@ -167,6 +167,9 @@ class TrainConfig(BaseModel):
     as the clinic's expert (its replies at the student's states train by SFT)."""
     teacher_model: str | None = None
     """Distill with a URL: the model name to ask the teacher's server for (None: its first)."""
+    distill_agreed: bool = False
+    """Distill from replies: the states where the teacher said what the student did train too
+    (DAgger's aggregate of every visited state), not only those where it differs."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = LOGPROBS_MODE
     """What the server returns: ours serves processed (after temperature), vLLM's default raw."""
 

@@ -12,8 +12,9 @@ teacher about each turn the student sampled (DAgger's loop; GKD's on-policy dist
   teacher would have said something else without the teacher generating anything;
 - a **reply teacher**, `FILE.py:FUNCTION`, a scripted policy (OpenAI messages -> `ScriptedReply`)
   such as the clinic's expert: its reply at the student's prompt is rendered with the student's
-  chat template and trained by SFT where it differs from what the student said; the labels of
-  every step so far train together (DAgger's aggregated dataset).
+  chat template and trained by SFT where it differs from what the student said (with
+  `distill_agreed`, where it agrees too); the labels of every step so far train together
+  (DAgger's aggregated dataset).
 
 A teacher that cannot be reached, returns no logprobs or tokenises differently is refused before
 any rollout (`load_teacher`).
@@ -64,16 +65,24 @@ class ReplyTeacher:
     """A scripted policy as the teacher: its reply at each of the student's states.
 
     Labels are kept per turn for the whole run: a step's retry re-reads them, and every step
-    trains on all of them (the DAgger dataset), newest states included.
+    trains on all of them (the DAgger dataset), newest states included. `train_agreed`: the
+    states where the teacher said what the student did train too (DAgger's aggregate of every
+    visited state), not only those where it differs.
     """
 
     kind = "replies"
 
-    def __init__(self, name: str, policy: Callable[[list[dict[str, Any]]], Any]):
+    def __init__(
+        self, name: str, policy: Callable[[list[dict[str, Any]]], Any], *,
+        train_agreed: bool = False,
+    ):  # fmt: skip
         self.name = name
         self.policy = policy
-        self.labels: dict[tuple[str, int], TurnRecord | None] = {}
-        """Per student turn: the teacher's reply as a demonstration, None where they agreed."""
+        self.train_agreed = train_agreed
+        self.labels: dict[tuple[str, int], TurnRecord] = {}
+        """Per student turn: the teacher's reply at its prompt, as a demonstration."""
+        self.agreed: set[tuple[str, int]] = set()
+        """The turns where the teacher said what the student did."""
 
     def label(self, turn: TurnRecord) -> TurnRecord | None:
         """The teacher's reply at `turn`'s prompt as a demonstration; None when it agrees."""
@@ -83,8 +92,9 @@ class ReplyTeacher:
             reply = self.policy(messages)
             calls = _calls(reply.tool_calls)
             said = " ".join((turn.generated_text or "").split())
-            agrees = said == " ".join(reply.text.split()) and _same_calls(turn.tool_calls, calls)
-            self.labels[key] = None if agrees else turn.model_copy(
+            if said == " ".join(reply.text.split()) and _same_calls(turn.tool_calls, calls):
+                self.agreed.add(key)
+            self.labels[key] = turn.model_copy(
                 update={
                     "adapter": self.name, "demonstration": True, "token_exact": False,
                     "prompt_token_ids": None, "completion_token_ids": None, "logprobs": None,
@@ -92,7 +102,11 @@ class ReplyTeacher:
                     "tool_calls": [{"id": f"call_{k}", **c} for k, c in enumerate(calls)],
                 }
             )  # fmt: skip
-        return self.labels[key]
+        return None if key in self.agreed else self.labels[key]
+
+    def training_labels(self) -> list[TurnRecord]:
+        """The labels that train: those that differ, and with `train_agreed` every one."""
+        return [d for k, d in self.labels.items() if self.train_agreed or k not in self.agreed]
 
 
 # -- logprob teachers: a served model ----------------------------------------------------------
@@ -168,7 +182,7 @@ def load_teacher(config: TrainConfig, tokenizer: Any) -> ReplyTeacher | LogprobT
     policy = getattr(import_module_spec(path, option="--teacher"), function, None)
     if not callable(policy):
         raise ConfigError(f"--teacher {spec}: {path} defines no function `{function}`")
-    return ReplyTeacher(function, policy)
+    return ReplyTeacher(function, policy, train_agreed=config.distill_agreed)
 
 
 # -- the updates ---------------------------------------------------------------------------------
@@ -179,7 +193,7 @@ def reply_sequences(
 ) -> tuple[list[TrainingSequence], dict[str, Any]]:
     """Label `turns`, then the SFT sequences of every label so far; and the step's counts."""
     fresh = [teacher.label(t) for t in turns]
-    labels = [d for d in teacher.labels.values() if d is not None]
+    labels = teacher.training_labels()
     sequences = []
     for demo in labels:
         row = TrainableTurn.from_turn(demo, tokenizer)
