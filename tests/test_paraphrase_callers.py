@@ -47,6 +47,11 @@ WORDINGS: list[tuple[str, tuple[str, str, str]]] = [
         "Hi, you've reached Bright Smile Dental. How may I assist you?",
         "Bright Smile Dental, Anna speaking. What are you calling about today?",
     )),
+    (r"One moment while I check that\.", (
+        "Just a moment, please.",
+        "Bear with me for a second.",
+        "Give me a second here.",
+    )),
     (r"Certainly\. May I have your full name\?", (
         "Sure thing. Who am I speaking with?",
         "Of course! Could I get your first and last name?",
