@@ -20,7 +20,7 @@ from pipecat_rl.simulator import SimulationOptions
 from pipecat_rl.simulator.options import Rollouts
 from pipecat_rl.simulator.scripted import ScriptedReply
 from pipecat_rl.training import TrainConfig, train, trainer
-from pipecat_rl.training.distill import TOKENIZER_PROBE, ReplyTeacher
+from pipecat_rl.training.distill import TOKENIZER_PROBE, ReplyTeacher, reply_sequences
 from tests.cli_helpers import invoke
 from tests.test_train_online import SCENARIOS, TinyVLLM, fake_run
 from tests.train_helpers import tiny_llama
@@ -145,6 +145,31 @@ def test_a_scripted_teacher_labels_every_state_and_the_labels_accumulate(
         prompt = tokenizer.decode(seq.input_ids[: seq.loss_mask.index(True)])
         assert f"Hello, {scenario} please." in prompt  # at the student's own prompt
     assert result.metrics["teacher_labels"] == 4 and result.metrics["dagger_rows"] == 8
+
+
+def test_a_state_the_teacher_cannot_answer_is_skipped_and_counted(tiny_dir):
+    """A scripted policy meets student states it was never written for (a booking with no
+    patient looked up): the state is skipped and counted; the others still label."""
+    turns = [
+        TurnRecord(session_id=f"s{k}", index=0, adapter="base", created_at=0.0,
+                   request={"messages": [{"role": "user", "content": said}]}, generated_text="")
+        for k, said in enumerate(["Yes, book it.", "Hi"])
+    ]  # fmt: skip
+
+    def policy(messages):
+        if "book" in messages[-1]["content"]:
+            raise KeyError("patient_id")
+        return ScriptedReply("How can I help?")
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    teacher = ReplyTeacher("t", policy)
+    sequences, counts = reply_sequences(teacher, turns, tokenizer)
+    assert len(sequences) == 1 and counts["teacher_unanswered"] == 1
+    assert counts["teacher_agreement"] == 0.0 and counts["teacher_labels"] == 1
+    with pytest.raises(NoTrainingSignalError, match=r"raised at all 1 .*KeyError: 'patient_id'"):
+        reply_sequences(ReplyTeacher("t", policy), turns[:1], tokenizer)
 
 
 def test_a_teacher_that_agrees_is_no_label(tmp_path):

@@ -151,6 +151,12 @@ def expert_policy(messages: list[dict]) -> ScriptedReply:
     if re.search(r"\byes\b|please do|go ahead|sounds good", lower) and "book it" in prior:
         patient, slots = results.get("lookup_patient"), results.get("find_slots")
         tried = _last_args(messages, "book")  # a retry books the slot that failed
+        # States only another agent reaches (a teacher answers them too: `--algo distill`): a
+        # slot offered before the patient was found, or none found to book.
+        if not isinstance(patient, dict) or "patient_id" not in patient:
+            return ScriptedReply("Certainly. May I have your full name?")
+        if not offered and not tried and not (isinstance(slots, list) and slots):
+            return ScriptedReply(HOLDING, tool_calls=[("find_slots", {"kind": "routine"})])
         if offered:
             slot_id = int(offered.group(1))
         else:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from loguru import logger
 
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError, ServingError, TrainingError
 from pipecat_rl.ledger import TurnRecord
@@ -83,13 +84,31 @@ class ReplyTeacher:
         """Per student turn: the teacher's reply at its prompt, as a demonstration."""
         self.agreed: set[tuple[str, int]] = set()
         """The turns where the teacher said what the student did."""
+        self.unanswered: dict[tuple[str, int], str] = {}
+        """The turns the teacher raised on (a state its rules never meet), with the error."""
 
     def label(self, turn: TurnRecord) -> TurnRecord | None:
-        """The teacher's reply at `turn`'s prompt as a demonstration; None when it agrees."""
+        """The teacher's reply at `turn`'s prompt as a demonstration; None when it agrees.
+
+        Also None when it cannot answer (a student's state a scripted policy was never written
+        for): skipped and counted, never the end of the run.
+        """
         key = (turn.session_id, turn.index)
+        if key in self.unanswered:
+            return None
         if key not in self.labels:
             messages = copy.deepcopy(list(turn.request.get("messages") or []))
-            reply = self.policy(messages)
+            try:
+                reply = self.policy(messages)
+            except Exception as e:
+                self.unanswered[key] = f"{type(e).__name__}: {e}"
+                if len(self.unanswered) == 1:
+                    logger.warning(
+                        f"the teacher {self.name} raised at {turn.session_id}#{turn.index} "
+                        f"({self.unanswered[key]}); such states are skipped and counted "
+                        "(teacher_unanswered)"
+                    )
+                return None
             calls = _calls(reply.tool_calls)
             said = " ".join((turn.generated_text or "").split())
             if said == " ".join(reply.text.split()) and _same_calls(turn.tool_calls, calls):
@@ -205,16 +224,24 @@ def reply_sequences(
                 adapters=[demo.adapter],
             )
         )  # fmt: skip
-    agreed = sum(d is None for d in fresh)
+    keys = [(t.session_id, t.index) for t in turns]
+    answered = [k for k in keys if k not in teacher.unanswered]
+    agreed = sum(k in teacher.agreed for k in answered)
     counts = {
-        "teacher_agreement": round(agreed / len(fresh), 6) if fresh else None,
+        "teacher_agreement": round(agreed / len(answered), 6) if answered else None,
         "teacher_labels": sum(d is not None for d in fresh),
+        "teacher_unanswered": len(keys) - len(answered),
         "dagger_rows": len(labels),
     }
     if not sequences:
+        why = (
+            f"raised at all {len(keys)} of them (first: {next(iter(teacher.unanswered.values()))})"
+            if keys and not answered
+            else f"says what the student said at all {len(answered)} it answered"
+        )
         raise NoTrainingSignalError(
-            f"the teacher {teacher.name} says what the student said at all {len(fresh)} of its "
-            "sampled turns: nothing to distil (roll out scenarios the student fails)"
+            f"the teacher {teacher.name} {why} of the student's sampled turns: nothing to "
+            "distil (roll out scenarios the student fails)"
         )
     return sequences, counts
 
