@@ -275,13 +275,9 @@ def train_command(
                 f"--scenarios and --bot are for --algo {', '.join(ONLINE_ALGOS)} (online)"
             )
         if scenarios is None and algo in ROLLOUT_ONLY:
-            what = {
-                "rft": "imitates the parent's own passed rollouts",
-                "distill": "asks the teacher at the parent's own states",
-            }[algo]
             raise ConfigError(
-                f"--algo {algo} {what}: give --scenarios and --bot to roll it out on (and "
-                "--llm-url, the server that samples them)"
+                f"--algo {algo} {ROLLOUT_ONLY[algo]}: give --scenarios and --bot to roll it out "
+                "on (and --llm-url, the server that samples them)"
             )
         if (teacher is None) != (algo != "distill"):
             raise ConfigError(

@@ -54,6 +54,7 @@ from pipecat_rl.service.bodies import (
 from pipecat_rl.service.security import confine, confine_loop_file, confine_scenario_files
 from pipecat_rl.service.settings import ServiceSettings
 from pipecat_rl.simulator.options import Server, SimulationOptions
+from pipecat_rl.training.config import teacher_kind
 
 RESUMABLE_KINDS = frozenset({"cycle"})
 """Kinds that continue where they stopped when the service restarts; the rest are failed."""
@@ -80,7 +81,7 @@ CALLABLE_FIELDS = frozenset({"bot", "teacher"})
 
 def path_part(field_name: str, value: str) -> str | None:
     """The file or folder a path field's value names; None for a teacher given as a URL."""
-    if field_name == "teacher" and value.startswith(("http://", "https://")):
+    if field_name == "teacher" and teacher_kind(value) == "logprobs":
         return None
     return split_bot(value)[0] if field_name in CALLABLE_FIELDS else value
 

@@ -15,8 +15,12 @@ ONLINE_ALGOS: tuple[Algo, ...] = ("grpo", "opsd", "rft", "distill")
 """The algorithms that simulate under each new version when given scenarios and a bot (RFT and
 distill only so: they learn from the starting policy's own rollouts)."""
 
-ROLLOUT_ONLY: tuple[Algo, ...] = ("rft", "distill")
-"""The online algorithms with no offline form: they need scenarios and a bot to roll out."""
+ROLLOUT_ONLY: dict[Algo, str] = {
+    "rft": "imitates the parent's own passed rollouts",
+    "distill": "asks the teacher at the parent's own states",
+}
+"""The online algorithms with no offline form (they need scenarios and a bot to roll out), and
+why, as every refusal says it."""
 
 
 def teacher_kind(teacher: str) -> Literal["logprobs", "replies"]:

@@ -571,13 +571,9 @@ def train(
     log = MetricsLog(out_dir / "runs" / f"{run_id}.metrics.jsonl", progress)
     online = rollouts is not None and config.algo in ONLINE_ALGOS  # SFT, DPO: the ledger's
     if config.algo in ROLLOUT_ONLY and not online:
-        what = {
-            "rft": "RFT imitates the starting policy's own passed rollouts",
-            "distill": "distill asks the teacher at the starting policy's own states",
-        }[config.algo]
         raise TrainingError(
-            f"{what}: give it scenarios and a bot to roll out (`rollouts`; on the CLI "
-            "--scenarios and --bot)"
+            f"{config.algo} {ROLLOUT_ONLY[config.algo]}: give it scenarios and a bot to roll out "
+            "(`rollouts`; on the CLI --scenarios and --bot)"
         )
     if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
