@@ -41,6 +41,7 @@ from pipecat_rl.training.rows import (
     TrainingSequence,
     mini_batches,
     token_weighted,
+    turn_sequence,
 )
 from pipecat_rl.training.sft import grad_norm
 
@@ -225,17 +226,7 @@ def reply_sequences(
     """Label `turns`, then the SFT sequences of every label so far; and the step's counts."""
     fresh = [teacher.label(t) for t in turns]
     labels = teacher.training_labels()
-    sequences = []
-    for demo in labels:
-        row = TrainableTurn.from_turn(demo, tokenizer)
-        loss = [False] * len(row.prompt_ids) + [True] * len(row.sampled_ids)
-        sequences.append(
-            TrainingSequence(
-                session_id=demo.session_id, input_ids=[*row.prompt_ids, *row.sampled_ids],
-                loss_mask=loss, sampler_logprobs=[0.0] * len(loss), turns=[demo.index],
-                adapters=[demo.adapter],
-            )
-        )  # fmt: skip
+    sequences = [turn_sequence(TrainableTurn.from_turn(demo, tokenizer)) for demo in labels]
     keys = [(t.session_id, t.index) for t in turns]
     answered = [k for k in keys if k not in teacher.unanswered]
     agreed = sum(k in teacher.agreed for k in answered)
@@ -264,13 +255,7 @@ def _logprob_sequences(
     """One sequence per sampled turn, and the teacher's logprobs of its sampled ids (by id())."""
     sequences, teacher_of = [], {}
     for turn in turns:
-        row = TrainableTurn.from_turn(turn)
-        seq = TrainingSequence(
-            session_id=turn.session_id, input_ids=[*row.prompt_ids, *row.sampled_ids],
-            loss_mask=[False] * len(row.prompt_ids) + [True] * len(row.sampled_ids),
-            sampler_logprobs=[0.0] * len(row.prompt_ids) + list(row.sampler_logprobs or ()),
-            turns=[turn.index], adapters=[turn.adapter],
-        )  # fmt: skip
+        seq = turn_sequence(TrainableTurn.from_turn(turn))
         sequences.append(seq)
         teacher_of[id(seq)] = torch.tensor(teacher.score(turn), dtype=torch.float32)
     return sequences, teacher_of

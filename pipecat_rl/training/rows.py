@@ -131,7 +131,8 @@ class SequenceStats:
     """Turns left out because their sequence would exceed `max_len`."""
 
 
-def _start(turn: TrainableTurn) -> TrainingSequence:
+def turn_sequence(turn: TrainableTurn) -> TrainingSequence:
+    """One turn as a sequence of its own: its prompt, then its sampled ids carrying the loss."""
     n_prompt, n_sampled = len(turn.prompt_ids), len(turn.sampled_ids)
     logprobs = turn.sampler_logprobs or [0.0] * n_sampled
     return TrainingSequence(
@@ -183,7 +184,7 @@ def build_sequences(
                     continue
             elif current is not None and merge:
                 split += 1
-            current = _start(turn)
+            current = turn_sequence(turn)
             out.append(current)
     stats = SequenceStats(
         turns=count, sequences=len(out), merged=merged, split=split, dropped=dropped
