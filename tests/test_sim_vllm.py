@@ -35,7 +35,10 @@ async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
     scenarios = scenarios.model_copy(
         update={"scenarios": [s.model_copy(update={"max_turns": 2}) for s in scenarios]}
     )
-    config = SimulationConfig(llm_url=vllm_server.url, concurrency=3, max_tokens=32)
+    # The judge's limit is a hang guard here: three calls and their judges share two cores.
+    config = SimulationConfig(
+        llm_url=vllm_server.url, concurrency=3, max_tokens=32, judge_timeout_s=600
+    )
     with Ledger(tmp_path / "ledger.db") as ledger:
         report = await simulate(
             scenarios, load_bot(str(ROOT / "examples" / "clinic" / "bot.py")), config, ledger
@@ -49,11 +52,19 @@ async def test_clinic_scenarios_on_vllm_fill_the_ledger_token_exactly(
         # SmolLM2-135M makes no reliable tool calls: booking fails, and the verifier says so.
         booking = by_id["routine_booking"]
         assert booking.outcome == "fail" and booking.reward_parts["verifier"] == 0.0
-        # The price question's judged metric is graded by the served model, as its own part.
-        judged = by_id["price_question"].reward_parts["judge:no_price_quoted"]
-        assert 0.0 <= judged <= 1.0
-        scores = {s.name: s.value for s in ledger.scores(by_id["price_question"].session_id)}
-        assert scores["judge:no_price_quoted"] == judged
+        # The price question's judged metric is graded by the served model, as its own part;
+        # an answer SmolLM2-135M garbles leaves it unscored, with the judge's error, never guessed.
+        price = by_id["price_question"]
+        scores = {s.name: s.value for s in ledger.scores(price.session_id)}
+        judged = price.reward_parts.get("judge:no_price_quoted")
+        if judged is not None:
+            assert 0.0 <= judged <= 1.0
+            assert scores["judge:no_price_quoted"] == judged
+        else:
+            reason = price.score_details["judge:no_price_quoted"]["reason"]
+            assert reason.startswith("unscored: the judge could not answer"), reason
+            assert "did not answer within" not in reason, reason
+            assert "judge:no_price_quoted" not in scores
         for episode in report.episodes:
             assert episode.redirected == ["OpenAILLMService"]
             assert episode.bypassed == ["DeepgramSTTService", "CartesiaTTSService"]
