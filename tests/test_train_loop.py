@@ -16,7 +16,6 @@ from tests.train_helpers import sample_turn
 pytestmark = pytest.mark.slow  # trains a tiny model many times (~45 s on 2 cores), no vLLM
 
 
-
 def _record(ledger: Ledger, model, scenario: str, repeat: int, verifier: float, **meta) -> str:
     sid = f"{scenario}-{repeat}"
     turn = sample_turn(model, [1, 2, 3, 4], 5, session_id=sid, seed=hash(sid) % 1000)
@@ -141,7 +140,7 @@ def test_hint_goes_into_the_teachers_prompt_only(smollm2_dir):
         assert teacher.endswith(before_reply) and teacher.count(hint) == 1
 
 
-def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
+def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from pipecat_rl.cli import app
@@ -155,6 +154,11 @@ def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
     assert name.startswith("policy-grpo-v1-") and ledger.adapter(name).training_run["guard"]
     for sid in ("booking-0", "booking-1", "booking-2", "booking-3", "cancel-1"):
         ledger.update_session(sid, excluded_from_training=True)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded for a run without signal")
+
+    monkeypatch.setattr("pipecat_rl.training.trainer.load_policy", never)  # said at once
     failed = CliRunner().invoke(app, [*args, "--json"])
     assert failed.exit_code == EXIT_NO_SIGNAL
     assert "no training signal: 1 of 1 groups" in failed.output
@@ -162,7 +166,6 @@ def test_cli_trains_and_prints_the_adapter_name(ledger, tiny_dir, tmp_path):
 
 def test_turns_of_too_old_adapters_are_dropped(tmp_path):
     from pipecat_rl.ledger import AdapterRecord
-    from pipecat_rl.training.policy import Policy
     from pipecat_rl.training.trainer import recent_policies
 
     with Ledger(tmp_path / "l.db") as store:
@@ -171,11 +174,10 @@ def test_turns_of_too_old_adapters_are_dropped(tmp_path):
                 name=name, path=str(tmp_path), base_model="m", parent=parent, created_at=0.0
             )
             store.register_adapter(record)
-        policy = Policy(model=None, tokenizer=None, base_dir=Path("tiny"), parent="a3")
 
         def names(steps: int) -> set[str]:
             config = TrainConfig(parent="a3", max_off_policy_steps=steps)
-            return recent_policies(store, policy, config)
+            return recent_policies(store, Path("tiny"), config)
 
         assert names(0) == {"a3"} and names(1) == {"a3", "a2"}
         assert names(3) == {"a3", "a2", "a1", "base", "tiny"}

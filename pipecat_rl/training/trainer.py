@@ -54,10 +54,10 @@ from pipecat_rl.training.distill import (
     reply_sequences,
 )
 from pipecat_rl.training.dpo import dpo_pairs, train_dpo
-from pipecat_rl.training.grpo import build_groups, dynamic_sampling, grpo_update
+from pipecat_rl.training.grpo import Groups, build_groups, dynamic_sampling, grpo_update
 from pipecat_rl.training.guard import run_guard
 from pipecat_rl.training.opsd import opsd_row, opsd_update, session_hint
-from pipecat_rl.training.policy import Policy, load_policy, save_adapter
+from pipecat_rl.training.policy import Policy, load_policy, resolve_base, save_adapter
 from pipecat_rl.training.rows import TrainableTurn, TrainingSequence, build_sequences
 from pipecat_rl.training.sft import optimizer_for, train_sft
 
@@ -94,32 +94,27 @@ def _parent_path(ledger: Ledger, parent: str | None) -> Path | None:
     return Path(ledger.adapter(parent).path)
 
 
-def _base_names(policy: Policy) -> set[str]:
-    return {BASE_ADAPTER, policy.base_dir.name}
+def _base_names(base_dir: Path) -> set[str]:
+    return {BASE_ADAPTER, base_dir.name}
 
 
-def _names_of(policy: Policy, adapter: str | None) -> set[str]:
-    """Names the turns of `adapter` (None: the base) are recorded under."""
-    return _base_names(policy) if adapter in (None, BASE_ADAPTER) else {str(adapter)}
+def _names_of(base_dir: Path, adapter: str | None) -> set[str]:
+    """Names the turns of `adapter` (None: the base over `base_dir`) are recorded under."""
+    return _base_names(base_dir) if adapter in (None, BASE_ADAPTER) else {str(adapter)}
 
 
-def _start_names(policy: Policy, config: TrainConfig) -> set[str]:
-    """Names the starting policy's turns were recorded under."""
-    return _names_of(policy, config.parent)
-
-
-def recent_policies(ledger: Ledger, policy: Policy, config: TrainConfig) -> set[str]:
+def recent_policies(ledger: Ledger, base_dir: Path, config: TrainConfig) -> set[str]:
     """The starting policy and up to `max_off_policy_steps` of its ancestors.
 
     Turns they sampled may train (importance-corrected); turns of older adapters are dropped.
     """
-    names = set(_start_names(policy, config))
+    names = _names_of(base_dir, config.parent)
     current = config.parent
     for _ in range(config.max_off_policy_steps):
         if current in (None, BASE_ADAPTER):
             break
         current = ledger.adapter(current).parent
-        names |= _base_names(policy) if current in (None, BASE_ADAPTER) else {current}
+        names |= _names_of(base_dir, current)
     return names
 
 
@@ -142,7 +137,7 @@ def _probe_turn(server_url: str, name: str, policy: Policy) -> TurnRecord:
 
 def guard_turns(ledger: Ledger, policy: Policy, config: TrainConfig) -> list[TurnRecord]:
     """Recorded turns of the starting policy, newest last (any session: the guard never trains)."""
-    names = _start_names(policy, config)
+    names = _names_of(policy.base_dir, config.parent)
     turns: list[TurnRecord] = []
     for session in ledger.sessions(limit=200):
         turns += [t for t in ledger.turns(session.id) if t.adapter in names]
@@ -161,10 +156,10 @@ def guard(
         logger.info(f"guard: no recorded turns of {start}; probing the server instead")
         result = run_guard(
             policy, [_probe_turn(server_url, start, policy)], config,
-            base_names=list(_base_names(policy)),
+            base_names=list(_base_names(policy.base_dir)),
         )  # fmt: skip
         return {**result, "source": "probe"}
-    result = run_guard(policy, turns, config, base_names=list(_base_names(policy)))
+    result = run_guard(policy, turns, config, base_names=list(_base_names(policy.base_dir)))
     return {**result, "source": "ledger"}
 
 
@@ -178,9 +173,9 @@ def step_guard(
     the trainer fails the step that would learn from it. The run then stops: `last_version`
     (None: the run registered none yet) stays its newest registered version.
     """
-    own = [t for t in turns if t.adapter in _names_of(policy, current)]
+    own = [t for t in turns if t.adapter in _names_of(policy.base_dir, current)]
     try:
-        result = run_guard(policy, own, config, base_names=list(_base_names(policy)))
+        result = run_guard(policy, own, config, base_names=list(_base_names(policy.base_dir)))
     except GuardError as e:
         kept = last_version or "none (the run registered no version)"
         raise GuardError(
@@ -275,17 +270,17 @@ def rl_rows(
 # -- the algorithms ----------------------------------------------------------------------------
 
 
-def _grpo_update(
-    policy: Policy,
-    optimizer: Any,
-    turns: list[TurnRecord],
-    sessions: list[SessionRecord],
-    config: TrainConfig,
-    step: int,
-    log: Progress,
-    dropped_old: int,
-    sampling: dict[str, Any],
-) -> dict[str, Any]:
+def grpo_signal(
+    turns: list[TurnRecord], sessions: list[SessionRecord], dropped_old: int,
+    sampling: dict[str, Any], config: TrainConfig,
+) -> tuple[Groups, dict[str, Any]]:  # fmt: skip
+    """A GRPO step's groups and what they hold for its log.
+
+    It needs no model, so an offline run counts them before torch and the model load.
+
+    Raises:
+        NoTrainingSignalError: every group's rewards are equal (or there is no group).
+    """
     rows = [TrainableTurn.from_turn(t) for t in turns]
     sequences, seq_stats = build_sequences(rows, max_len=config.max_seq_len)
     groups = build_groups(sessions, sequences, config)
@@ -315,6 +310,21 @@ def _grpo_update(
             f"outcome-only {groups.frac_zero_std_outcome}, shaped {groups.frac_zero_std_shaped});"
             " warm-start with --algo sft, raise --group-size or the temperature"
         )
+    return groups, signal
+
+
+def _grpo_update(
+    policy: Policy,
+    optimizer: Any,
+    turns: list[TurnRecord],
+    sessions: list[SessionRecord],
+    config: TrainConfig,
+    step: int,
+    log: Progress,
+    dropped_old: int,
+    sampling: dict[str, Any],
+) -> dict[str, Any]:
+    groups, signal = grpo_signal(turns, sessions, dropped_old, sampling, config)
 
     def on_step(metrics: dict[str, Any]) -> None:
         log({"step": step, "total_steps": config.steps, **signal, **metrics})
@@ -577,6 +587,10 @@ def train(
         )
     if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
+    if config.algo == "grpo" and not online:  # the ledger's groups: no signal is said at once
+        names = recent_policies(ledger, resolve_base(config.base_model), config)
+        rows = _step_rows(ledger, None, None, "", config, 1, names, live, session_ids)
+        grpo_signal(*rows, config)
     policy = load_policy(config, _parent_path(ledger, config.parent))
     distiller = load_teacher(config, policy.tokenizer) if config.algo == "distill" else None
     guard_result = guard(ledger, policy, config, server_url)
@@ -603,7 +617,7 @@ def train(
         if config.algo == "opsd":
             teacher = load_policy(config, _parent_path(ledger, config.parent), trainable=False)
             teacher.model.requires_grad_(False)
-        names = recent_policies(ledger, policy, config)
+        names = recent_policies(ledger, policy.base_dir, config)
         used_set: set[str] = set()
         for step in range(1, config.steps + 1):
             turns, sessions, dropped, sampling = _step_rows(
