@@ -1,10 +1,12 @@
-"""A bot Pipecat's own development runner serves over its WebSocket transport, for `--bot-url`.
+"""A bot Pipecat's own development runner serves, over WebSocket or SmallWebRTC, for `--bot-url`.
 
-`python tests/remote_bot.py -t websocket --port PORT` serves ws://localhost:PORT/ws-client as
-the runner serves any bot (`bot(runner_args)`, `create_transport`, protobuf frames). It greets
-the caller when it connects and says back what its STT heard ("You said: ..."), on the embedded
-offline services (Silero VAD, Whisper tiny.en, Piper) and a `ScriptedLLMService`, so it needs no
-key and no model server, and its reply shows what it heard of the caller.
+`python tests/remote_bot.py -t websocket --port PORT` serves ws://localhost:PORT/ws-client
+(protobuf frames), and `-t webrtc` takes SmallWebRTC offers at http://localhost:PORT/api/offer,
+as the runner serves any bot (`bot(runner_args)`, `create_transport`). It greets the caller when
+it connects and says back what its STT heard ("You said ...", with no pause a listener could
+take for the end of its turn), on the embedded offline services (Silero VAD, Whisper tiny.en,
+Piper) and a `ScriptedLLMService`, so it needs no key and no model server, and its reply shows
+what it heard of the caller.
 """
 
 from pipecat.audio.vad.silero import SileroVADAnalyzer
@@ -17,6 +19,7 @@ from pipecat.processors.audio.vad_processor import VADProcessor
 from pipecat.runner.types import RunnerArguments
 from pipecat.runner.utils import create_transport
 from pipecat.serializers.protobuf import ProtobufFrameSerializer
+from pipecat.transports.base_transport import TransportParams
 from pipecat.transports.websocket.fastapi import FastAPIWebsocketParams
 from pipecat.workers.runner import WorkerRunner
 
@@ -35,11 +38,11 @@ GREETING = "Hello, you have reached the echo desk. What do you need?"
 def echo(messages: list[dict]) -> ScriptedReply:
     """Greet on the ring; then say back the caller's last line as the bot's STT wrote it."""
     heard = message_text(last_message(messages, "user"))
-    return ScriptedReply(text=GREETING if heard == RING else f"You said: {heard}")
+    return ScriptedReply(text=GREETING if heard == RING else f"You said {heard}")
 
 
 async def bot(runner_args: RunnerArguments):
-    """One call, as Pipecat's runner starts it for each WebSocket that connects."""
+    """One call, as Pipecat's runner starts it for each WebSocket or WebRTC offer that comes."""
     transport = await create_transport(
         runner_args,
         {
@@ -47,7 +50,8 @@ async def bot(runner_args: RunnerArguments):
                 audio_in_enabled=True,
                 audio_out_enabled=True,
                 serializer=ProtobufFrameSerializer(),
-            )
+            ),
+            "webrtc": lambda: TransportParams(audio_in_enabled=True, audio_out_enabled=True),
         },
     )
     context = LLMContext()

@@ -10,8 +10,9 @@ run to their end (harness errors, or a session the ledger could not fully write)
 table goes to stdout, the progress bar to stderr.
 
 `--bot-url URL` calls a bot that already runs (a deployment, or Pipecat's runner: `python bot.py
--t websocket`) instead of importing `--bot`: audio calls over its WebSocket, recorded from the
-caller's side only, its world unverified, never trained on (`simulator.remote`).
+-t websocket` or `-t webrtc`) instead of importing `--bot`: audio calls over its WebSocket (ws://)
+or SmallWebRTC (http://), recorded from the caller's side only, its world unverified, never
+trained on (`simulator.remote`).
 
 `--by AXIS` (repeatable; `all`: every axis) adds the hot-spot tables of a scenario matrix after
 the per-scenario table: pass rate, failures, unauthorised writes (hard checks broken) and labels
@@ -244,9 +245,10 @@ def simulate_command(
         str | None,
         typer.Option(
             "--bot-url", metavar="URL", show_default=False,
-            help="Instead of --bot: call a bot already running at this WebSocket URL (Pipecat's "
-            "runner: ws://HOST:7860/ws-client), as an audio call recorded from the caller's "
-            "side only; its world is not verified and its sessions never train.",
+            help="Instead of --bot: call a bot already running at this URL, as an audio call "
+            "recorded from the caller's side only; its world is not verified and its sessions "
+            "never train. Pipecat's runner serves ws://HOST:7860/ws-client (-t websocket) and "
+            "http://HOST:7860/api/offer (-t webrtc: SmallWebRTC, a bot on this machine).",
         ),
     ] = None,
     repeats: Annotated[
@@ -543,7 +545,7 @@ def _check_pass_rate(reports: list["SimulationReport"], fail_under: float) -> No
 
 @dataclass(frozen=True)
 class _Remote:
-    """`--bot-url`: a bot to call where it runs (checked before anything imports Pipecat)."""
+    """`--bot-url`: a bot to call where it runs (its flags checked before the run starts)."""
 
     url: str
 
@@ -556,11 +558,9 @@ def _target(
         raise ConfigError("give the bot to simulate: --bot path/to/bot.py, or --bot-url URL")
     if bot_url is None:
         return str(bot)
-    if not bot_url.startswith(("ws://", "wss://")):
-        raise ConfigError(
-            f"--bot-url {bot_url}: give the bot's WebSocket URL, ws:// or wss:// (Pipecat's "
-            "runner serves ws://HOST:PORT/ws-client for `python bot.py -t websocket`)"
-        )
+    from pipecat_rl.simulator.remote import transport_of
+
+    transport_of(bot_url)  # a scheme that names neither WebSocket nor SmallWebRTC
     wrong = [
         flag
         for flag, given in (
@@ -572,8 +572,8 @@ def _target(
     ]
     if wrong:
         raise ConfigError(
-            f"--bot-url calls the bot as an audio call over its WebSocket, from this process: "
-            f"leave out {', '.join(wrong)}"
+            f"--bot-url calls the bot as an audio call over what its URL names (ws:// "
+            f"WebSocket, http:// SmallWebRTC), from this process: leave out {', '.join(wrong)}"
         )
     return _Remote(bot_url)
 

@@ -1,13 +1,17 @@
-"""`simulate --bot-url`: the persona calls a bot that already runs elsewhere, over a WebSocket.
+"""`simulate --bot-url`: the persona calls a bot that already runs elsewhere.
 
-A deployed bot, or one started with Pipecat's development runner (`python bot.py -t websocket`,
-which serves `ws://HOST:PORT/ws-client`), is reached as Pipecat's WebSocket clients reach it:
+The URL's scheme picks how (`transport_of`). `ws://` / `wss://`: a deployed bot, or one started
+with Pipecat's development runner (`python bot.py -t websocket`, which serves
+`ws://HOST:PORT/ws-client`), is reached as Pipecat's WebSocket clients reach it:
 `ProtobufFrameSerializer` frames, the caller's microphone as 16 kHz audio frames, the bot's
-speech back as audio frames, and the RTVI `client-ready` message bots greet on. The caller is
-the audio persona of `simulator.audio` (its Whisper ear, its Piper mouth, its paced 20 ms
-frames); the bot's audio, which Pipecat's server transport sends ahead of real time, is played
-into the caller's ear through a 20 ms speaker, and an interruption the bot sends drops what is
-queued, as a client's playback buffer does.
+speech back as audio frames, and the RTVI `client-ready` message bots greet on; the bot's
+audio, which Pipecat's server transport sends ahead of real time, is played into the caller's
+ear through a 20 ms speaker, and an interruption the bot sends drops what is queued, as a
+client's playback buffer does. `http://` / `https://`: a bot the runner serves with
+`-t webrtc` is called over SmallWebRTC by an aiortc peer, its offer POSTed to the runner's
+`/api/offer` (`remote_webrtc`). Either way the caller is the audio persona of
+`simulator.audio` (its Whisper ear, its Piper mouth, its paced 20 ms frames), and everything
+below is the same.
 
 What can be known from there is what the caller lived through: the transcript as the caller
 heard it, the heard gaps, the call's length, and a judge's reading of the transcript when one
@@ -27,7 +31,7 @@ import io
 import time
 import wave
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from loguru import logger
 from pipecat.audio.utils import create_stream_resampler
@@ -79,29 +83,102 @@ OBSERVED_LABELS = (TIMEOUT,)
 """The failure labels the caller's side can back: the others need the bot's tool calls, its
 STT's words or its world (a caller line's `heard` stays empty: the bot's hearing is unknown)."""
 CONNECT_TIMEOUT_S = 10.0
-"""How long the WebSocket handshake may take before the bot counts as not answering."""
+"""How long the WebSocket handshake or the WebRTC offer may take before the bot counts as not
+answering."""
 USER_TRANSCRIPTION = "user_transcription"
+RemoteTransport = Literal["websocket", "webrtc"]
+SCHEMES: dict[str, RemoteTransport] = {
+    "ws": "websocket", "wss": "websocket", "http": "webrtc", "https": "webrtc",
+}  # fmt: skip
+"""What each `--bot-url` scheme calls the bot over."""
+STARTS: dict[RemoteTransport, str] = {
+    "websocket": "`python bot.py -t websocket`, which serves ws://localhost:7860/ws-client",
+    "webrtc": "`python bot.py -t webrtc`, which takes offers at http://localhost:7860/api/offer",
+}
+"""How Pipecat's runner serves a bot for each transport (said when nothing answers)."""
+
+
+def transport_of(url: str) -> RemoteTransport:
+    """What the bot at `url` is called over, by its scheme.
+
+    Raises:
+        ConfigError: a scheme that is neither WebSocket nor HTTP (SmallWebRTC's signalling).
+    """
+    transport = SCHEMES.get(url.partition("://")[0].lower()) if "://" in url else None
+    if transport is None:
+        raise ConfigError(
+            f"--bot-url {url}: give the bot's WebSocket URL (ws:// or wss://, Pipecat's runner "
+            "serves ws://HOST:PORT/ws-client with -t websocket) or its SmallWebRTC URL (http:// "
+            "or https://, http://HOST:PORT/api/offer with -t webrtc)"
+        )
+    return transport
+
+
+def described(e: BaseException) -> str:
+    """An exception as a reason in a sentence (its type alone when it has no message)."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def not_answering(url: str, e: BaseException) -> ServingError:
+    """The one error for a bot that does not answer at `url`, saying how to start one there."""
+    return ServingError(
+        f"--bot-url {url}: nothing answers there ({described(e)}); start the bot (e.g. "
+        f"{STARTS[transport_of(url)]}) or fix the URL"
+    )
 
 
 @dataclass(frozen=True)
 class RemoteBot:
-    """A bot already running at `url` (`ws://` or `wss://`), called instead of imported."""
+    """A bot already running at `url`, called instead of imported.
+
+    Raises:
+        ConfigError: `url`'s scheme names no transport (`transport_of`).
+    """
 
     url: str
+
+    def __post_init__(self) -> None:
+        transport_of(self.url)
 
     @property
     def spec(self) -> str:
         """How the run names the bot (the ledger's `bot`, the logs)."""
         return self.url
 
+    @property
+    def transport(self) -> RemoteTransport:
+        """What the bot is called over."""
+        return transport_of(self.url)
+
     async def check(self) -> None:
-        """Connect once and hang up, so a bot that does not answer stops the run before a call.
+        """Reach the bot once, so a bot that does not answer stops the run before a call.
+
+        A WebSocket is opened and closed; a WebRTC offer endpoint is asked without an offer.
 
         Raises:
-            ServingError: nothing answers at the URL, or it refuses the WebSocket.
+            ServingError: nothing answers at the URL, it refuses the WebSocket, or nothing
+                there takes WebRTC offers.
+            ConfigError: WebRTC's stack (aiortc, PyAV) is not installed.
         """
-        socket = await dial(self.url)
-        await socket.close()
+        if self.transport == "webrtc":
+            from pipecat_rl.simulator.remote_webrtc import probe
+
+            await probe(self.url)
+        else:
+            socket = await dial(self.url)
+            await socket.close()
+
+
+def call_pair(url: str, **kwargs: Any) -> "RemoteCall":
+    """The caller's side of a call to the bot at `url`, over what its scheme names.
+
+    `kwargs` are the `AudioTransportPair`'s (`max_turns`, `perturb`).
+    """
+    if transport_of(url) == "webrtc":
+        from pipecat_rl.simulator.remote_webrtc import WebRTCCallPair
+
+        return WebRTCCallPair(url, **kwargs)
+    return WebSocketCallPair(url, **kwargs)
 
 
 async def dial(url: str) -> Any:
@@ -116,11 +193,7 @@ async def dial(url: str) -> Any:
     try:
         return await connect(url, open_timeout=CONNECT_TIMEOUT_S, max_size=None)
     except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as e:
-        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        raise ServingError(
-            f"--bot-url {url}: nothing answers there ({why}); start the bot (e.g. `python "
-            "bot.py -t websocket`, which serves ws://localhost:7860/ws-client) or fix the URL"
-        ) from e
+        raise not_answering(url, e) from e
 
 
 def check_remote(scenarios: ScenarioSet) -> None:
@@ -155,35 +228,47 @@ def _pcm(frame: InputAudioRawFrame) -> bytes:
     return audio
 
 
-class WebSocketCallPair(AudioTransportPair):
-    """The caller's side of an audio call to a bot at a WebSocket URL; there is no agent side.
+class RemoteCall(AudioTransportPair):
+    """What every call to a bot at `url` shares, whatever carries it: there is no agent side.
 
-    `failure` says why the call could not be made, when it could not.
+    `failure` says why the call could not be made, when it could not: the episode records it
+    as the call's error, rather than the persona's pipeline raising it.
     """
 
     def __init__(self, url: str, **kwargs: Any):
         self.url = url
         self.failure: str | None = None
-        self._serializer = ProtobufFrameSerializer()
-        self._socket: Any = None
-        self._reader: asyncio.Task | None = None
-        self._closing: asyncio.Task | None = None
         super().__init__(**kwargs)
-        self._resampler = create_stream_resampler()
-        self.speaker = Mouth(self.caller.input().receive, self.agent_audio_heard)
-        """The caller's playback: the bot's audio into its ear, 20 ms a tick."""
 
     def _agent_transport(self) -> None:  # type: ignore[override]
         """None: the agent's transport is the bot's own, in its own process."""
         return None
+
+    def _failed(self, why: str) -> None:
+        """The call could not be made: say why, and end it."""
+        self.failure = why
+        self.end("error")
+
+
+class WebSocketCallPair(RemoteCall):
+    """The caller's side of an audio call to a bot at a WebSocket URL."""
+
+    def __init__(self, url: str, **kwargs: Any):
+        self._serializer = ProtobufFrameSerializer()
+        self._socket: Any = None
+        self._reader: asyncio.Task | None = None
+        self._closing: asyncio.Task | None = None
+        super().__init__(url, **kwargs)
+        self._resampler = create_stream_resampler()
+        self.speaker = Mouth(self.caller.input().receive, self.agent_audio_heard)
+        """The caller's playback: the bot's audio into its ear, 20 ms a tick."""
 
     async def connect_caller(self) -> None:
         """Dial the bot, start hearing it, send `client-ready`; a failure ends the call."""
         try:
             self._socket = await dial(self.url)
         except ServingError as e:
-            self.failure = str(e)
-            self.end("error")
+            self._failed(str(e))
             return
         self.speaker.start()
         self._reader = asyncio.get_running_loop().create_task(self._hear(), name="bot-url")
@@ -272,7 +357,7 @@ async def run_remote_episode(
         heldout_set_id=set_id, seed=seed, repeat=repeat,
         metadata={
             "bot": bot.spec, "bot_url": bot.url, "recorded_from": RECORDED_FROM, "mode": "audio",
-            "transport": "websocket", "persona": config.persona, "goal": scenario.goal,
+            "transport": bot.transport, "persona": config.persona, "goal": scenario.goal,
         },
     )  # fmt: skip
     result = EpisodeResult(
@@ -283,7 +368,7 @@ async def run_remote_episode(
         scenario, seed, stt=config.stt, tts=config.tts, bot_url=bot.url,
         record_audio=config.record_audio, repeat=repeat, session_id=str(info.call_id),
     )  # fmt: skip
-    pair: WebSocketCallPair = audio.pair  # type: ignore[assignment]
+    pair: RemoteCall = audio.pair  # type: ignore[assignment]
     lines.watch(pair, None, scenario.id, repeat, config.mode)  # its tools run in the bot's process
     llm_persona = config.persona == "llm" and not scenario.scripted
     endpoint = persona_endpoint(scenario, config, config.llm_url) if llm_persona else None

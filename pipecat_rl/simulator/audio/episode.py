@@ -195,9 +195,9 @@ class AudioEpisode:
                 noise_file = base / channel.background_noise
             perturb = ChannelPerturbation(channel, seed, noise_file=noise_file)
         if bot_url is not None:
-            from pipecat_rl.simulator.remote import WebSocketCallPair
+            from pipecat_rl.simulator.remote import call_pair
 
-            pair: AudioTransportPair = WebSocketCallPair(
+            pair: AudioTransportPair = call_pair(
                 bot_url, max_turns=scenario.max_turns, perturb=perturb
             )
         elif transport == "webrtc":
