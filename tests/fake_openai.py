@@ -10,8 +10,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -131,6 +131,33 @@ async def serve_fake_openai(
     finally:
         server.should_exit = True
         await asyncio.to_thread(thread.join, 10)
+
+
+@contextmanager
+def fake_openai_thread(
+    pieces: list[str],
+    *,
+    answer: Callable[[dict], str] | None = None,
+    seen: list[tuple[str, dict]] | None = None,
+) -> Iterator[str]:
+    """`serve_fake_openai` from its own thread and loop, for code that runs its own loop (the
+    CLI); yields its `/v1` base URL."""
+    ready, stop, box = threading.Event(), threading.Event(), {}
+
+    async def serve() -> None:
+        async with serve_fake_openai(pieces, answer=answer, seen=seen) as url:
+            box["url"] = url
+            ready.set()
+            await asyncio.to_thread(stop.wait)
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    try:
+        assert ready.wait(30), "the fake OpenAI server did not start"
+        yield box["url"]
+    finally:
+        stop.set()
+        thread.join(30)
 
 
 if __name__ == "__main__":  # a separate process, so that its work does not share our GIL

@@ -4,9 +4,7 @@ the option, the value and the root to give. The README's own form, `--llm-url
 http://127.0.0.1:8000`, reaches the bot and the judge at `/v1`; a judge URL that answers 404 is
 a service unavailable (69) naming it, before any call."""
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from pipecat_rl.simulator.judge import endpoint_for, resolve_endpoint
 from pipecat_rl.simulator.options import SimulationOptions
 from pipecat_rl.simulator.runner import SimulationConfig
 from tests.cli_helpers import invoke
-from tests.fake_openai import serve_fake_openai
+from tests.fake_openai import fake_openai_thread
 from tests.pipecat_helpers import BOTS, SCENARIOS, judge_and_agent
 
 KEPT = [
@@ -112,7 +110,9 @@ def test_every_place_that_takes_a_url_takes_it_by_the_one_rule(tmp_path):
     loop = tmp_path / "loop.yaml"
     loop.write_text(f"bot: b.py\npool: p\nheldout: h\nout: o\nllm_url: {bare}\n")
     assert load_loop_config(loop).llm_url == root
-    loop.write_text("bot: b.py\npool: p\nheldout: h\nout: o\nbot_llm_url: http://h:1/v1/chat/completions\n")
+    loop.write_text(
+        "bot: b.py\npool: p\nheldout: h\nout: o\nbot_llm_url: http://h:1/v1/chat/completions\n"
+    )
     with pytest.raises(ConfigError, match=r"bot_llm_url: .*give the server's root"):
         load_loop_config(loop)
 
@@ -123,21 +123,9 @@ def test_every_place_that_takes_a_url_takes_it_by_the_one_rule(tmp_path):
 @pytest.fixture(scope="module")
 def fake() -> Iterator[tuple[str, list[tuple[str, dict]]]]:
     """The fake OpenAI server (agent and deterministic judge), from its own thread and loop."""
-    ready, stop, box = threading.Event(), threading.Event(), {}
     seen: list[tuple[str, dict]] = []
-
-    async def serve() -> None:
-        async with serve_fake_openai([], answer=judge_and_agent, seen=seen) as url:
-            box["url"] = url
-            ready.set()
-            await asyncio.to_thread(stop.wait)
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),))
-    thread.start()
-    assert ready.wait(30)
-    yield box["url"].removesuffix("/v1"), seen  # the README's form: the host, no /v1
-    stop.set()
-    thread.join(30)
+    with fake_openai_thread([], answer=judge_and_agent, seen=seen) as url:
+        yield url.removesuffix("/v1"), seen  # the README's form: the host, no /v1
 
 
 def _simulate(tmp_path: Path, *args: str):

@@ -1,9 +1,7 @@
 """The nightly judge over live calls (a deterministic fake judge on loopback), the conversation
 it reads, and the scenario drafts grown from live failures."""
 
-import asyncio
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from pipecat_rl.ledger.transcript import conversation
 from pipecat_rl.loop.drafts import draft_from_live_failures
 from pipecat_rl.scenarios import load_scenarios
 from pipecat_rl.simulator.live_judge import load_judge_rubric
-from tests.fake_openai import serve_fake_openai
+from tests.fake_openai import fake_openai_thread
 from tests.pipecat_helpers import judge_and_agent
 
 runner = CliRunner()
@@ -79,20 +77,8 @@ def ledger_path(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def judge_url():
     """The fake OpenAI server as a judge, served from its own thread and loop."""
-    ready, stop, box = threading.Event(), threading.Event(), {}
-
-    async def serve():
-        async with serve_fake_openai([], answer=judge_and_agent) as url:
-            box["url"] = url
-            ready.set()
-            await asyncio.to_thread(stop.wait)
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),))
-    thread.start()
-    assert ready.wait(30)
-    yield box["url"]
-    stop.set()
-    thread.join(30)
+    with fake_openai_thread([], answer=judge_and_agent) as url:
+        yield url
 
 
 def judge(ledger_path, url, *args: str):
