@@ -1,6 +1,7 @@
 """The clinic's scenario matrix (examples/clinic/scenarios-matrix): its size, its split by
-combination, and its scenarios' worlds and checks; slow: the scripted expert on a stratified
-sample of the held-out set, and an agent that hands every call over failing the same sample."""
+combination, its turn-taking moves, and its scenarios' worlds and checks; slow: the scripted
+expert on a stratified sample of the held-out set, and an agent that hands every call over
+failing the same sample."""
 
 import collections
 import sys
@@ -15,6 +16,7 @@ from pipecat_rl.scenarios import axes_of, expand_file, load_scenarios
 from pipecat_rl.scenarios.loading import _parse  # what `expand_file` reads a file with
 from pipecat_rl.scenarios.matrix import expand
 from pipecat_rl.scenarios.scenario import HELDOUT, POOL
+from pipecat_rl.scenarios.turns import WORD_MS
 from pipecat_rl.simulator import Server, SimulationOptions, load_bot, run
 from pipecat_rl.simulator.rewards import UNAUTHORISED_WRITE
 from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
@@ -75,6 +77,33 @@ def test_the_matrix_is_big_enough_and_its_heldout_set_guarded(matrix):
         assert len(values["style"]) >= 6 and len(values["task"]) >= 10
         assert values["fault"] == {"none", "timeout", "timeouts2", "book_error"}
         assert len(values["patient"]) == 6
+        assert {axes_of(s.id)["turn_taking"] for s in scenarios} == set(MOVES)
+
+
+MOVES = {"none": 0, "barge_in": 1, "backchannel": 1}
+"""The turn_taking axis: each value, and how many moves its `caller:` block makes."""
+
+
+def test_every_style_and_task_meets_both_moves_and_the_axis_adds_no_call(matrix):
+    """A move only under fault none, one per call (a style's two patients split the moves);
+    under a fault none; so (style, task, fault, patient) still names one scenario."""
+    by_split, _ = matrix
+    both = by_split[POOL] + by_split[HELDOUT]
+    met = collections.defaultdict(set)
+    for s in both:
+        axes = axes_of(s.id)
+        move = axes["turn_taking"]
+        assert (move == "none") == (axes["fault"] != "none"), s.id
+        asked = [k for k, v in (s.caller or {}) if v is not None]
+        assert len(asked) == MOVES[move], s.id
+        if move == "barge_in":
+            assert s.caller.barge_in.voice_ms == 6 * WORD_MS, s.id
+        if move == "backchannel":  # the style's own words, 1.5 s into each reply
+            assert s.caller.backchannel.after_ms == 1500 and "{" not in s.caller.backchannel.say
+        met[(axes["style"], axes["task"])].add(move)
+    assert all(moves >= {"barge_in", "backchannel"} for moves in met.values()), met
+    callers = {tuple(axes_of(s.id)[a] for a in (*KEY, "patient")) for s in both}
+    assert len(callers) == len(both)
 
 
 def test_no_heldout_combination_is_in_the_pool(matrix):

@@ -52,7 +52,8 @@ The canonical form (`canonical`) is what is hashed:
 - **script rules that change nothing** are dropped: a rule that can never fire (after an
   earlier unlimited rule with the same match, or after an unlimited match-anything rule, which
   also makes the `fallback` unreachable); a rule's `times` that cannot bind (on an `end_call`
-  rule, or at least `max_turns`) is unlimited;
+  rule, or at least `max_turns`) is unlimited; a turn-taking move a rule does not make
+  (`barge_in: null`) is left out, so a script written before rules had moves keeps its hash;
 - a `channel.asr_noise` of all zero rates is no noise (`null`): its only effect is folding the
   whitespace of the caller's lines, finer than this form sees;
 - lists whose order means nothing are sorted: the `verify` checks, the `metrics`, a
@@ -75,6 +76,8 @@ import re
 import sqlite3
 import unicodedata
 from typing import Any
+
+from pipecat_rl.scenarios.turns import MOVE_KEYS
 
 NOT_IDENTITY = frozenset({"name", "split", "runs", "simulator", "source_path", "parsed_turns"})
 """Scenario fields that are not part of its identity (see the module docstring)."""
@@ -519,7 +522,7 @@ def _world_and_checks(schema: str | None, state: str, verify: str) -> str:
 
 # -- script rules --------------------------------------------------------------------------------
 
-_FIRING = frozenset({"say", "end_call", "times"})
+_FIRING = frozenset({"say", "end_call", "times", *MOVE_KEYS})
 """A rule's keys that say what it does when it fires; every other key decides whether it does."""
 
 
@@ -527,9 +530,9 @@ def _rule(rule: dict[str, Any], max_turns: Any) -> dict[str, Any]:
     """One rule by meaning.
 
     Its pattern normalised (one that matches anything is no pattern), its intents a sorted set,
-    a `times` that cannot bind unlimited.
+    a `times` that cannot bind unlimited, the moves it does not make left out.
     """
-    rule = dict(rule)
+    rule = {k: v for k, v in rule.items() if not (k in MOVE_KEYS and v is None)}
     if rule.get("when") is not None:
         form = pattern_form(str(rule["when"]))
         rule["when"] = None if form == ALWAYS else form

@@ -33,7 +33,9 @@ script:                       # optional scripted caller (deterministic tests)
     - {intent: ask_name, say: "Maria Lopez"}                  # what the agent means
     - {intent: [offer_slot, morning], say: "Not mornings."}   # all of these
     - {when: "booked", say: "Thanks!", end_call: true}        # a regex, as before
+    - {intent: offer_slot, say: "Yes!", barge_in: {after_words: 6}}   # said over the agent
   fallback: {say: ["Sorry, I need a checkup."], max: 2}      # when none matches
+caller: {backchannel: {say: "Mm-hm.", after_ms: 1500}}      # moves over every agent reply
 ```
 
 A fork (`fork:`, written by `pipecat-rl ledger fork`) is a recorded call's first turns on top
@@ -50,6 +52,15 @@ restated from `goal`) for up to `max` turns in a row (default 2), then hangs up;
 false` hangs up at once, as scripts did before intents. The episode counts its fallbacks
 (`simulator.persona.caller_notes`).
 
+Turn-taking moves (`turns.Moves`, the words a scripted turn uses; acted out in audio mode only,
+`simulator.audio.moves`): a rule's `barge_in` says its line over the agent's reply it answers,
+once the caller has heard that much of the reply and enough of it for the rule to match; its
+`backchannel` and `side_speech` are said during the agent's reply to its line. `caller:` makes
+the moves of a persona or `script:` caller on every agent reply: the LLM persona says its next
+line over any reply longer than `barge_in` asks (once it has heard some of it), a scripted
+caller any rule's line that has no `barge_in` of its own; a rule's own asides replace the
+`caller:` ones of the same kind. A scripted scenario (`turns:`) gives its moves turn by turn.
+
 A scenario's identity is its canonical content (`content_hash`, see `identity`). Reading
 files into these records, with errors naming the file, line and field, is `loading`'s.
 """
@@ -65,7 +76,7 @@ from pipecat_rl.scenarios import identity
 from pipecat_rl.scenarios.fork import ForkSpec
 from pipecat_rl.scenarios.intents import check as check_intents
 from pipecat_rl.scenarios.intents import merge as merge_intents
-from pipecat_rl.scenarios.turns import Turn
+from pipecat_rl.scenarios.turns import Moves, Turn
 
 SCENARIO_SCHEMA_VERSION = 3
 """Bumped when the meaning of a scenario field or of its identity changes; part of its hash.
@@ -241,11 +252,13 @@ class Channel(_Model):
         )
 
 
-class ScriptRule(_Model):
+class ScriptRule(Moves):
     """A scripted caller's line: said when the agent's turn means `intent` and matches `when`.
 
     With neither, the rule matches any turn; with both, the turn must carry every intent named
     and match the regex too (an offer of the 09:00 slot: `{intent: offer_slot, when: "09"}`).
+    Its moves (`barge_in`, `backchannel`, `side_speech`) are how the line is said (see the
+    module docstring).
     """
 
     when: str | None = None
@@ -377,6 +390,8 @@ class Scenario(_Model):
     script: Script | None = None
     fork: ForkSpec | None = None
     """A recorded call's first turns, replayed before the call is handed on (see `fork`)."""
+    caller: Moves | None = None
+    """The turn-taking moves of a persona or `script:` caller, on every agent reply."""
     source_path: Path | None = Field(default=None, exclude=True)
     parsed_turns: list[Turn] | None = Field(default=None, exclude=True)
     """The turns as Pipecat's parser reads them (set by the loader for a scripted scenario)."""
@@ -392,6 +407,11 @@ class Scenario(_Model):
     def _one_kind(self) -> "Scenario":
         if self.turns is not None and self.persona is not None:
             raise ValueError("a scenario is scripted ('turns') or simulated ('persona'), not both")
+        if self.turns is not None and self.caller is not None:
+            raise ValueError(
+                "caller: moves are a persona's or a script's; a scripted scenario ('turns') "
+                "gives them turn by turn (barge_in, backchannel, side_speech on a turn)"
+            )
         if self.turns is None:
             missing = [k for k in ("persona", "goal", "success") if getattr(self, k) is None]
             if missing:
@@ -447,8 +467,8 @@ class Scenario(_Model):
 
     def canonical(self) -> dict[str, Any]:
         """The canonical form of what this scenario is (`identity.canonical`)."""
-        # no `fork: null` in the form, so a scenario that is no fork keeps the hash it had
-        unset = {"fork"} if self.fork is None else set()
+        # no `fork: null` or `caller: null` in the form: a scenario without keeps its old hash
+        unset = {k for k in ("fork", "caller") if getattr(self, k) is None}
         content = self.model_dump(mode="json", exclude=set(identity.NOT_IDENTITY) | unset)
         return identity.canonical(content, self.pack_code())
 

@@ -25,7 +25,8 @@ turn before began to sound, over it (a barge-in); our `barge_in: {after_ms: N}` 
 to this turn and are no turn of the caller's; a pausing `user:` (Pipecat's `pause_ms:` parts)
 is spoken with its silences. Text mode has no time on the line: a barge-in turn is sent after
 the reply, asides are not sent, pauses are dropped (`with_moves` reads our keys, which
-Pipecat's parser does not keep).
+Pipecat's parser does not keep). The same moves (`Moves`) are a `script:` rule's and a
+persona's (`caller:`), see `scenario`.
 """
 
 import dataclasses
@@ -115,7 +116,28 @@ class Aside(_Frozen):
     """Milliseconds of the agent's voice heard in its reply before the caller says it."""
 
 
-class Turn(_Frozen):
+class Moves(_Frozen):
+    """A caller's turn-taking moves: one vocabulary for a turn, a `script:` rule and `caller:`.
+
+    On a turn or a rule, `barge_in` says its line over the agent's reply before it and the asides
+    are said during the agent's reply to it; a scenario's `caller:` makes them on every reply.
+    """
+
+    barge_in: BargeIn | None = None
+    backchannel: Aside | None = None
+    side_speech: Aside | None = None
+
+    @property
+    def any(self) -> bool:
+        """Whether any move is asked for."""
+        return any(getattr(self, key) is not None for key in MOVE_KEYS)
+
+
+MOVE_KEYS = tuple(Moves.model_fields)
+"""The turn-taking moves' keys (on a turn: ours, which Pipecat's parser does not know)."""
+
+
+class Turn(Moves):
     """One scripted turn: what the caller sends, and what it expects back."""
 
     user: str | None = None
@@ -125,13 +147,8 @@ class Turn(_Frozen):
     dtmf: str | None = None
     send_after: SendAfter | None = None
     image: str | None = None
-    barge_in: BargeIn | None = None
-    backchannel: Aside | None = None
-    side_speech: Aside | None = None
 
 
-MOVE_KEYS = ("barge_in", "backchannel", "side_speech")
-"""Our turn keys (turn-taking moves), which Pipecat's parser does not know."""
 BARGE_IN_EVENT = "bot_started_speaking"
 """The one `send_after.event` the caller can time a send from: the agent's voice, as heard."""
 

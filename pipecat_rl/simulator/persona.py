@@ -11,10 +11,17 @@ up, chosen with `--persona scripted`: `ScriptedPersona`) replaces the LLM with a
 `ScriptedLLMService` for deterministic episodes, and a Pipecat scripted scenario (`turns:`)
 always has its turns said by one (`script_turns.TurnsCaller`), which opens with turn 1, or
 says nothing until the agent greets it when turn 1 only waits.
+
+In audio mode the caller's turn-taking moves are timed by `audio.moves`; who decides them as
+the call goes (`caller_listener`) is the scripted persona (its rules' moves, and the scenario's
+`caller:` ones), or, for the LLM persona, the scenario's `caller:` moves on every reply
+(`EveryReply`). Text mode has no time on the line: a barge-in line is said after the reply and
+asides are not said.
 """
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pipecat.adapters.llm.schemas.tools_schema import ToolsSchema
 from pipecat.evals.persona import END_CALL_FUNCTION, END_CALL_SCHEMA, EvalPersona
@@ -35,6 +42,7 @@ from pipecat.services.openai.llm import OpenAILLMService
 from pipecat_rl.errors import SimulationError
 from pipecat_rl.scenarios.intents import IntentMatcher
 from pipecat_rl.scenarios.scenario import Scenario, Script, ScriptRule
+from pipecat_rl.scenarios.turns import BargeIn, Moves
 from pipecat_rl.serving.server import client_api_key
 from pipecat_rl.simulator.fork import ForkReplay, ForkRun
 from pipecat_rl.simulator.judge import Endpoint
@@ -46,6 +54,9 @@ from pipecat_rl.simulator.scripted import (
     message_text,
 )
 from pipecat_rl.simulator.transport import LocalTransportPair
+
+if TYPE_CHECKING:
+    from pipecat_rl.simulator.audio.moves import Listener
 
 FACTS_TEMPLATE = """
 
@@ -63,23 +74,50 @@ def persona_instruction(scenario: Scenario) -> str:
 
 
 class PersonaTurns(FrameProcessor):
-    """Turns each agent line (a transcription from the caller transport) into a persona turn."""
+    """Turns each agent line (a transcription from the caller transport) into a persona turn.
+
+    After a barge-in (audio mode: `audio.moves`), what the caller hears before the agent's voice
+    has followed its barge-in line is the rest of the reply it cut into, not a turn to answer
+    (it has answered that reply, and waits for the answer to its barge-in): it is held and joined
+    to the agent's next turn.
+    """
 
     def __init__(self, context: LLMContext, pair: LocalTransportPair | None = None, **kwargs):
         super().__init__(**kwargs)
         self._context = context
         self._pair = pair
+        self._held: list[str] = []
+        self._answered_barge_in: int | None = None
+        """The reply the caller barged into whose interrupted turn it has been handed."""
 
     async def process_frame(self, frame: Frame, direction: FrameDirection):
         """Append an agent line to the persona's context and run the persona LLM on it."""
         await super().process_frame(frame, direction)
-        if isinstance(frame, TranscriptionFrame) and direction == FrameDirection.DOWNSTREAM:
-            self._context.add_message({"role": "user", "content": frame.text})
-            if self._pair is not None:
-                self._pair.caller_responding = True  # a hang-up now waits for this turn
-            await self.push_frame(LLMContextFrame(self._context))
-        else:
+        if not isinstance(frame, TranscriptionFrame) or direction != FrameDirection.DOWNSTREAM:
             await self.push_frame(frame, direction)
+            return
+        if self._rest_of_interrupted_reply():
+            self._held.append(frame.text)
+            return
+        text, self._held = " ".join([*self._held, frame.text]), []
+        self._context.add_message({"role": "user", "content": text})
+        if self._pair is not None:
+            self._pair.caller_responding = True  # a hang-up now waits for this turn
+        await self.push_frame(LLMContextFrame(self._context))
+
+    def _rest_of_interrupted_reply(self) -> bool:
+        """Whether the agent turn just heard is what followed a barge-in before its answer."""
+        moves = getattr(self._pair, "moves", None)  # audio mode only (`audio.moves`)
+        if self._pair is None or moves is None or moves.barged_into is None:
+            return False
+        barged = moves.barged_into
+        last = next((x for x in reversed(self._pair.transcript) if x.speaker == "agent"), None)
+        if last is None or (last.answers or 0) > barged:
+            return False  # its voice followed the barge-in line: the answer to it
+        if self._answered_barge_in != barged:
+            self._answered_barge_in = barged  # the turn the barge-in cut: the one it answers
+            return False
+        return True
 
 
 class ScriptedPersona:
@@ -89,13 +127,20 @@ class ScriptedPersona:
     both. When none matches, the caller says its fallback line (`Script.fallback`: by default it
     restates its need, from the scenario's goal) for up to `max` such turns in a row, then hangs
     up, as a person would; `fallbacks` counts the lines it said so (see `caller_notes`).
+
+    In audio mode it is also the call's `audio.moves.Listener`: it barges in with the line of
+    the rule that answers what it has heard of a reply so far, when that rule (or, failing its
+    own, `caller`) says to; a fallback line is never said over the agent.
     """
 
-    def __init__(self, script: Script, goal: str | None = None):
+    def __init__(self, script: Script, goal: str | None = None, caller: Moves | None = None):
         self._script = script
+        self._caller = caller or Moves()
         self._fired = [0] * len(script.rules)
         self._intents = IntentMatcher(script.intents)
         self._lines = script.fallback.say or fallback_lines(goal)
+        self._last: ScriptRule | None = None
+        """The rule that said the caller's last line (None: a fallback, or no line yet)."""
         self._in_a_row = 0
         self.fallbacks = 0
         """Fallback lines said in this call."""
@@ -105,13 +150,13 @@ class ScriptedPersona:
     def __call__(self, messages: list[dict]) -> ScriptedReply:
         """The caller's reply to the agent's last turn."""
         heard = message_text(last_message(messages, "user"))
-        for i, rule in enumerate(self._script.rules):
-            if rule.times is not None and self._fired[i] >= rule.times:
-                continue
-            if self._matches(rule, heard):
-                self._fired[i] += 1
-                self._in_a_row = 0
-                return _reply(rule.say, rule.end_call)
+        i = self._answering(heard)
+        if i is not None:
+            self._last = rule = self._script.rules[i]
+            self._fired[i] += 1
+            self._in_a_row = 0
+            return _reply(rule.say, rule.end_call)
+        self._last = None
         if self._in_a_row >= self._script.fallback.max:
             self.gave_up = self._script.fallback.max > 0
             return _reply(GIVE_UP_LINE if self.gave_up else "", end_call=True, success=False)
@@ -119,6 +164,28 @@ class ScriptedPersona:
         self._in_a_row += 1
         self.fallbacks += 1
         return ScriptedReply(text=line)
+
+    def barge_in(self, heard: str) -> BargeIn | None:
+        """The barge-in of the rule that answers `heard` (the agent's reply so far), if any."""
+        i = self._answering(heard)
+        return None if i is None else self._script.rules[i].barge_in or self._caller.barge_in
+
+    def asides(self) -> Moves:
+        """The asides during the reply to its last line: its rule's, else `caller`'s, by kind."""
+        rule = self._last or Moves()
+        return Moves(
+            backchannel=rule.backchannel or self._caller.backchannel,
+            side_speech=rule.side_speech or self._caller.side_speech,
+        )
+
+    def _answering(self, heard: str) -> int | None:
+        """The rule that answers `heard`: the first that matches and has not run out."""
+        for i, rule in enumerate(self._script.rules):
+            if rule.times is not None and self._fired[i] >= rule.times:
+                continue
+            if self._matches(rule, heard):
+                return i
+        return None
 
     def _matches(self, rule: ScriptRule, heard: str) -> bool:
         if rule.intent and not all(self._intents.matches(name, heard) for name in rule.intent):
@@ -188,15 +255,53 @@ def _reply(text: str, end_call: bool, success: bool = True) -> ScriptedReply:
     return ScriptedReply(text=text, tool_calls=calls)
 
 
+@dataclass(frozen=True)
+class EveryReply:
+    """The LLM persona's moves (`caller:`): the same on every agent reply.
+
+    It barges in once it has heard some of a reply (its LLM needs words to answer), so its line
+    goes over the agent only if the LLM has written it before the reply ends.
+    """
+
+    moves: Moves
+
+    def barge_in(self, heard: str) -> BargeIn | None:
+        """`caller.barge_in`, once something of the reply was heard."""
+        return self.moves.barge_in if heard.strip() else None
+
+    def asides(self) -> Moves:
+        """`caller:`'s asides, on every reply."""
+        return self.moves
+
+
+def _scripted_persona(llm: LLMService | None) -> ScriptedPersona | None:
+    policy = getattr(llm, "_policy", None)
+    return policy if isinstance(policy, ScriptedPersona) else None
+
+
 def caller_notes(llm: LLMService | None) -> dict[str, Any]:
     """What a scripted caller adds to its episode's metadata: `fallbacks` (and `caller_gave_up`).
 
     Empty for any other caller (an LLM persona, a Pipecat scripted scenario's turns).
     """
-    policy = getattr(llm, "_policy", None)
-    if not isinstance(policy, ScriptedPersona):
+    policy = _scripted_persona(llm)
+    if policy is None:
         return {}
     return {"fallbacks": policy.fallbacks, "caller_gave_up": policy.gave_up}
+
+
+def caller_listener(scenario: Scenario, llm: LLMService) -> "Listener | None":
+    """Who decides the caller's moves as the call goes (see the module docstring).
+
+    None for a scripted scenario's turns (their moves are planned line by line) and for an LLM
+    persona without `caller:` moves.
+    """
+    persona = _scripted_persona(llm)
+    if persona is not None:
+        return persona
+    if scenario.scripted or scenario.caller is None:
+        return None
+    return EveryReply(scenario.caller)
 
 
 def persona_llm(
@@ -219,7 +324,7 @@ def persona_llm(
                 f"{scenario.source_path}: a scripted persona needs a 'script:' in the scenario; "
                 "add one, or run with the LLM persona"
             )
-        return ScriptedLLMService(ScriptedPersona(scenario.script, scenario.goal))
+        return ScriptedLLMService(ScriptedPersona(scenario.script, scenario.goal, scenario.caller))
     if endpoint is None:
         raise SimulationError(
             "the LLM persona needs an LLM server: pass --llm-url (or --persona-llm-url)"
@@ -283,6 +388,9 @@ def build_persona_worker(
         pair.request_hang_up()
 
     llm.register_function(END_CALL_FUNCTION, end_call)
+    moves = getattr(pair, "moves", None)  # audio mode: the call's timed moves (`audio.moves`)
+    if moves is not None:
+        moves.listen(caller_listener(scenario, llm))
     transport = pair.caller
     pipeline = Pipeline(
         [

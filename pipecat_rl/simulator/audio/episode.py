@@ -11,8 +11,9 @@ on VAD events.
 Persona side (`persona_audio_stages`): Silero VAD -> STT (`persona_ear`) -> `PersonaHearing`
 before the persona's turn logic, and `CallerLineTap` -> TTS after its LLM; the TTS reads codes
 and long numbers character by character, as a caller does (`spoken`). A scripted scenario's
-recorded turns (`audio:`) are played instead of being spoken (`recordings`), and its
-turn-taking moves (barge-ins, backchannels, side speech, pauses) are timed by `moves`.
+recorded turns (`audio:`) are played instead of being spoken (`recordings`), and the caller's
+turn-taking moves (barge-ins, backchannels, side speech, pauses: a scripted scenario's turns',
+a `script:` rule's, `caller:`) are timed by `moves`.
 
 With `record_audio` (`--record-audio DIR`) the call is also written, both sides on one clock,
 to a stereo WAV in that folder (`recorder`), closed with the episode.
@@ -212,7 +213,7 @@ class AudioEpisode:
             path = recording_path(record_audio, scenario.id, repeat, session_id)
             pair.recording = CallRecording(path)
         turns = scenario.parsed_turns or []
-        moves = CallerMoves(turns)
+        moves = CallerMoves.of(scenario)
         pair.moves = moves if moves.any else None
         return cls(
             pair=pair,

@@ -746,9 +746,10 @@ class PersonaHearing(FrameProcessor):
     the persona's STT has transcribed all it heard, and the reply the agent was speaking has
     been played. A busy machine (CI, rollouts beside the call) slows the STT and starves the
     agent's TTS between sentences; neither is the agent yielding the turn, so both are waited
-    out, for at most `patience_s` (then the caller speaks up, as a person would). A scripted
-    barge-in (`moves`) ends the agent's turn at once, as heard so far, so the caller's next line
-    goes over the agent.
+    out, for at most `patience_s` (then the caller speaks up, as a person would). A barge-in
+    (`moves`) ends the agent's turn at once, as heard so far, so the caller's next line goes over
+    the agent; what was heard so far is told to the moves as it comes, for a caller whose
+    barge-in hangs on it (a rule keyed on what the agent means).
     """
 
     def __init__(
@@ -795,6 +796,8 @@ class PersonaHearing(FrameProcessor):
         if isinstance(frame, TranscriptionFrame):
             self._owe(-1)
             self._heard.append(frame.text.strip())
+            if self._pair.moves is not None:
+                self._pair.moves.heard(self._so_far())
             if not self._speaking:
                 await self._restart_timer()
             return
@@ -816,6 +819,10 @@ class PersonaHearing(FrameProcessor):
             moves.barge_in_due.clear()
             await self._cancel_timer()
             await self._hand_over()
+
+    def _so_far(self) -> str:
+        """What the caller has heard of the agent's turn so far."""
+        return " ".join(h for h in self._heard if h)
 
     def _owe(self, segments: int) -> None:
         self._untranscribed = max(0, self._untranscribed + segments)
@@ -847,7 +854,7 @@ class PersonaHearing(FrameProcessor):
     async def _hand_over(self) -> None:
         """The agent's turn is over as the caller heard it: pass it on to the caller's turn."""
         self._owe(-self._untranscribed)
-        heard, self._heard = " ".join(h for h in self._heard if h), []
+        heard, self._heard = self._so_far(), []
         if self._pair.agent_turn_heard(heard):
             await self.push_frame(
                 TranscriptionFrame(text=heard, user_id="agent", timestamp=time_now_iso8601())
