@@ -190,6 +190,16 @@ def test_a_refused_offer_is_a_failed_call_that_says_why(tmp_path, openai_stub):
     assert session.outcome == "error" and session.metadata["transport"] == "webrtc"
 
 
+def test_a_webrtc_url_without_aiortc_names_the_flag_and_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "aiortc", None)  # as if pipecat-rl[webrtc] were not installed
+    url = f"http://127.0.0.1:{_free_port()}"
+    result = _simulate(tmp_path, "--bot-url", url)
+    assert result.exit_code == EXIT_USAGE, (result.stdout, result.stderr)
+    said = " ".join(result.stderr.split())
+    assert f"--bot-url {url} needs aiortc and PyAV (aiortc is missing)" in said, said
+    assert "pipecat-rl[webrtc]" in said and "--transport" not in said
+
+
 def test_an_http_url_means_the_runners_offer_endpoint():
     assert offer_url("http://127.0.0.1:7860") == "http://127.0.0.1:7860/api/offer"
     assert offer_url("http://127.0.0.1:7860/") == "http://127.0.0.1:7860/api/offer"

@@ -42,7 +42,7 @@ async def probe(url: str) -> None:
         ConfigError: aiortc or PyAV is missing (the `webrtc` extra).
         ServingError: nothing answers at the URL, or nothing there takes offers (HTTP 404).
     """
-    require_webrtc()
+    require_webrtc(f"--bot-url {url}")
     target = offer_url(url)
     try:
         async with httpx.AsyncClient(timeout=CONNECT_TIMEOUT_S) as client:

@@ -35,16 +35,15 @@ MAX_QUEUED_FRAMES = 5
 """The microphone keeps at most this many 20 ms frames waiting for the sender (no backlog)."""
 
 
-def require_webrtc() -> None:
-    """A `ConfigError` naming the extra when aiortc (Pipecat's SmallWebRTC stack) is missing."""
+def require_webrtc(flag: str = "--transport webrtc") -> None:
+    """A `ConfigError` naming `flag` and the extra when aiortc (SmallWebRTC's stack) is missing."""
     try:
         import aiortc  # noqa: F401
         import av  # noqa: F401
         from pipecat.transports.smallwebrtc.transport import SmallWebRTCTransport  # noqa: F401
     except ImportError as e:
         raise ConfigError(
-            f"--transport webrtc needs aiortc and PyAV ({e.name} is missing): "
-            "pip install 'pipecat-rl[webrtc]'"
+            f"{flag} needs aiortc and PyAV ({e.name} is missing): pip install 'pipecat-rl[webrtc]'"
         ) from e
 
 
