@@ -32,7 +32,7 @@ def offer_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.path.strip("/"):
         return url
-    return urlunsplit(parts._replace(path=OFFER_PATH))
+    return urlunsplit((parts.scheme, parts.netloc, OFFER_PATH, parts.query, parts.fragment))
 
 
 async def probe(url: str) -> None:
