@@ -103,9 +103,7 @@ class WebRTCCallPair(RemoteCall, WebRTCAudioPair):
     """The caller's side of a SmallWebRTC call to the bot at `url`; there is no agent side."""
 
     def __init__(self, url: str, **kwargs: Any):
-        super().__init__(url, **kwargs)
-        self.connection = HttpOffer(url)  # type: ignore[assignment]
-        """The bot's runner answers the offer, in place of the loopback's in-process agent."""
+        super().__init__(url, answerer=HttpOffer(url), **kwargs)  # the bot's runner answers
 
     async def connect_caller(self) -> None:
         """Offer over HTTP, connect, say `client-ready`; a failure ends the call, said."""

@@ -92,16 +92,18 @@ class WebRTCAudioPair(AudioTransportPair):
 
     `agent_params` are the `TransportParams` the agent's `SmallWebRTCTransport` is built with
     (the bot's own `transport_params["webrtc"]`, when it declares one); audio in and out are on.
+    `answerer` answers the caller's offer (`initialize`, `get_answer`): by default an in-process
+    `SmallWebRTCConnection`, the agent's side; a bot elsewhere answers over HTTP instead.
     """
 
-    def __init__(self, *, agent_params: Any = None, **kwargs: Any):
+    def __init__(self, *, agent_params: Any = None, answerer: Any = None, **kwargs: Any):
         require_webrtc()
         from aiortc import RTCPeerConnection
         from pipecat.transports.smallwebrtc.connection import SmallWebRTCConnection
 
         self._agent_params = agent_params
-        self.connection = SmallWebRTCConnection()
-        """The agent's side (Pipecat's), answering the caller's offer."""
+        self.connection = answerer if answerer is not None else SmallWebRTCConnection()
+        """The side that answers the caller's offer (Pipecat's, in process, by default)."""
         self.peer = RTCPeerConnection()
         """The caller's side (aiortc), the browser of a real call."""
         self.microphone = _microphone_class()()
