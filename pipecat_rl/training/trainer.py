@@ -587,10 +587,12 @@ def train(
         )
     if online and server_url is None:
         raise TrainingError("online training simulates under each new version: give a server URL")
-    if config.algo == "grpo" and not online:  # the ledger's groups: no signal is said at once
+    offline_rows = None  # offline RL: the ledger's rows, the same each step, read before torch
+    if config.algo in ONLINE_ALGOS and not online:
         names = recent_policies(ledger, resolve_base(config.base_model), config)
-        rows = _step_rows(ledger, None, None, "", config, 1, names, live, session_ids)
-        grpo_signal(*rows, config)
+        offline_rows = _step_rows(ledger, None, None, "", config, 1, names, live, session_ids)
+        if config.algo == "grpo":  # its groups need no model: no signal is said at once
+            grpo_signal(*offline_rows, config)
     policy = load_policy(config, _parent_path(ledger, config.parent))
     distiller = load_teacher(config, policy.tokenizer) if config.algo == "distill" else None
     guard_result = guard(ledger, policy, config, server_url)
@@ -620,10 +622,9 @@ def train(
         names = recent_policies(ledger, policy.base_dir, config)
         used_set: set[str] = set()
         for step in range(1, config.steps + 1):
-            turns, sessions, dropped, sampling = _step_rows(
-                ledger, rollouts if online else None, server_url, current, config, step, names,
-                live, session_ids,
-            )  # fmt: skip
+            turns, sessions, dropped, sampling = offline_rows or _step_rows(
+                ledger, rollouts, server_url, current, config, step, names, live, session_ids
+            )
             if online and not turns:
                 raise NoTrainingSignalError(_none_may_train(step, config, current, sampling))
             if online:
