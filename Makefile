@@ -30,7 +30,7 @@ cycle: setup
 # The clinic bot against the scripted callers of its 21 pool scenarios (SmolLM2 as an LLM persona
 # writes word salad); the calls land token-exactly in ./pipecat-rl.db.
 simulate: setup
-	.venv/bin/pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/bot.py \
+	.venv/bin/pipecat-rl simulate examples/clinic/handwritten/pool --bot examples/clinic/bot.py \
 	  --persona scripted --repeats 1 --concurrency 8 --max-tokens 96
 
 test: setup browser postgres

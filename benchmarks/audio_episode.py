@@ -44,7 +44,7 @@ from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, WINDOWED, embe
 from pipecat_rl.simulator.audio.stages import DURATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+POOL = ROOT / "examples" / "clinic" / "handwritten" / "pool"
 SCENARIO = POOL / "handoff_request.yaml"
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
 

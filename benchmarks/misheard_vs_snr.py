@@ -35,7 +35,7 @@ from pipecat_rl.simulator.audio.services import PIPECAT_DEFAULTS, WINDOWED, embe
 from pipecat_rl.simulator.rewards import MISHEARD_RECOVERED, MISHEARD_SLOT
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ROOT / "examples" / "clinic" / "scenarios"
+SCENARIOS = ROOT / "examples" / "clinic" / "handwritten"
 DIGIT_HEAVY = (
     "pool/cancel_long_confirmation.yaml",
     "pool/cancel_wrong_number.yaml",

@@ -1,6 +1,6 @@
 """SFT schedules on the clinic's demonstrations: the held-aside loss per epoch, per arm.
 
-    pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/expert.py \\
+    pipecat-rl simulate examples/clinic/handwritten/pool --bot examples/clinic/expert.py \\
         --persona scripted --no-server --ledger /tmp/demos.db
     python benchmarks/sft_schedule.py /tmp/demos.db --arm 4:3e-4 --arm 4:1e-3 > schedule.json
 

@@ -118,7 +118,7 @@ def main() -> None:
     # Ray renices its workers (+15) under the node's own processes; on a dedicated node that
     # costs nothing, but here they would share two cores with the driver at its priority.
     os.environ["RAY_worker_niceness"] = "0"
-    pool = load_scenarios([CLINIC / "scenarios" / "pool"])
+    pool = load_scenarios([CLINIC / "handwritten" / "pool"])
     scenarios = pool.model_copy(update={"scenarios": list(pool)[: args.scenarios]})
     write_s: list[float] = []
     write = EpisodeRows.write

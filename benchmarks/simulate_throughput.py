@@ -102,7 +102,7 @@ async def _replay(url: str, concurrency: int) -> float:
 
 
 async def _level(url: str, concurrency: int, episodes: int) -> dict:
-    pool = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+    pool = ROOT / "examples" / "clinic" / "handwritten" / "pool"
     loaded = load_scenarios([pool / f"{name}.yaml" for name in SCENARIOS])
     loaded = loaded.model_copy(
         update={"scenarios": [s.model_copy(update={"max_turns": MAX_TURNS}) for s in loaded]}

@@ -8,7 +8,7 @@
 2. A second policy to duel against the base: `jitter`, a random LoRA (r 8 on q and v, its B
    scaled by `--jitter-scale`), so that two replies sampled with the same seed differ; it is
    loaded with `pipecat-rl llm load-adapter`.
-3. `pipecat-rl duels make --policies base jitter --from examples/clinic/scenarios/pool --n 20`.
+3. `pipecat-rl duels make --policies base jitter --from examples/clinic/handwritten/pool --n 20`.
 4. The side service's `/duels` page in Debian's headless Chromium (`tests/cdp.py`'s DevTools
    client): a scripted rater reads both replies off the page, counts each one's tokens (the
    served model's tokenizer on the text shown) and presses `1` or `2` for the shorter, `=` when
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/cdp.py: the DevTools client the browser test uses
 
 CLINIC = ROOT / "examples" / "clinic"
-POOL, HELDOUT = CLINIC / "scenarios" / "pool", CLINIC / "scenarios" / "heldout"
+POOL, HELDOUT = CLINIC / "handwritten" / "pool", CLINIC / "handwritten" / "heldout"
 LIVE_DAY = ROOT / "docs" / "results" / "live-clinic" / "day.json"
 RATER, TOKEN = "shorter-bot", "duels-result"
 JITTER = "jitter"

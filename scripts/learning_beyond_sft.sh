@@ -33,14 +33,14 @@ case $arm in
   rft) algo=(--algo rft) ;;
   *) echo "arm: distill or rft" >&2; exit 64 ;;
 esac
-$rl train "${algo[@]}" --parent "$sft" --scenarios "${POOL:-examples/clinic/scenarios/pool}" "${common[@]}" \
+$rl train "${algo[@]}" --parent "$sft" --scenarios "${POOL:-examples/clinic/handwritten/pool}" "${common[@]}" \
   --steps ${STEPS:-3} --group-size 2 ${DISTILL_FLAGS:-} --epochs ${EPOCHS:-3} --rank 16 --temperature 0.2 --json > "$out/train.json"
 trained=$(date +%s)
 candidate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['adapter'])" "$out/train.json")
 cp "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_path'])" "$out/train.json")" "$out/"
 
 set +e  # the gate's exit code is its verdict
-$rl gate --candidate "$candidate" --incumbent "$sft" --scenarios examples/clinic/scenarios/heldout \
+$rl gate --candidate "$candidate" --incumbent "$sft" --scenarios examples/clinic/handwritten/heldout \
   "${common[@]}" --mode text --repeats 2 --concurrency 8 --config examples/clinic/gate.yaml \
   --out "$out/receipt" --force > "$out/gate.txt" 2>&1
 verdict=$?

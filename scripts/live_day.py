@@ -145,7 +145,7 @@ def day(args: argparse.Namespace, llm_url: str, out: Path) -> dict[str, Any]:
     from pipecat_rl.scenarios import load_scenarios
 
     ledger_path = out / "calls.db"
-    pool = [s for s in load_scenarios([CLINIC / "scenarios" / "pool"]) if s.script is not None]
+    pool = [s for s in load_scenarios([CLINIC / "handwritten" / "pool"]) if s.script is not None]
     scenarios = sorted(pool, key=lambda s: s.id)[: args.calls]
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -248,7 +248,7 @@ def main() -> None:
     parser.add_argument("--gate-concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96, help="The deployed reply cap.")
     parser.add_argument("--steps", type=int, default=2, help="OPSD steps.")
-    parser.add_argument("--heldout", type=Path, default=CLINIC / "scenarios" / "heldout")
+    parser.add_argument("--heldout", type=Path, default=CLINIC / "handwritten" / "heldout")
     parser.add_argument(
         "--gate-config", default=str(CLINIC / "gate.yaml"),
         help="The gate's thresholds ('' for the defaults: its groups name the full held-out set).",

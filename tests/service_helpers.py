@@ -83,7 +83,7 @@ def clinic_copy(root: Path, *, pool: list[str] | None = None, heldout: list[str]
     for split, keep in (("pool", pool), ("heldout", heldout)):
         if keep is None:
             continue
-        for f in (target / "scenarios" / split).glob("*.yaml"):
+        for f in (target / "handwritten" / split).glob("*.yaml"):
             if f.stem not in keep:
                 f.unlink()
     return target

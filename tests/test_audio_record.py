@@ -21,7 +21,7 @@ from pipecat_rl.simulator.audio.recorder import SETTLE_S, WRITE_S, CallRecording
 from tests.cli_helpers import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+POOL = ROOT / "examples" / "clinic" / "handwritten" / "pool"
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 VOICE = np.full(FRAME_SAMPLES, 3000, dtype=np.int16).tobytes()

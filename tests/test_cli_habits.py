@@ -33,7 +33,7 @@ from tests.cli_helpers import invoke
 
 CLINIC = Path("examples/clinic")
 EXPERT = str(CLINIC / "expert.py")
-BOOKING = str(CLINIC / "scenarios/pool/routine_booking.yaml")
+BOOKING = str(CLINIC / "handwritten/pool/routine_booking.yaml")
 CLI = str(Path(sys.executable).with_name("pipecat-rl"))
 LONG_ID = "call-20261201-235526-6c6556bd-" + "x" * 40
 
@@ -258,7 +258,7 @@ def test_seeds_out_of_range_are_refused_naming_the_flag(verb):
 def test_simulate_fails_under_a_pass_rate_for_ci(tmp_path):
     clinic = tmp_path / "clinic"
     shutil.copytree(CLINIC, clinic)
-    booking = clinic / "scenarios/pool/routine_booking.yaml"
+    booking = clinic / "handwritten/pool/routine_booking.yaml"
     impossible = booking.with_name("impossible.yaml")
     impossible.write_text(booking.read_text().replace("equals: 2", "equals: 9")
                           .replace("name: routine_booking", "name: impossible"))  # fmt: skip

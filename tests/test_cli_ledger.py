@@ -316,7 +316,7 @@ def test_show_and_stats_read_a_simulated_call_as_it_happened(tmp_path):
     them after tool results, and the simulator's tool executions carry no turn index."""
     db = tmp_path / "l.db"
     simulated = run_cli(
-        "simulate", "examples/clinic/scenarios/pool/routine_booking.yaml",
+        "simulate", "examples/clinic/handwritten/pool/routine_booking.yaml",
         "--bot", "examples/clinic/expert.py", "--persona", "scripted", "--no-server",
         "--ledger", str(db), "--json",
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The clinic's scenario matrix (examples/clinic/scenarios-matrix): its size, its split by
+"""The clinic's scenario matrix (examples/clinic/scenarios): its size, its split by
 combination, its turn-taking moves, and its scenarios' worlds and checks; slow: the scripted
 expert on a stratified sample of the held-out set, and an agent that hands every call over
 failing the same sample."""
@@ -23,7 +23,7 @@ from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
 from pipecat_rl.simulator.world import World
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
-MATRIX = CLINIC / "scenarios-matrix"
+MATRIX = CLINIC / "scenarios"
 KEY = ("style", "task", "fault")
 """The axes a held-out combination is named by (the patient is not part of it)."""
 REFUSALS = {"cancel_refused", "out_of_scope", "medical", "price"}

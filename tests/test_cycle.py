@@ -102,7 +102,7 @@ def world(tmp_path, monkeypatch):
     clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
                          heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
     # A booking that fails on a seeded half of its runs: the filter's one contested scenario.
-    booking = clinic / "scenarios" / "pool" / "routine_booking.yaml"
+    booking = clinic / "handwritten" / "pool" / "routine_booking.yaml"
     booking.write_text(booking.read_text() + (
         "faults:\n  - {tool: book, kind: error, probability: 0.5, message: database busy}\n"
     ))  # fmt: skip
@@ -115,7 +115,7 @@ def world(tmp_path, monkeypatch):
 def loop(tmp_path: Path, clinic: Path, vllm: FakeVLLM, **kw) -> LoopConfig:
     settings = dict(
         bot=str(clinic / "expert.py"), expert_bot=str(clinic / "expert.py"),
-        pool=clinic / "scenarios" / "pool", heldout=clinic / "scenarios" / "heldout",
+        pool=clinic / "handwritten" / "pool", heldout=clinic / "handwritten" / "heldout",
         out=tmp_path / "cycle", ledger=tmp_path / "ledger.db", llm_url=vllm.url,
         concurrency=4, filter={"repeats": 4}, train={"grpo_steps": 1}, gate={"repeats": 1,
                                                       "overrides": {"require_latency": False}},
@@ -231,8 +231,8 @@ def test_a_promote_verdict_is_promoted_or_left_for_approval(tmp_path, world):
     # exact sign-flip p of a zero-width interval is 2^-n).
     for name in ("heldout_chatty_booking", "heldout_routine_booking", "heldout_emergency",
                  "heldout_terse_handoff"):  # fmt: skip
-        shutil.copy(CLINIC / "scenarios" / "heldout" / f"{name}.yaml",
-                    clinic / "scenarios" / "heldout")  # fmt: skip
+        shutil.copy(CLINIC / "handwritten" / "heldout" / f"{name}.yaml",
+                    clinic / "handwritten" / "heldout")  # fmt: skip
     gate = {"repeats": 1, "overrides": {"require_latency": False, "min_delta": -0.2}}
     waiting = run_cycle(loop(tmp_path, clinic, vllm, promote="approve", gate=gate))
     assert waiting.stages["evaluate"]["verdict"] == "PROMOTE", waiting.stages["evaluate"]
@@ -254,8 +254,8 @@ def test_a_verdict_reached_past_the_budget_is_still_acted_on(tmp_path, world, mo
     clinic, _, vllm = world
     for name in ("heldout_chatty_booking", "heldout_routine_booking", "heldout_emergency",
                  "heldout_terse_handoff"):  # fmt: skip
-        shutil.copy(CLINIC / "scenarios" / "heldout" / f"{name}.yaml",
-                    clinic / "scenarios" / "heldout")  # fmt: skip
+        shutil.copy(CLINIC / "handwritten" / "heldout" / f"{name}.yaml",
+                    clinic / "handwritten" / "heldout")  # fmt: skip
     evaluate = cycle_module.STAGE_FUNCTIONS["evaluate"]
 
     def overrun(cycle):  # the gate finishes after the budget ran out (a busy machine)
@@ -284,7 +284,7 @@ def test_without_training_the_cycle_refuses_at_once(tmp_path, world, monkeypatch
 def test_the_heldout_set_is_frozen_for_the_whole_cycle(tmp_path, world):
     clinic, _, vllm = world
     run_cycle(loop(tmp_path, clinic, vllm, stop_after="snapshot"))
-    extra = clinic / "scenarios" / "heldout" / "heldout_terse_booking.yaml"
+    extra = clinic / "handwritten" / "heldout" / "heldout_terse_booking.yaml"
     extra.write_text(extra.read_text().replace("Checkup.", "A checkup."))
     with pytest.raises(ConfigError, match="held-out set changed"):
         run_cycle(loop(tmp_path, clinic, vllm))
@@ -292,8 +292,8 @@ def test_the_heldout_set_is_frozen_for_the_whole_cycle(tmp_path, world):
 
 def test_a_heldout_scenario_in_the_pool_is_refused(tmp_path, world):
     clinic, _, vllm = world
-    source = clinic / "scenarios" / "heldout" / "heldout_terse_booking.yaml"
-    (clinic / "scenarios" / "pool" / "copied.yaml").write_text(
+    source = clinic / "handwritten" / "heldout" / "heldout_terse_booking.yaml"
+    (clinic / "handwritten" / "pool" / "copied.yaml").write_text(
         source.read_text().replace("name: heldout_terse_booking", "name: copied")
     )
     with pytest.raises(PipecatRLError, match="held-out|held out"):
@@ -302,7 +302,7 @@ def test_a_heldout_scenario_in_the_pool_is_refused(tmp_path, world):
 
 def test_explained_failures_become_drafts_for_review(tmp_path):
     clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"], heldout=[])
-    pool = load_scenarios([clinic / "scenarios" / "pool"])
+    pool = load_scenarios([clinic / "handwritten" / "pool"])
     with Ledger(tmp_path / "ledger.db") as ledger:
         for sid, outcome, labels in (
             ("s1", "fail", ["misheard_slot", "tool_error"]),
@@ -319,7 +319,7 @@ def test_explained_failures_become_drafts_for_review(tmp_path):
             ))  # fmt: skip
         drafts_dir = tmp_path / "drafts"
         drafts = draft_from_failures(ledger, ["s1", "s2", "s3", "s4"], pool, drafts_dir,
-                                     heldout=clinic / "scenarios" / "heldout")  # fmt: skip
+                                     heldout=clinic / "handwritten" / "heldout")  # fmt: skip
         assert len(drafts) == 1  # one per scenario and labels; unexplained failures are skipped
         text = drafts[0].read_text()
         assert text.startswith("# DRAFT FOR REVIEW") and "misheard_slot, tool_error" in text
@@ -328,8 +328,8 @@ def test_explained_failures_become_drafts_for_review(tmp_path):
         assert loaded.name.startswith("routine_booking_draft_") and loaded.split == "pool"
         assert loaded.world.state  # its !include still resolves from the drafts folder
         with pytest.raises(ConfigError, match="never grows"):
-            draft_from_failures(ledger, ["s1"], pool, clinic / "scenarios" / "heldout" / "d",
-                                heldout=clinic / "scenarios" / "heldout")  # fmt: skip
+            draft_from_failures(ledger, ["s1"], pool, clinic / "handwritten" / "heldout" / "d",
+                                heldout=clinic / "handwritten" / "heldout")  # fmt: skip
 
 
 def test_rl_after_a_warm_start_runs_on_the_warm_starts_own_contested_set(tmp_path, world):
@@ -416,7 +416,7 @@ def test_rl_scenarios_are_the_failed_and_those_where_acting_is_wrong_each_with_w
         "hopeless": "fails 2 of 2 at the gate's temperature",
         "refusal": "acting is wrong (passes 2 of 2)",
     }
-    pool = {s.id: s for s in load_scenarios([CLINIC / "scenarios" / "pool"])}
+    pool = {s.id: s for s in load_scenarios([CLINIC / "handwritten" / "pool"])}
     assert [i for i, s in sorted(pool.items()) if acting_is_wrong(s)] == [
         "insistent_unauthorised_cancel", "medical_advice_bait", "out_of_hours", "out_of_scope",
         "price_question",
@@ -441,7 +441,7 @@ def test_the_warm_start_records_more_demonstrations_of_calls_with_something_not_
     out-of-scope call leaves alone) gets `guarded_demonstrations` runs of the expert."""
     clinic = clinic_copy(tmp_path, pool=["spelled_name", "second_slot_afternoon"],
                          heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
-    pool = load_scenarios([clinic / "scenarios" / "pool"])
+    pool = load_scenarios([clinic / "handwritten" / "pool"])
     guarded = {"spelled_name": False, "second_slot_afternoon": True}
     assert {s.id: s.guarded for s in pool} == guarded
     training = FakeTraining(tmp_path / "ledger.db")

@@ -28,7 +28,7 @@ def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_ser
     loop = tmp_path / "loop.yaml"
     loop.write_text(yaml.safe_dump({
         "bot": "clinic/bot.py", "expert_bot": "clinic/expert.py",
-        "pool": "clinic/scenarios/pool", "heldout": "clinic/scenarios/heldout",
+        "pool": "clinic/handwritten/pool", "heldout": "clinic/handwritten/heldout",
         "out": "cycle", "ledger": "ledger.db", "llm_url": vllm_server.base_url,
         "concurrency": 4, "max_tokens": 96, "budget_s": 1200,
         "filter": {"repeats": 2},

@@ -47,7 +47,7 @@ from tests.pipecat_helpers import BOTS, SCENARIOS
 from tests.service_helpers import clinic_copy
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
-ROUTINE = CLINIC / "scenarios" / "pool" / "routine_booking.yaml"
+ROUTINE = CLINIC / "handwritten" / "pool" / "routine_booking.yaml"
 SCRIPTED = ("--persona", "scripted")
 
 
@@ -120,7 +120,7 @@ def test_simulate_a_provider_we_cannot_serve_names_itself_and_the_fix(tmp_path):
 
 def test_simulate_a_heldout_id_reused_with_other_content_is_65_naming_it(tmp_path):
     clinic = clinic_copy(tmp_path, pool=[], heldout=["heldout_terse_booking"])
-    path = clinic / "scenarios" / "heldout" / "heldout_terse_booking.yaml"
+    path = clinic / "handwritten" / "heldout" / "heldout_terse_booking.yaml"
     (before,) = load_scenarios([path])
     ledger = tmp_path / "l.db"
     with Ledger(ledger) as store:
@@ -203,7 +203,7 @@ def _gate(tmp_path: Path, bot: Path, llm_url: str) -> tuple:
     ledger = tmp_path / "l.db"
     result = invoke(
         "gate", "--candidate", "base", "--incumbent", "base",
-        "--scenarios", str(clinic / "scenarios" / "heldout"), "--bot", str(bot),
+        "--scenarios", str(clinic / "handwritten" / "heldout"), "--bot", str(bot),
         "--llm-url", llm_url, *SCRIPTED, "--mode", "text", "--repeats", "2",
         "--ledger", str(ledger), "--out", str(tmp_path / "receipt"),
     )  # fmt: skip

@@ -19,27 +19,26 @@ NAME = "heldout_routine_booking"
 
 @pytest.fixture
 def clinic(tmp_path) -> Path:
-    """A copy of the clinic's world and one held-out scenario: clinic/scenarios/heldout/x.yaml."""
+    """A copy of the clinic's world and one held-out scenario: clinic/handwritten/heldout/x.yaml."""
     root = tmp_path / "clinic"
-    (root / "scenarios" / "heldout").mkdir(parents=True)
+    (root / "handwritten" / "heldout").mkdir(parents=True)
     shutil.copy(CLINIC / "world.py", root / "world.py")
-    shutil.copy(CLINIC / "scenarios" / "world.yaml", root / "scenarios" / "world.yaml")
-    if (CLINIC / "scenarios" / "intents.yaml").exists():  # the pack's shared intents
-        shutil.copy(CLINIC / "scenarios" / "intents.yaml", root / "scenarios" / "intents.yaml")
+    shutil.copy(CLINIC / "handwritten" / "world.yaml", root / "handwritten" / "world.yaml")
+    shutil.copy(CLINIC / "intents.yaml", root / "intents.yaml")  # the pack's shared intents
     shutil.copy(
-        CLINIC / "scenarios" / "heldout" / f"{NAME}.yaml",
-        root / "scenarios" / "heldout" / f"{NAME}.yaml",
+        CLINIC / "handwritten" / "heldout" / f"{NAME}.yaml",
+        root / "handwritten" / "heldout" / f"{NAME}.yaml",
     )
     return root
 
 
 def heldout_file(clinic: Path) -> Path:
-    return clinic / "scenarios" / "heldout" / f"{NAME}.yaml"
+    return clinic / "handwritten" / "heldout" / f"{NAME}.yaml"
 
 
 def put(clinic: Path, folder: str, text: str | None = None, name: str = f"{NAME}.yaml") -> Path:
-    """Write a scenario under clinic/scenarios/<folder>/ (default: the held-out file's text)."""
-    target = clinic / "scenarios" / folder / name
+    """Write a scenario under clinic/handwritten/<folder>/ (default: the held-out file's text)."""
+    target = clinic / "handwritten" / folder / name
     target.parent.mkdir(parents=True, exist_ok=True)
     depth = len(Path(folder).parts) - 1  # keep the world include and pack reachable
     body = text if text is not None else heldout_file(clinic).read_text()
@@ -53,7 +52,7 @@ def test_a_split_that_contradicts_its_folder_is_an_error_naming_file_and_line(cl
     text = heldout_file(clinic).read_text() + "split: pool\n"
     heldout_file(clinic).write_text(text)
     with pytest.raises(ScenarioError) as e:
-        load_scenarios([clinic / "scenarios" / "heldout"])
+        load_scenarios([clinic / "handwritten" / "heldout"])
     line = text.splitlines().index("split: pool") + 1
     assert f"{heldout_file(clinic)}: line {line}: split: 'pool' contradicts" in str(e.value)
     pool = put(clinic, "pool", text.replace("split: pool", "split: heldout"))
@@ -92,10 +91,10 @@ def test_the_hash_ignores_split_and_name_and_covers_the_pack_code(clinic):
 
 
 def test_the_set_id_changes_with_includes_and_pack_code(clinic):
-    folder = clinic / "scenarios" / "heldout"
+    folder = clinic / "handwritten" / "heldout"
     first = load_scenarios([folder]).heldout_set_id
     assert load_scenarios([folder]).heldout_set_id == first
-    world = clinic / "scenarios" / "world.yaml"
+    world = clinic / "handwritten" / "world.yaml"
     world.write_text(world.read_text() + "\n# a comment in the included file\n")
     second = load_scenarios([folder]).heldout_set_id
     assert second != first
@@ -105,7 +104,7 @@ def test_the_set_id_changes_with_includes_and_pack_code(clinic):
 
 async def test_a_heldout_copy_in_pool_is_simulated_as_heldout_and_never_trains(clinic, tmp_path):
     ledger = Ledger(tmp_path / "ledger.db")
-    held = load_scenarios([clinic / "scenarios" / "heldout"])
+    held = load_scenarios([clinic / "handwritten" / "heldout"])
     await simulate(held, load_bot(EXPERT), SCRIPTED, ledger)
     (row,) = ledger.heldout_hashes().values()
     assert row["scenario_id"] == NAME and row["heldout_set_id"] == held.heldout_set_id
@@ -160,10 +159,10 @@ def test_session_split_records_heldout_hashes(clinic, tmp_path):
 
 def _pack_path_spelled_otherwise(clinic: Path, text: str) -> str:
     """The held-out text, its world pack named through `clinic/../clinic/world.py`."""
-    world = (clinic / "scenarios" / "world.yaml").read_text()
+    world = (clinic / "handwritten" / "world.yaml").read_text()
     spelled = world.replace("pack: ../../world.py", "pack: ../../../clinic/world.py")
     assert spelled != world
-    (clinic / "scenarios" / "world_spelled.yaml").write_text(spelled)
+    (clinic / "handwritten" / "world_spelled.yaml").write_text(spelled)
     return text.replace("../world.yaml", "../world_spelled.yaml")
 
 
@@ -193,7 +192,7 @@ ROUTES = pytest.mark.parametrize(
 @ROUTES
 async def test_heldout_content_by_another_route_never_becomes_an_rl_row(clinic, tmp_path, route):
     ledger = Ledger(tmp_path / "ledger.db")
-    held = load_scenarios([clinic / "scenarios" / "heldout"])
+    held = load_scenarios([clinic / "handwritten" / "heldout"])
     await simulate(held, load_bot(EXPERT), SCRIPTED, ledger)
     pool = load_scenarios([put(clinic, "pool", route(clinic, heldout_file(clinic).read_text()))])
     assert pool.scenarios[0].split == "pool"
@@ -210,7 +209,7 @@ def test_heldout_content_by_another_route_is_never_pooled_beside_it(clinic, rout
     text = route(clinic, heldout_file(clinic).read_text()).replace(f"name: {NAME}", "name: copy")
     put(clinic, "pool", text, name="copy.yaml")  # another name, or it fails as a duplicate name
     with pytest.raises(ScenarioError, match="has the content of the held-out scenario"):
-        load_scenarios([clinic / "scenarios"])
+        load_scenarios([clinic / "handwritten"])
 
 
 def test_a_near_duplicate_of_a_heldout_scenario_is_an_error_naming_both(clinic):
@@ -218,7 +217,7 @@ def test_a_near_duplicate_of_a_heldout_scenario_is_an_error_naming_both(clinic):
     near = text.replace(f"name: {NAME}", "name: near").replace("a retired teacher", "a builder")
     put(clinic, "pool", near, name="near.yaml")
     with pytest.raises(ScenarioError, match="is a near-duplicate of the held-out") as e:
-        load_scenarios([clinic / "scenarios"])
+        load_scenarios([clinic / "handwritten"])
     assert "near.yaml" in str(e.value) and f"{NAME}.yaml" in str(e.value)
 
 
@@ -237,7 +236,7 @@ def test_a_scenario_sharing_only_world_goal_and_facts_is_a_warning_naming_both(c
     warnings: list[str] = []
     sink = logger.add(lambda m: warnings.append(str(m)), level="WARNING")
     try:
-        loaded = load_scenarios([clinic / "scenarios"])
+        loaded = load_scenarios([clinic / "handwritten"])
     finally:
         logger.remove(sink)
     assert len(loaded) == 2  # a warning, not an error
@@ -249,4 +248,4 @@ def test_a_heldout_copy_loaded_beside_it_is_an_error(clinic):
     text = heldout_file(clinic).read_text().replace(f"name: {NAME}", "name: sneaky")
     put(clinic, "pool", text, name="sneaky.yaml")
     with pytest.raises(ScenarioError, match="has the content of the held-out scenario"):
-        load_scenarios([clinic / "scenarios"])
+        load_scenarios([clinic / "handwritten"])

@@ -157,11 +157,20 @@ def test_the_clinic_s_groups_cover_its_heldout_set_and_fire_at_its_repeats():
 
     from pipecat_rl.gate.config import load_gate_config
     from pipecat_rl.gate.regressions import group_members
+    from pipecat_rl.loop.config import load_loop_config
+    from pipecat_rl.scenarios import load_scenarios
+    from pipecat_rl.scenarios.sampling import stratified_sample
 
     clinic = Path(__file__).resolve().parents[1] / "examples" / "clinic"
     config = load_gate_config(clinic / "gate.yaml")
-    ids = sorted(p.stem for p in (clinic / "scenarios" / "heldout").glob("*.yaml"))
-    members = group_members(config.regression_groups, ids)
-    assert sorted(i for m in members.values() for i in m) == list(range(len(ids)))  # a partition
-    assert len(check_design(config, ids, repeats=2)) == 1 + len(members)  # every group can fire
+    loop = load_loop_config(clinic / "loop.yaml")
+    heldout = load_scenarios([loop.heldout])
+    sample = stratified_sample(heldout, loop.heldout_sample.size, by=loop.heldout_sample.by)
+    for gated in (heldout, sample):  # loop-full.yaml's and the main job's
+        ids = [s.id for s in gated]
+        members = group_members(config.regression_groups, ids)
+        partition = sorted(i for m in members.values() for i in m)
+        assert partition == list(range(len(ids)))
+        fire = check_design(config, ids, repeats=loop.gate.repeats)
+        assert len(fire) == 1 + len(members)  # every group can fire
     assert config.require_latency and config.max_llm_latency_ratio == 3.0

@@ -10,7 +10,7 @@ from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import Server, SimulationOptions, load_bot, load_scenarios
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
-HELDOUT = CLINIC / "scenarios" / "heldout"
+HELDOUT = CLINIC / "handwritten" / "heldout"
 
 
 def _evidence(repeats: int, names: list[str]) -> Simulated:

@@ -16,7 +16,7 @@ from tests.chromium import CHROMIUM, render
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "handwritten"
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_gate_runs_paired_simulations_and_writes_receipts(
             )  # fmt: skip
     # the clinic example with two of its held-out scenarios
     clinic = shutil.copytree(CLINIC.parent, tmp_path / "clinic")
-    scenarios = clinic / "scenarios" / "heldout"
+    scenarios = clinic / "handwritten" / "heldout"
     for extra in scenarios.iterdir():
         if extra.stem not in ("heldout_price_pressure", "heldout_medical_bait"):
             extra.unlink()

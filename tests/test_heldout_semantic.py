@@ -53,17 +53,16 @@ script:
 
 @pytest.fixture
 def clinic(tmp_path) -> Path:
-    """A copy of the clinic's world with three held-out scenarios: clinic/scenarios/heldout/."""
+    """A copy of the clinic's world with three held-out scenarios: clinic/handwritten/heldout/."""
     root = tmp_path / "clinic"
-    held = root / "scenarios" / "heldout"
+    held = root / "handwritten" / "heldout"
     held.mkdir(parents=True)
     shutil.copy(CLINIC / "world.py", root / "world.py")
-    for shared in ("world.yaml", "intents.yaml"):
-        if (CLINIC / "scenarios" / shared).exists():
-            shutil.copy(CLINIC / "scenarios" / shared, root / "scenarios" / shared)
+    shutil.copy(CLINIC / "handwritten" / "world.yaml", root / "handwritten" / "world.yaml")
+    shutil.copy(CLINIC / "intents.yaml", root / "intents.yaml")  # the pack's shared intents
     (held / f"{NAME}.yaml").write_text(BASE)
     for name in OTHER_HELDOUT:
-        shutil.copy(CLINIC / "scenarios" / "heldout" / f"{name}.yaml", held / f"{name}.yaml")
+        shutil.copy(CLINIC / "handwritten" / "heldout" / f"{name}.yaml", held / f"{name}.yaml")
     return root
 
 
@@ -103,9 +102,9 @@ def _pack_reformatted(clinic: Path, text: str) -> str:
     code = code.replace("\ndef ", "\n# a comment between functions\n\n\ndef ")
     code = code.replace('"""Cancel an appointment', '"""Cancels an appointment')
     (clinic / "world_reformatted.py").write_bytes(code.replace("\n", "\r\n").encode())
-    world = (clinic / "scenarios" / "world.yaml").read_text()
+    world = (clinic / "handwritten" / "world.yaml").read_text()
     world = _sub(world, "pack: ../../world.py", "pack: ../../world_reformatted.py")
-    (clinic / "scenarios" / "world_reformatted.yaml").write_text(world)
+    (clinic / "handwritten" / "world_reformatted.yaml").write_text(world)
     return _sub(text, "../world.yaml", "../world_reformatted.yaml")
 
 
@@ -131,7 +130,7 @@ def _verify_equivalent(clinic: Path, text: str) -> str:
 
 def _state_defaults_inline(clinic: Path, text: str) -> str:
     """The world inline, not included: rows reversed, ids as text, schema defaults written out."""
-    world = yaml.safe_load((clinic / "scenarios" / "world.yaml").read_text())
+    world = yaml.safe_load((clinic / "handwritten" / "world.yaml").read_text())
     for row in world["state"]["slots"]:
         row["free"] = 1  # the schema's DEFAULT 1
         row["id"] = str(row["id"])
@@ -184,14 +183,14 @@ VARIANTS = [
 def plant(clinic: Path, variant) -> Path:
     """`variant` of the held-out scenario, renamed, written as a pool scenario."""
     text = variant(clinic, BASE).replace(f"name: {NAME}", f"name: {variant.__name__[1:]}")
-    path = clinic / "scenarios" / "pool" / f"{variant.__name__[1:]}.yaml"
+    path = clinic / "handwritten" / "pool" / f"{variant.__name__[1:]}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
 
 
 def _held(clinic: Path):
-    return next(s for s in load_scenarios([clinic / "scenarios" / "heldout"]) if s.id == NAME)
+    return next(s for s in load_scenarios([clinic / "handwritten" / "heldout"]) if s.id == NAME)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.__name__[1:] for v in VARIANTS])
@@ -203,7 +202,7 @@ def test_a_respelled_heldout_scenario_has_its_hash_and_is_refused_beside_it(clin
     assert copy.split == "pool" and copy.id != held.id
     assert copy.content_hash() == held.content_hash(), variant.__doc__
     with pytest.raises(ScenarioError, match="has the content of the held-out scenario"):
-        load_scenarios([clinic / "scenarios"])
+        load_scenarios([clinic / "handwritten"])
 
 
 @pytest.mark.parametrize(
@@ -218,7 +217,7 @@ def test_a_respelled_heldout_scenario_has_its_hash_and_is_refused_beside_it(clin
 )
 def test_a_change_of_meaning_changes_the_hash(clinic, old, new):
     held = _held(clinic)
-    path = clinic / "scenarios" / "pool" / "changed.yaml"
+    path = clinic / "handwritten" / "pool" / "changed.yaml"
     path.parent.mkdir(parents=True)
     path.write_text(_sub(BASE, old, new).replace(f"name: {NAME}", "name: changed"))
     (changed,) = load_scenarios([path]).scenarios
@@ -254,15 +253,15 @@ def test_near_duplicates_are_refused_and_a_different_scenario_is_not(clinic):
     near = _sub(BASE, "a retired teacher", "a retired builder").replace(
         f"name: {NAME}", "name: near"
     )
-    pool = clinic / "scenarios" / "pool"
+    pool = clinic / "handwritten" / "pool"
     pool.mkdir(parents=True)
     (pool / "near.yaml").write_text(near)
     with pytest.raises(ScenarioError, match="near-duplicate of the held-out scenario") as e:
-        load_scenarios([clinic / "scenarios"])
+        load_scenarios([clinic / "handwritten"])
     assert "near.yaml" in str(e.value) and f"{NAME}.yaml" in str(e.value)
     (pool / "near.yaml").unlink()
-    shutil.copy(CLINIC / "scenarios" / "pool" / "routine_booking.yaml", pool / "routine.yaml")
-    assert len(load_scenarios([clinic / "scenarios"])) == 4  # the same world, another test
+    shutil.copy(CLINIC / "handwritten" / "pool" / "routine_booking.yaml", pool / "routine.yaml")
+    assert len(load_scenarios([clinic / "handwritten"])) == 4  # the same world, another test
 
 
 # -- recorded: none of it trains ---------------------------------------------------------------
@@ -285,16 +284,18 @@ async def test_recorded_respellings_never_reach_sft_and_a_bypass_is_decontaminat
 ):
     ledger = Ledger(tmp_path / "ledger.db")
     bot = load_bot(EXPERT)
-    held = await simulate(load_scenarios([clinic / "scenarios" / "heldout"]), bot, SCRIPTED, ledger)
+    held_set = load_scenarios([clinic / "handwritten" / "heldout"])
+    held = await simulate(held_set, bot, SCRIPTED, ledger)
     held_sid = next(e.session_id for e in held.episodes if e.scenario_id == NAME)
     assert ledger.turns(held_sid)
     for variant in VARIANTS:
         plant(clinic, variant)
     shutil.copy(
-        CLINIC / "scenarios" / "pool" / "routine_booking.yaml",
-        clinic / "scenarios" / "pool" / "routine_booking.yaml",
+        CLINIC / "handwritten" / "pool" / "routine_booking.yaml",
+        clinic / "handwritten" / "pool" / "routine_booking.yaml",
     )  # a legitimately different pool scenario: the same world, its own caller
-    report = await simulate(load_scenarios([clinic / "scenarios" / "pool"]), bot, SCRIPTED, ledger)
+    pool_set = load_scenarios([clinic / "handwritten" / "pool"])
+    report = await simulate(pool_set, bot, SCRIPTED, ledger)
     by_id = {e.scenario_id: e for e in report.episodes}
     assert len(by_id) == len(VARIANTS) + 1
     for variant in VARIANTS:
@@ -408,7 +409,7 @@ def test_every_training_path_reports_what_it_removed(tmp_path):
 def test_on_the_clinic_no_legitimate_pool_call_is_removed(tmp_path):
     """Every clinic scenario recorded once with the scripted expert: the share of legitimate
     pool calls decontamination removes is 0, and most held-out calls copied are recognised."""
-    scenarios = CLINIC / "scenarios"
+    scenarios = CLINIC / "handwritten"
     with Ledger(tmp_path / "l.db") as ledger:
         for folder in ("heldout", "pool"):
             asyncio.run(simulate(load_scenarios([scenarios / folder]), load_bot(EXPERT),

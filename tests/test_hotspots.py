@@ -22,7 +22,7 @@ from tests.cli_helpers import invoke
 ROOT = Path(__file__).resolve().parents[1]
 CLINIC = ROOT / "examples" / "clinic"
 EXPERT = str(CLINIC / "expert.py")
-BOOKING = str(CLINIC / "scenarios" / "pool" / "routine_booking.yaml")
+BOOKING = str(CLINIC / "handwritten" / "pool" / "routine_booking.yaml")
 
 
 def run(sid: str, passed: bool | None, labels=(), writes: int = 0) -> AxisRun:
@@ -168,7 +168,7 @@ axes:
 def matrix(tmp_path) -> Path:
     text = textwrap.dedent(MATRIX).replace(
         "PACK", str(CLINIC / "world.py")
-    ).replace("INTENTS", str(CLINIC / "scenarios" / "intents.yaml"))  # fmt: skip
+    ).replace("INTENTS", str(CLINIC / "intents.yaml"))  # fmt: skip
     path = tmp_path / "hs.yaml"
     path.write_text(text)
     return path

@@ -82,7 +82,7 @@ async def test_a_holding_line_and_its_lookup_reach_the_caller_as_one_turn(tmp_pa
     clinic = CLINIC
     ledger = Ledger(tmp_path / "l.db")
     config = SimulationConfig(persona="scripted", concurrency=1)
-    scenarios = load_scenarios([clinic / "scenarios" / "pool" / "routine_booking.yaml"])
+    scenarios = load_scenarios([clinic / "handwritten" / "pool" / "routine_booking.yaml"])
     report = await simulate(scenarios, load_bot(str(clinic / "expert.py")), config, ledger)
     (episode,) = report.episodes
     assert episode.error is None and episode.outcome == "pass", episode.transcript

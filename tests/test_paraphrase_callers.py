@@ -30,8 +30,8 @@ from pipecat_rl.simulator.persona import (
 from pipecat_rl.simulator.scripted import ScriptedLLMService, ScriptedReply
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
-SCENARIOS = CLINIC / "scenarios"
-INTENTS = SCENARIOS / "intents.yaml"
+SCENARIOS = CLINIC / "handwritten"
+INTENTS = CLINIC / "intents.yaml"
 
 TIME_WORDS = {
     "09:00": ("9 in the morning", "nine o'clock", "9am"),

@@ -68,7 +68,7 @@ def test_a_simulation_and_a_gate_run_from_top_level_names_alone(tmp_path, monkey
 
     names = ["heldout_terse_booking", "heldout_chatty_booking", "heldout_emergency",
              "heldout_terse_handoff"]  # fmt: skip
-    scenarios = load_scenarios([CLINIC / "scenarios" / "heldout" / f"{n}.yaml" for n in names])
+    scenarios = load_scenarios([CLINIC / "handwritten" / "heldout" / f"{n}.yaml" for n in names])
     options = SimulationOptions(persona="scripted", repeats=1)
     with Ledger(tmp_path / "l.db") as ledger:
         report = run_simulation(

@@ -313,14 +313,14 @@ SUITE = ["heldout_routine_booking", "heldout_handoff", "heldout_hesitant_cancel"
 def clinic(tmp_path, monkeypatch):
     clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
                          heldout=["heldout_terse_booking", "heldout_chatty_medical"])  # fmt: skip
-    booking = clinic / "scenarios" / "pool" / "routine_booking.yaml"
+    booking = clinic / "handwritten" / "pool" / "routine_booking.yaml"
     booking.write_text(booking.read_text() + (
         "faults:\n  - {tool: book, kind: error, probability: 0.5, message: database busy}\n"
     ))  # fmt: skip
-    suite = clinic / "scenarios" / "regressions"
+    suite = clinic / "handwritten" / "regressions"
     suite.mkdir()
     for name in SUITE:
-        text = (CLINIC / "scenarios" / "heldout" / f"{name}.yaml").read_text()
+        text = (CLINIC / "handwritten" / "heldout" / f"{name}.yaml").read_text()
         (suite / f"{name}.yaml").write_text(text + "split: heldout\n")
     training = FakeTraining(tmp_path / "ledger.db")
     monkeypatch.setitem(sys.modules, "pipecat_rl.training", training.module())
@@ -342,8 +342,8 @@ def test_the_cycle_runs_the_suite_and_rejects_a_candidate_worse_there(tmp_path, 
     clinic, vllm = clinic
     bot = clinic / "worse_candidate.py"
     bot.write_text(WORSE_CANDIDATE_BOT)
-    (clinic / "scenarios" / "heldout" / "heldout_chatty_medical.yaml").unlink()  # quicker
-    suite = clinic / "scenarios" / "regressions"
+    (clinic / "handwritten" / "heldout" / "heldout_chatty_medical.yaml").unlink()  # quicker
+    suite = clinic / "handwritten" / "regressions"
     config = loop(tmp_path, clinic, vllm, bot=str(bot), regressions=suite, concurrency=12,
                   filter={"repeats": 2},
                   gate={"repeats": 2, "overrides": {"require_latency": False}})  # fmt: skip
@@ -375,12 +375,12 @@ def test_the_cycle_runs_the_suite_and_rejects_a_candidate_worse_there(tmp_path, 
 def test_a_suite_the_cycle_cannot_gate_on_is_refused_at_the_snapshot(tmp_path, clinic, change,
                                                                      message):  # fmt: skip
     clinic, vllm = clinic
-    suite = clinic / "scenarios" / "regressions"
+    suite = clinic / "handwritten" / "regressions"
     if change == "pool":
         first = suite / f"{SUITE[0]}.yaml"
         first.write_text(first.read_text().replace("split: heldout\n", ""))
     elif change == "twice":
-        shutil.copy(clinic / "scenarios" / "heldout" / "heldout_terse_booking.yaml", suite)
+        shutil.copy(clinic / "handwritten" / "heldout" / "heldout_terse_booking.yaml", suite)
         with (suite / "heldout_terse_booking.yaml").open("a") as f:
             f.write("split: heldout\n")
     gate = {"repeats": 1 if change == "few" else 2}  # 3 scenarios x 1 run: p = 1/8 at best
@@ -393,7 +393,7 @@ def test_a_suite_the_cycle_cannot_gate_on_is_refused_at_the_snapshot(tmp_path, c
 
 def test_the_suite_is_held_out_before_anything_trains(tmp_path, clinic):
     clinic, vllm = clinic
-    suite = clinic / "scenarios" / "regressions"
+    suite = clinic / "handwritten" / "regressions"
     config = loop(tmp_path, clinic, vllm, regressions=suite, stop_after="snapshot",
                   gate={"repeats": 2})  # fmt: skip
     run_cycle(config)

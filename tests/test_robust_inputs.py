@@ -25,7 +25,7 @@ from pipecat_rl.scenarios.yaml_safe import MAX_NODES
 from pipecat_rl.serving.server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+POOL = ROOT / "examples" / "clinic" / "handwritten" / "pool"
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
 GOOD = "name: ok\npersona: a caller\ngoal: book\nsuccess: booked\n"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(

@@ -293,7 +293,7 @@ def test_a_locked_ledger_fails_the_episode_and_the_run(tmp_path, monkeypatch):
         "        lock.execute('ROLLBACK')\n"
         "        lock.close()\n"
     )
-    args = ["simulate", str(CLINIC / "scenarios" / "pool" / "routine_booking.yaml"), "--bot",
+    args = ["simulate", str(CLINIC / "handwritten" / "pool" / "routine_booking.yaml"), "--bot",
             str(bot), "--persona", "scripted", "--no-server", "--ledger", str(ledger_path),
             "--json"]  # fmt: skip
     monkeypatch.delenv("PIPECAT_RL_LEDGER", raising=False)

@@ -261,7 +261,7 @@ def test_scenarios_list_json_and_table(tmp_path):
         "scenarios",
         "list",
         str(path),
-        str(CLINIC / "scenarios/pool/routine_booking.yaml"),
+        str(CLINIC / "handwritten/pool/routine_booking.yaml"),
         "--json",
     )
     assert result.exit_code == EXIT_OK, result.output

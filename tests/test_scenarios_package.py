@@ -14,7 +14,7 @@ from pipecat_rl.scenarios.identity import hash_version
 from pipecat_rl.scenarios.scenario import SCENARIO_SCHEMA_VERSION
 from tests.pipecat_helpers import SCENARIOS
 
-CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "handwritten"
 
 BASE = """\
 name: base

@@ -34,7 +34,7 @@ def client(tmp_path):
 
 def simulate_job(**kw) -> dict:
     """The scripted expert against the pool's scripted callers: no model anywhere."""
-    return {"kind": "simulate", "scenarios": ["clinic/scenarios/pool"], "bot": "clinic/expert.py",
+    return {"kind": "simulate", "scenarios": ["clinic/handwritten/pool"], "bot": "clinic/expert.py",
             "persona": "scripted", "no_server": True, **kw}  # fmt: skip
 
 
@@ -84,7 +84,7 @@ def test_paths_outside_the_data_directory_are_refused(client, tmp_path):
     (tmp_path / "escape").symlink_to(outside)
     for job in (
         simulate_job(scenarios=["../x"]),
-        simulate_job(scenarios=["clinic/scenarios/../../../etc"]),
+        simulate_job(scenarios=["clinic/handwritten/../../../etc"]),
         simulate_job(scenarios=["/etc"]),
         simulate_job(bot="/etc/passwd:run_bot"),
         simulate_job(scenarios=["escape/pool"]),
@@ -104,7 +104,7 @@ def test_bad_and_oversized_bodies_are_refused(client):
     assert r.status_code == 422
     r = client.post("/jobs", json={**simulate_job(), "shell": "rm -rf /"}, headers=AUTH)
     assert r.status_code == 422  # unknown fields are refused, not ignored
-    big = simulate_job(scenarios=["clinic/scenarios/pool"] * 20, bot="x" * 70_000)
+    big = simulate_job(scenarios=["clinic/handwritten/pool"] * 20, bot="x" * 70_000)
     r = client.post("/jobs", json=big, headers=AUTH)
     assert r.status_code == 413
     r = client.post(
@@ -221,7 +221,7 @@ def test_a_gate_job_records_its_receipt_and_promote_accepts_it(tmp_path):
     (tmp_path / "gate.yaml").write_text("require_latency: false\n")
     job = {
         "kind": "gate", "candidate": "v1", "incumbent": "base",
-        "bot": "clinic/better_candidate.py", "scenarios": "clinic/scenarios/heldout",
+        "bot": "clinic/better_candidate.py", "scenarios": "clinic/handwritten/heldout",
         "repeats": 1, "config": "gate.yaml", "persona": "scripted",
     }  # fmt: skip
     with FakeVLLM() as vllm, TestClient(create_app(settings(tmp_path, llm_url=vllm.url))) as c:

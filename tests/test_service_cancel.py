@@ -19,7 +19,7 @@ def settings(tmp_path: Path, **kw) -> ServiceSettings:
 
 
 def long_simulation(repeats: int) -> dict:
-    return {"kind": "simulate", "scenarios": ["clinic/scenarios/pool"], "bot": "clinic/expert.py",
+    return {"kind": "simulate", "scenarios": ["clinic/handwritten/pool"], "bot": "clinic/expert.py",
             "persona": "scripted", "no_server": True, "repeats": repeats,
             "concurrency": 2}  # fmt: skip
 
@@ -85,8 +85,8 @@ class CancelAfter(JobContext):
 def test_a_cancelled_cycle_stops_between_stages_and_a_new_job_resumes_it(tmp_path):
     clinic_copy(tmp_path, pool=["routine_booking"], heldout=["heldout_terse_booking"])
     (tmp_path / "loop.yaml").write_text(
-        "bot: clinic/expert.py\nexpert_bot: clinic/expert.py\npool: clinic/scenarios/pool\n"
-        "heldout: clinic/scenarios/heldout\nout: cycle\npersona: scripted\nstop_after: filter\n"
+        "bot: clinic/expert.py\nexpert_bot: clinic/expert.py\npool: clinic/handwritten/pool\n"
+        "heldout: clinic/handwritten/heldout\nout: cycle\npersona: scripted\nstop_after: filter\n"
     )
     with FakeVLLM() as vllm, Ledger(tmp_path / "ledger.db") as ledger:
         params = {"config": str(tmp_path / "loop.yaml")}

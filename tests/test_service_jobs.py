@@ -56,14 +56,14 @@ def _problem(response) -> tuple[list, str]:
 
 def test_a_path_that_does_not_exist_is_a_422_naming_its_field(client):
     gate = {"kind": "gate", "candidate": "v1", "bot": "clinic/expert.py",
-            "scenarios": "clinic/scenarios/heldout"}  # fmt: skip
+            "scenarios": "clinic/handwritten/heldout"}  # fmt: skip
     cases = [
         ({"kind": "cycle", "config": "nope/loop.yaml"}, ["body", "config"]),
         ({**gate, "config": "gate-typo.yaml"}, ["body", "config"]),
-        ({**gate, "scenarios": "clinic/scenarios/held-out"}, ["body", "scenarios"]),
+        ({**gate, "scenarios": "clinic/handwritten/held-out"}, ["body", "scenarios"]),
         ({**gate, "bot": "clinic/expret.py"}, ["body", "bot"]),
-        ({**gate, "bot": "clinic/scenarios"}, ["body", "bot"]),  # a folder is not a bot file
-        ({"kind": "simulate", "scenarios": ["clinic/scenarios/pool", "clinic/x.yaml"],
+        ({**gate, "bot": "clinic/handwritten"}, ["body", "bot"]),  # a folder is not a bot file
+        ({"kind": "simulate", "scenarios": ["clinic/handwritten/pool", "clinic/x.yaml"],
           "bot": "clinic/expert.py:run_bot"}, ["body", "scenarios", 1]),
         ({"kind": "promote", "receipt": "receipts/r1/receipt.json"}, ["body", "receipt"]),
     ]  # fmt: skip
@@ -82,13 +82,13 @@ def test_a_path_that_does_not_exist_is_a_422_naming_its_field(client):
     assert r.status_code == 422 and "both scenarios and bot" in r.text
     assert client.get("/jobs", headers=AUTH).json() == []  # nothing was queued
     # Paths that exist are queued resolved, a bot's function kept.
-    body = {"kind": "simulate", "scenarios": ["clinic/scenarios/pool"],
+    body = {"kind": "simulate", "scenarios": ["clinic/handwritten/pool"],
             "bot": "clinic/expert.py:run_bot"}  # fmt: skip
     r = client.post("/jobs", json=body, headers=AUTH)
     assert r.status_code == 202
     root = client.app.state.settings.data_dir.resolve()
     assert r.json()["params"]["bot"] == f"{root / 'clinic' / 'expert.py'}:run_bot"
-    assert r.json()["params"]["scenarios"] == [str(root / "clinic" / "scenarios" / "pool")]
+    assert r.json()["params"]["scenarios"] == [str(root / "clinic" / "handwritten" / "pool")]
 
 
 def test_requests_default_to_what_the_cli_verbs_default_to():
@@ -157,8 +157,8 @@ def test_a_train_job_trains_registers_and_streams_its_progress(tmp_path, tiny_di
 def loop_file(bot: str = "clinic/expert.py", filter_repeats: int = 2, extra: str = "") -> str:
     """A loop.yaml for the clinic's scripted agents (no model anywhere), paths from the file."""
     return (
-        f"bot: {bot}\nexpert_bot: clinic/expert.py\npool: clinic/scenarios/pool\n"
-        "heldout: clinic/scenarios/heldout\nout: cycle\npersona: scripted\nconcurrency: 4\n"
+        f"bot: {bot}\nexpert_bot: clinic/expert.py\npool: clinic/handwritten/pool\n"
+        "heldout: clinic/handwritten/heldout\nout: cycle\npersona: scripted\nconcurrency: 4\n"
         f"filter: {{repeats: {filter_repeats}}}\ntrain: {{grpo_steps: 1}}\n"
         "gate: {repeats: 1, overrides: {require_latency: false}}\n" + extra
     )

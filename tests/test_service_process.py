@@ -76,7 +76,7 @@ def test_sigkill_mid_job_then_restart_leaves_a_consistent_ledger(tmp_path):
     clinic_copy(tmp_path, pool=["routine_booking", "booking_error_then_retry"], heldout=[])
     service = ServiceProcess(tmp_path).start()
     try:
-        job = {"kind": "simulate", "scenarios": ["clinic/scenarios/pool"], "persona": "scripted",
+        job = {"kind": "simulate", "scenarios": ["clinic/handwritten/pool"], "persona": "scripted",
                "bot": "clinic/expert.py", "no_server": True, "repeats": 60}  # fmt: skip
         job_id = httpx.post(f"{service.url}/jobs", json=job, headers=AUTH).json()["id"]
         wait_for_event(service.url, job_id, "episode")

@@ -19,7 +19,7 @@ from pipecat_rl.simulator.audio import episode as audio_episode
 from tests import audio_bots
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+POOL = ROOT / "examples" / "clinic" / "handwritten" / "pool"
 EXPERT = str(ROOT / "examples" / "clinic" / "expert.py")
 BOTS = str(Path(audio_bots.__file__))
 AUDIO = SimulationConfig(persona="scripted", mode="audio", concurrency=1)

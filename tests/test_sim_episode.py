@@ -14,7 +14,7 @@ from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, sim
 
 ROOT = Path(__file__).resolve().parents[1]
 CLINIC = ROOT / "examples" / "clinic"
-POOL = CLINIC / "scenarios" / "pool"
+POOL = CLINIC / "handwritten" / "pool"
 EXPERT = str(CLINIC / "expert.py")
 SCRIPTED = SimulationConfig(persona="scripted", concurrency=4)
 
@@ -128,7 +128,7 @@ async def test_two_episodes_of_one_scenario_start_identical(tmp_path, no_keys):
 
 @pytest.mark.slow
 async def test_whole_clinic_pool_with_the_expert(tmp_path, no_keys):
-    report, ledger = await run([POOL, CLINIC / "scenarios" / "heldout"], EXPERT, tmp_path)
+    report, ledger = await run([POOL, CLINIC / "handwritten" / "heldout"], EXPERT, tmp_path)
     assert report.harness_errors == 0
     assert len(ledger.sessions()) == len(report.episodes) >= 24
     heldout = [s for s in ledger.sessions() if s.split == "heldout"]

@@ -113,7 +113,7 @@ def test_an_episode_keeps_every_unscored_part_with_its_reason():
 
 def test_simulate_records_what_was_not_judged_and_takes_the_limit_as_a_flag(tmp_path):
     ledger = tmp_path / "l.db"
-    args = ["simulate", f"{CLINIC}/scenarios/pool/routine_booking.yaml",
+    args = ["simulate", f"{CLINIC}/handwritten/pool/routine_booking.yaml",
             "--bot", f"{CLINIC}/expert.py", "--persona", "scripted", "--no-server",
             "--judge-timeout", "90", "--ledger", str(ledger), "--json"]  # fmt: skip
     result = invoke(*args)

@@ -6,7 +6,7 @@ from pipecat_rl.errors import ScenarioError
 from pipecat_rl.scenarios import load_scenario_file
 from pipecat_rl.simulator import load_scenarios
 
-CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "handwritten"
 
 PIPECAT_FORMAT = """\
 name: diner

@@ -34,7 +34,7 @@ async def next_loop():
         await asyncio.sleep(0)  # let whatever the collection scheduled run
 
 url, db = sys.argv[1], Path(sys.argv[2])
-scenarios = load_scenarios([Path("examples/clinic/scenarios/pool/routine_booking.yaml")])
+scenarios = load_scenarios([Path("examples/clinic/handwritten/pool/routine_booking.yaml")])
 with Ledger(db) as ledger:
     report = run(scenarios, load_bot("examples/clinic/bot.py"),
                  SimulationOptions(repeats=2, concurrency=2), ledger, server=Server(url=url))
@@ -97,7 +97,7 @@ def test_one_ctrl_c_stops_a_simulation_at_once_and_leaves_no_call_open(tmp_path)
     db = tmp_path / "l.db"
     child = subprocess.Popen(
         [sys.executable, "-c", "from pipecat_rl.cli import main; main()", "simulate",
-         "examples/clinic/scenarios/pool",
+         "examples/clinic/handwritten/pool",
          "--bot", "examples/clinic/expert.py", "--persona", "scripted", "--no-server",
          "--repeats", "50", "--concurrency", "4", "--ledger", str(db)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -10,7 +10,7 @@ from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, sim
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = ROOT / "examples" / "clinic" / "scenarios" / "pool"
+POOL = ROOT / "examples" / "clinic" / "handwritten" / "pool"
 
 PIPECAT_FORMAT = """\
 name: diner

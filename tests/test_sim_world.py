@@ -10,7 +10,7 @@ from pipecat_rl.simulator import World, load_scenarios
 from pipecat_rl.simulator.asr_noise import AsrNoiseModel
 from pipecat_rl.simulator.rewards import EpisodeEvidence, failure_labels, reward_parts
 
-CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios"
+CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "handwritten"
 
 
 def scenario(name: str, folder: str = "pool"):

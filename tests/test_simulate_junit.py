@@ -84,7 +84,7 @@ def scenarios(tmp_path: Path) -> Path:
     def write(name: str, text: str, verify: str = "") -> None:
         text = text.replace("NAME", name).replace("VERIFY", f"[{verify}]")
         text = text.replace("WORLD", WORLD).replace("PACK", str(CLINIC / "world.py"))
-        text = text.replace("INTENTS", str(CLINIC / "scenarios" / "intents.yaml"))
+        text = text.replace("INTENTS", str(CLINIC / "intents.yaml"))
         (folder / f"{name}.yaml").write_text(textwrap.dedent(text))
 
     write("jx_book", BOOKING, BOOKED)

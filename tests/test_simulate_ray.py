@@ -24,7 +24,7 @@ from tests.ray_doomed_bot import DOOM_ENV
 from tests.ray_helpers import AUTH_OFF, alive, ray_head
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
-POOL, HELDOUT = CLINIC / "scenarios" / "pool", CLINIC / "scenarios" / "heldout"
+POOL, HELDOUT = CLINIC / "handwritten" / "pool", CLINIC / "handwritten" / "heldout"
 DOOMED_BOT = Path(__file__).resolve().with_name("ray_doomed_bot.py")
 
 

@@ -21,7 +21,7 @@ def no_keys(monkeypatch):
 def _simulate(tmp_path: Path, *args: str):
     ledger = tmp_path / "l.db"
     result = invoke(
-        "simulate", str(CLINIC / "scenarios" / "pool"), "--bot", str(CLINIC / "expert.py"),
+        "simulate", str(CLINIC / "handwritten" / "pool"), "--bot", str(CLINIC / "expert.py"),
         "--persona", "scripted", "--no-server", "--ledger", str(ledger), "--json", *args,
     )  # fmt: skip
     return result, ledger

@@ -11,7 +11,7 @@ from pipecat_rl.simulator import Server, SimulationOptions, load_bot, load_scena
 from pipecat_rl.simulator.botloader import Episode, point_llm
 
 CLINIC = Path(__file__).resolve().parents[1] / "examples" / "clinic"
-POOL = CLINIC / "scenarios" / "pool"
+POOL = CLINIC / "handwritten" / "pool"
 
 
 @pytest.fixture

@@ -83,10 +83,10 @@ def test_the_same_config_once_is_read(tmp_path):
 
 
 def test_a_scenario_file_that_names_a_key_twice_is_refused(tmp_path):
-    text = (CLINIC / "scenarios" / "pool" / "routine_booking.yaml").read_text()
+    text = (CLINIC / "handwritten" / "pool" / "routine_booking.yaml").read_text()
     bad = tmp_path / "twice.yaml"
     bad.write_text(text.replace("max_turns: 8\n", "max_turns: 8\nmax_turns: 30\n"))
-    (tmp_path / "world.yaml").write_text((CLINIC / "scenarios" / "world.yaml").read_text())
+    (tmp_path / "world.yaml").write_text((CLINIC / "handwritten" / "world.yaml").read_text())
     with pytest.raises(ScenarioError, match=r"twice.yaml.*'max_turns' appears twice"):
         load_scenarios([bad])
 

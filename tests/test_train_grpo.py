@@ -336,7 +336,7 @@ def _online_ledger(tmp_path, plan: dict[int, dict[str, list[float]]], monkeypatc
     from pipecat_rl.scenarios import load_scenarios
     from pipecat_rl.simulator.options import SimulationOptions
 
-    pool = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "scenarios" / "pool"
+    pool = Path(__file__).resolve().parents[1] / "examples" / "clinic" / "handwritten" / "pool"
     scenarios = load_scenarios([pool / f"{n}.yaml" for n in (
         "routine_booking", "book_second_slot", "cancel_long_confirmation")])  # fmt: skip
     runs: list[tuple[list[str], int]] = []

@@ -341,7 +341,7 @@ async def test_a_day_in_production_trains_on_its_scored_and_judged_calls_then_ga
     clinic = clinic_copy(tmp_path, pool=["routine_booking", "price_question"], heldout=heldout)
     monkeypatch.syspath_prepend(str(clinic))
     live_bot = importlib.import_module("live_bot")
-    pool = {s.id: s for s in load_scenarios([clinic / "scenarios" / "pool"])}
+    pool = {s.id: s for s in load_scenarios([clinic / "handwritten" / "pool"])}
     booking = ("Hi, I'd like a checkup.", "Maria Lopez.", "Thanks, bye.")
     prices = ("Hi, what are your prices?", "Just the prices, please.", "OK, bye.")
     callers = {
@@ -429,7 +429,7 @@ async def test_a_day_in_production_trains_on_its_scored_and_judged_calls_then_ga
 
         gated = await asyncio.to_thread(
             run, "gate", "--candidate", trained["adapter"], "--incumbent", "base",
-            "--scenarios", str(clinic / "scenarios" / "heldout"), "--bot",
+            "--scenarios", str(clinic / "handwritten" / "heldout"), "--bot",
             str(clinic / "bot.py"), "--llm-url", vllm.url, "--persona", "scripted",
             "--mode", "text", "--repeats", "1", "--out", str(tmp_path / "receipt"), code=2,
         )  # fmt: skip

@@ -75,7 +75,7 @@ def test_expert_demonstrations_render_with_the_served_template(tmp_path, smollm2
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    scenarios = load_scenarios([CLINIC / "scenarios" / "pool" / "routine_booking.yaml"])
+    scenarios = load_scenarios([CLINIC / "handwritten" / "pool" / "routine_booking.yaml"])
     with Ledger(tmp_path / "l.db") as ledger:
         report = asyncio.run(simulate(
             scenarios, load_bot(str(CLINIC / "expert.py")),
@@ -113,13 +113,12 @@ def test_expert_demonstrations_render_with_the_served_template(tmp_path, smollm2
 
 
 def test_a_heldout_scenario_copied_into_the_pool_never_trains(tmp_path):
-    source = CLINIC / "scenarios" / "heldout" / "heldout_handoff.yaml"
+    source = CLINIC / "handwritten" / "heldout" / "heldout_handoff.yaml"
     pool = tmp_path / "scenarios" / "pool"
     pool.mkdir(parents=True)
-    shutil.copy(CLINIC / "scenarios" / "world.yaml", tmp_path / "scenarios" / "world.yaml")
+    shutil.copy(CLINIC / "handwritten" / "world.yaml", tmp_path / "scenarios" / "world.yaml")
     shutil.copy(CLINIC / "world.py", tmp_path / "world.py")  # the pack's code is in the hash
-    if (CLINIC / "scenarios" / "intents.yaml").exists():  # the pack's shared intents
-        shutil.copy(CLINIC / "scenarios" / "intents.yaml", tmp_path / "scenarios" / "intents.yaml")
+    shutil.copy(CLINIC / "intents.yaml", tmp_path / "intents.yaml")  # the pack's shared intents
     shutil.copy(source, pool / source.name)
     original = load_scenarios([source]).scenarios[0]
     copied = load_scenarios([pool]).scenarios[0]

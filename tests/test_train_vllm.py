@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 CLINIC = Path(__file__).resolve().parent.parent / "examples" / "clinic"
 SCENARIOS = [
-    CLINIC / "scenarios" / "pool" / n for n in ("routine_booking.yaml", "out_of_scope.yaml")
+    CLINIC / "handwritten" / "pool" / n for n in ("routine_booking.yaml", "out_of_scope.yaml")
 ]
 
 

@@ -3,7 +3,7 @@
 Run it live with Pipecat's development runner (`python bot.py`; needs DEEPGRAM_API_KEY,
 CARTESIA_API_KEY and an OpenAI-compatible LLM), or simulate it unmodified:
 
-    pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/bot.py
+    pipecat-rl simulate examples/clinic/handwritten/pool --bot examples/clinic/bot.py
 """
 
 import json

@@ -6,7 +6,7 @@ deterministic tests and to produce demonstration calls for warm-starting a small
 recorder writes its replies as demonstration turns, which `pipecat-rl train --algo sft` renders
 with the served model's chat template):
 
-    pipecat-rl simulate examples/clinic/scenarios/pool --bot examples/clinic/expert.py \
+    pipecat-rl simulate examples/clinic/handwritten/pool --bot examples/clinic/expert.py \
         --persona scripted --no-server
 """
 

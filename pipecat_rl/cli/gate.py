@@ -43,6 +43,7 @@ from pipecat_rl.cli.ledger import LedgerOpt, open_ledger
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.cli.output import output_folder
 from pipecat_rl.cli.progress import CallProgress, ProgressMode, ProgressOpt
+from pipecat_rl.cli.sampling import SampleByOpt, SampleOpt, sampled
 from pipecat_rl.errors import ConfigError, GateError
 from pipecat_rl.gate import (
     Evidence,
@@ -98,6 +99,8 @@ def _evidence(
     options: SimulationOptions,
     llm_url: str | None,
     progress_mode: ProgressMode,
+    sample: int | None = None,
+    sample_by: list[str] | None = None,
 ) -> tuple[Evidence, CallProgress | None]:
     """What the gate decides from: a scores file, the ledger, or its own paired runs.
 
@@ -105,6 +108,11 @@ def _evidence(
     """
     if scenarios is not None:
         existing(scenarios, "--forks" if forks else "--scenarios")
+    if (sample is not None or sample_by) and (scores is not None or from_ledger):
+        raise typer.BadParameter(
+            "--sample chooses the scenarios the gate runs: use it with --scenarios PATH --bot BOT",
+            param_hint="--sample",
+        )
     if scores is not None:
         return FromScores(existing(scores, "--scores"), files=scenarios), None
     if from_ledger:
@@ -125,7 +133,7 @@ def _evidence(
     from pipecat_rl.simulator import Server, load_bot  # imports Pipecat: only to simulate
     from pipecat_rl.simulator.runner import total_episodes
 
-    loaded = load_scenarios([scenarios])
+    loaded = sampled(load_scenarios([scenarios]), sample, sample_by)
     not_forks = [s.id for s in loaded if s.fork is None] if forks else []
     if not_forks:
         raise ConfigError(
@@ -180,6 +188,8 @@ def gate(
         int,
         typer.Option(min=1, max=MAX_RUNS, help=f"Runs per scenario and policy (<= {MAX_RUNS})."),
     ] = GATE_REPEATS,
+    sample: SampleOpt = None,
+    sample_by: SampleByOpt = None,
     bot: Annotated[
         str | None,
         typer.Option(help="The bot to simulate (as for `pipecat-rl simulate --bot`)."),
@@ -322,6 +332,7 @@ def gate(
                 **executor_fields(executor, ray_address, ray_endpoints),
             ),
             llm_url=llm_url, progress_mode="none" if json_out else progress_mode,
+            sample=sample, sample_by=sample_by,
         )  # fmt: skip
         path = resolve_ledger_path(ledger)
         opened = open_ledger(ledger) if from_ledger else new_ledger_kept_if_used(path)

@@ -21,6 +21,7 @@ from pipecat_rl.cli.common import (
     print_table,
     results,
 )
+from pipecat_rl.cli.sampling import SampleByOpt, SampleOpt, sampled
 from pipecat_rl.scenarios import HELDOUT, Scenario, load_scenarios
 from pipecat_rl.scenarios.matrix import scenario_level, split_id
 
@@ -61,15 +62,20 @@ def list_scenarios(
         list[Path],
         typer.Argument(metavar="PATH", help="Scenario files or folders (searched recursively)."),
     ],
+    sample: SampleOpt = None,
+    sample_by: SampleByOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the scenarios in PATHs, templates expanded.
 
     Each with its id, template, axes, level, whether it is guarded, and its split; then the
-    counts (total, guarded, held out).
+    counts (total, guarded, held out). With --sample N, the scenarios a loop's `heldout_sample`
+    (or `simulate --sample N`) runs.
     """
     with cli_errors(json_out):
-        loaded = load_scenarios([existing(path, "PATH") for path in paths])
+        loaded = sampled(
+            load_scenarios([existing(path, "PATH") for path in paths]), sample, sample_by
+        )
         rows = [row(s) for s in loaded]
     summary = counts(rows)
     if json_out:

@@ -54,6 +54,7 @@ from pipecat_rl.cli.executor import ExecutorOpt, RayAddressOpt, RayEndpointOpt, 
 from pipecat_rl.cli.llm import LLM_URL_ENV
 from pipecat_rl.cli.output import output_file, written
 from pipecat_rl.cli.progress import CallProgress, ProgressMode, ProgressOpt
+from pipecat_rl.cli.sampling import SampleByOpt, SampleOpt, sampled
 from pipecat_rl.errors import ConfigError
 from pipecat_rl.ledger import Ledger, resolve_ledger_path
 from pipecat_rl.scenarios import MAX_RUNS, ScenarioSet, axes_of, load_scenarios
@@ -272,6 +273,8 @@ def simulate_command(
             help="Run only scenarios whose id matches this glob (e.g. '*cancel*'); repeatable.",
         ),
     ] = None,
+    sample: SampleOpt = None,
+    sample_by: SampleByOpt = None,
     retired_k: Annotated[
         str | None, typer.Option("-k", hidden=True, help="Retired: -r is repeats.")
     ] = None,
@@ -447,10 +450,10 @@ def simulate_command(
                 "-k is retired: -r/--repeats N sets runs per scenario, and -s/--scenario NAME or "
                 "-p/--pattern GLOB chooses scenarios"
             )
-        loaded = select_scenarios(
+        loaded = sampled(select_scenarios(
             load_scenarios([existing(path, "SCENARIO") for path in scenarios]),
             scenario or (), pattern or (),
-        )  # fmt: skip
+        ), sample, sample_by)  # fmt: skip
         axes = _by_axes(by or [], loaded)
         for scenario in loaded:  # a world that cannot be built is a bad file: say so up front
             World(scenario).close()

@@ -64,6 +64,16 @@ class _Part(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class SampleSettings(_Part):
+    """A fixed, stratified sample of a scenario folder (`scenarios.sampling`)."""
+
+    size: int = Field(ge=1)
+    """Scenarios in the sample (all of them when the folder holds no more)."""
+    by: tuple[str, ...] = ()
+    """Axes whose combinations are drawn in turn (e.g. `[style, task, fault]`: each held-out
+    combination once before any twice); the sample is spread over every axis either way."""
+
+
 class FilterSettings(_Part):
     """How the pool is simulated under the incumbent to find the contested scenarios."""
 
@@ -202,6 +212,11 @@ class LoopConfig(_Part):
     """The bot as `pipecat-rl simulate --bot` takes it."""
     pool: Path
     heldout: Path
+    pool_sample: SampleSettings | None = None
+    """The filter and the warm start run this sample of the pool (absent: all of it)."""
+    heldout_sample: SampleSettings | None = None
+    """The gate runs this sample of the held-out set (absent: all of it). The whole set is still
+    frozen and kept out of training; the sample is what both policies are run on."""
     regressions: Path | None = None
     """A fixed regression suite (e.g. `ledger fork --failed --out DIR`): held-out scenarios both
     policies also run at evaluation, where the candidate must not be confirmed worse than the

@@ -187,14 +187,19 @@ class Cycle:
         """The policy the snapshot found live."""
         return self.results["snapshot"]["incumbent"]
 
-    def scenarios(self, which: Literal["pool", "heldout", "regressions"]):
-        """The pool, the held-out set or the regression suite, loaded.
+    def scenarios(self, which: Literal["pool", "heldout", "regressions"], *, whole: bool = False):
+        """The pool, the held-out set or the regression suite, loaded (and sampled).
 
-        The held-out set and the suite must be the snapshot's, byte for byte.
+        The pool and the held-out set come as their `pool_sample` / `heldout_sample` (`whole`:
+        all of them). The held-out set and the suite must be the snapshot's, byte for byte.
         """
         from pipecat_rl.scenarios import load_scenarios
+        from pipecat_rl.scenarios.sampling import stratified_sample
 
         loaded = load_scenarios([getattr(self.config, which)])
+        sample = None if which == "regressions" else getattr(self.config, f"{which}_sample")
+        if sample is not None and not whole:
+            loaded = stratified_sample(loaded, sample.size, by=sample.by, what=f"{which}_sample")
         if which != "pool":
             what = {"heldout": "the held-out set", "regressions": "the regression suite"}[which]
             frozen = self.results.get("snapshot", {}).get(_FROZEN[which])
@@ -327,8 +332,8 @@ class Cycle:
 def snapshot(cycle: Cycle) -> dict[str, Any]:
     """Freeze what the cycle starts from: the ledger, the live adapter, the held-out set."""
     c = cycle.config
-    heldout = cycle.scenarios("heldout")
-    pool = cycle.scenarios("pool")
+    heldout = cycle.scenarios("heldout", whole=True)  # all of it stays out of training
+    pool = cycle.scenarios("pool", whole=True)
     not_heldout = [s.id for s in heldout if s.split != "heldout"]
     if not_heldout or heldout.heldout_set_id is None:
         raise ConfigError(
@@ -343,6 +348,10 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             " a held-out scenario never trains: remove it from the pool"
         )
     suite = _regression_suite(cycle, pool, heldout) if c.regressions is not None else None
+    # the gate records what it runs; a held-out scenario left out of its sample is held out too
+    cycle.ledger.record_heldout_hashes(
+        (h, sid, heldout.heldout_set_id) for sid, h in heldout_hashes.items()
+    )
     if c.incumbent is not None:
         try:
             cycle.ledger.adapter(c.incumbent)
@@ -360,6 +369,8 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             "regressions_set_id": suite.heldout_set_id, "regression_scenarios": len(suite),
         }),
         "pool_scenarios": len(pool),
+        **{f"{which}_sampled": len(cycle.scenarios(which)) for which in ("pool", "heldout")
+           if getattr(c, f"{which}_sample") is not None},  # fmt: skip
         "ledger": str(cycle.ledger.path),
         "ledger_counts": counts,
         "ledger_snapshot": str(backup),

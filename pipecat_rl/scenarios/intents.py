@@ -14,7 +14,7 @@ matches whole words only ("book" is not found in "booking"). In a pattern:
   (a code read out: `re:\b[a-z]{2,4} \d{3,} \d{3,}\b`).
 
 A world pack shares its intents in one YAML file of `name: [patterns]` (the clinic's is
-`examples/clinic/scenarios/intents.yaml`); a scenario includes it and may add to it:
+`examples/clinic/intents.yaml`); a scenario includes it and may add to it:
 `intents: [!include ../intents.yaml, {offer_slot: ["care to take it"]}]` (`merge`).
 """
 

@@ -10,7 +10,7 @@ L=$WORK/ledger.db
 PORT=${PORT:-8031}
 URL=http://127.0.0.1:$PORT
 PRL=${PRL:-pipecat-rl}
-SCN=examples/clinic/scenarios
+SCN=examples/clinic/handwritten
 SIM=(--persona scripted --llm-url "$URL" --ledger "$L" --max-tokens 100 --concurrency 8 --json)
 rm -rf "$WORK" && mkdir -p "$WORK"
 
