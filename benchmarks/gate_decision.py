@@ -3,12 +3,13 @@
 Operating characteristics (`pipecat_rl.gate.operating`: the gate's own reward decision,
 vectorised, seeded): pass/fail runs under two scenario models, spread (incumbent pass probability
 uniform on [0, 1]) and bimodal (Beta(0.15, 0.15), like the clinic), at 8 and 24 scenarios and 2
-and 8 repeats, with the default configuration:
+and 8 repeats, and at the clinic matrix's 72 and 100 scenarios run once, with the default
+configuration:
 
 - identical arms (20,000 trials): how often the gate PROMOTEs (target <= 2.5%) and REJECTs
   (target <= 5%);
-- every scenario +0.3 (4,000 trials): P(PROMOTE) against P(the interval alone clears min_delta)
-  (target: at least 0.9 of it);
+- every scenario +0.2 and +0.3 (4,000 trials each): P(PROMOTE) against P(the interval alone
+  clears min_delta) (target: at least 0.9 of it);
 - two of 24 scenarios broken outright (pass 1 -> 0) while 12 (or all 22 others) gain +0.4
   (4,000 trials): P(PROMOTE) at each number of repeats, with the default pooled regression test
   and with per-scenario tests added (refused below the 9 repeats they need), and the smallest K at
@@ -54,7 +55,10 @@ from pipecat_rl.ledger import LatencyRecord, Ledger, SessionRecord, TurnRecord
 SCENARIOS, REPEATS, TURNS = 24, 8, 4
 POLICIES = {"candidate-v2": (0.65, 720.0), "base": (0.5, 700.0)}
 MODELS = ("spread", "bimodal")
-SIZES = ((8, 2), (8, 8), (24, 2), (24, 8))
+SIZES = ((8, 2), (8, 8), (24, 2), (24, 8), (72, 1), (100, 1))
+"""(scenarios, repeats): a user's 8, the hand-written clinic's 24, and the clinic matrix's
+main job (its fixed sample of 72 held-out scenarios, one run each) and loop-full.yaml (all 100)."""
+GAINS = (0.2, 0.3)
 BROKEN_REPEATS = (2, 4, 8, 9, 12, 16)
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "gate-decision"
 
@@ -150,23 +154,25 @@ def coverage(n: int, trials: int, method: str) -> dict[str, float]:
 
 
 def operating(config: GateConfig) -> dict:
-    """Identical arms and a uniform +0.3 gain, per scenario model and size."""
+    """Identical arms and uniform gains (+0.2, +0.3), per scenario model and size."""
     out = {}
     for model in MODELS:
         for n, k in SIZES:
             rng = np.random.default_rng(1000 * n + 10 * k + MODELS.index(model))
             cand, inc = draw_runs(*identical(model, rng, 20_000, n), k, rng)
             same = rates(reward_decisions(cand, inc, config))
-            cand, inc = draw_runs(*shifted(model, rng, 4000, n, 0.3), k, rng)
-            gain = rates(reward_decisions(cand, inc, config))["PROMOTE"]
-            clears = float(np.mean(interval_clears(cand, inc, config)))
-            out[f"{model} n={n} K={k}"] = {
+            row = {
                 "identical_promote": round(same["PROMOTE"], 4),
                 "identical_reject": round(same["REJECT"], 4),
-                "gain_0.3_promote": round(gain, 4),
-                "gain_0.3_interval_clears": round(clears, 4),
-                "power_kept": round(gain / clears, 3) if clears else None,
             }
+            for effect in GAINS:
+                cand, inc = draw_runs(*shifted(model, rng, 4000, n, effect), k, rng)
+                gain = rates(reward_decisions(cand, inc, config))["PROMOTE"]
+                clears = float(np.mean(interval_clears(cand, inc, config)))
+                row[f"gain_{effect}_promote"] = round(gain, 4)
+                row[f"gain_{effect}_interval_clears"] = round(clears, 4)
+                row[f"gain_{effect}_power_kept"] = round(gain / clears, 3) if clears else None
+            out[f"{model} n={n} K={k}"] = row
     return out
 
 
@@ -206,16 +212,21 @@ def _pct(x: float | None) -> str:
 
 def tables(result: dict) -> str:
     lines = [
-        "| model | scenarios | repeats | identical: PROMOTE | identical: REJECT | +0.3: PROMOTE "
-        "| +0.3: interval clears | power kept |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | scenarios | repeats | identical: PROMOTE | identical: REJECT | "
+        + " | ".join(f"+{g}: PROMOTE | +{g}: interval alone" for g in GAINS)
+        + " | power kept |",
+        "|---|---|---|---|---|" + "---|---|" * len(GAINS) + "---|",
     ]
     for key, r in result["operating"].items():
         model, n, k = key.replace("n=", "").replace("K=", "").split()
+        gains = " | ".join(
+            f"{_pct(r[f'gain_{g}_promote'])} | {_pct(r[f'gain_{g}_interval_clears'])}"
+            for g in GAINS
+        )
+        kept = min(r[f"gain_{g}_power_kept"] or 1.0 for g in GAINS)
         lines.append(
             f"| {model} | {n} | {k} | {_pct(r['identical_promote'])} | "
-            f"{_pct(r['identical_reject'])} | {_pct(r['gain_0.3_promote'])} | "
-            f"{_pct(r['gain_0.3_interval_clears'])} | {r['power_kept']:.2f} |"
+            f"{_pct(r['identical_reject'])} | {gains} | {kept:.2f} |"
         )
     for gaining, label in ((12, "12 gain +0.4"), (22, "the other 22 gain +0.4")):
         block = result[f"broken_2_gaining_{gaining}"]

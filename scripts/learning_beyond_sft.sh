@@ -41,7 +41,7 @@ cp "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_p
 
 set +e  # the gate's exit code is its verdict
 $rl gate --candidate "$candidate" --incumbent "$sft" --scenarios examples/clinic/handwritten/heldout \
-  "${common[@]}" --mode text --repeats 2 --concurrency 8 --config examples/clinic/gate.yaml \
+  "${common[@]}" --mode text --repeats 2 --concurrency 8 --config examples/clinic/handwritten/gate.yaml \
   --out "$out/receipt" --force > "$out/gate.txt" 2>&1
 verdict=$?
 set -e

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from pipecat_rl.cli import app
@@ -499,11 +498,10 @@ def test_the_committed_cycle_regated_says_why_its_ttft_is_not_acceptable(tmp_pat
                                                row["candidate_unauthorized_writes"] > 0),
                     "stages_ms": {"llm_ttft_ms": _share(ttft[role], index, 48)},
                 })  # fmt: skip
-    config = tmp_path / "clinic.yaml"  # the clinic's gate; its groups name the matrix's tasks
-    clinic = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples/clinic/gate.yaml")
-                            .read_text())  # fmt: skip
-    clinic["gate"].update(regression_tests=["pooled"], regression_groups={})
-    config.write_text(yaml.safe_dump(clinic))
+    config = tmp_path / "clinic.yaml"
+    config.write_text(
+        (Path(__file__).resolve().parents[1] / "examples/clinic/handwritten/gate.yaml").read_text()
+    )
     result, receipt = _gate(tmp_path, _write(tmp_path / "s.jsonl", lines), "--config", str(config))
     assert result.exit_code == 1, result.output
     ttft_check = _check(receipt, "llm_ttft_ratio")

@@ -576,3 +576,43 @@ async def test_a_websocket_responses_bot_is_recorded_as_text_only_with_a_warning
     assert all(t.demonstration and not t.token_exact for t in turns)
     assert turns[1].request["messages"] == [{"role": "system", "content": "Be kind."}, *said[:3]]
     assert turns[1].request["tools"][0]["function"]["name"] == "opening_hours"
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+async def test_a_flows_bot_three_calls_at_once_is_token_exact_and_the_server_lives_on(
+    vllm_server, tmp_path
+):
+    """Pipecat Flows (`pipecat.flows.FlowManager`, Responses API) at concurrency 3 on the
+    embedded server: the re-scores' prompt logprobs share batches with the calls' sampling (what
+    once killed the engine in the LoRA plugin's `lora_rows`); every turn stays token-exact and the
+    server answers after."""
+    from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
+
+    scenarios = load_scenarios([FIXTURES / "scenarios" / "insurance.yaml"])
+    config = SimulationConfig(
+        llm_url=vllm_server.url, persona="scripted", max_tokens=48, temperature=1.0,
+        concurrency=3, repeats=1,
+    )  # fmt: skip
+    bot = load_bot(str(FIXTURES / "bots" / "insurance_flows_bot.py"))
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        report = await simulate(scenarios, bot, config, ledger)
+        assert len(report.episodes) == 3 and report.harness_errors == 0
+        turns = [t for e in report.episodes for t in ledger.turns(e.session_id)]
+    assert all(e.error is None for e in report.episodes), [e.error for e in report.episodes]
+    assert len(turns) >= 3
+    assert all(t.token_exact and t.trainable for t in turns), [
+        (t.session_id, t.index, t.finish_reason) for t in turns if not t.token_exact
+    ]
+    # Flows registered its first node's function on the LLM: the served request carried it
+    assert any(
+        "record_age" in {tool["function"]["name"] for tool in t.request.get("tools") or []}
+        for t in turns
+    )
+    async with httpx.AsyncClient(base_url=vllm_server.url, timeout=120) as client:
+        models = (await client.get("/models")).json()
+        assert models["data"]
+        done = await client.post(
+            "/completions", json={"model": "base", "prompt": "Hello", "max_tokens": 2}
+        )
+        assert done.status_code == 200 and done.json()["choices"]

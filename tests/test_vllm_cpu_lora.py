@@ -481,3 +481,51 @@ def test_prompt_logprobs_beside_adapter_and_base_requests_keep_the_engine_alive(
             vllm_server.admin.unload_adapter(adapter)
     vllm_server.check_alive()
     assert httpx.get(f"{vllm_server.base_url}/health", timeout=30).status_code == 200
+
+
+def test_the_cpu_wrapper_inherits_the_metadata_update_it_wraps():
+    """The reliances `update_metadata` makes: vLLM's CPU wrapper has no update of its own, and
+    a step's token indices are a view of one buffer, from its start, rewritten in place."""
+    from vllm.lora.layers.utils import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    assert "update_metadata" not in PunicaWrapperCPU.__dict__
+    punica = PunicaWrapperCPU(256, 8, "cpu")
+    buffer = punica._token_lora_indices.data_ptr()
+    for tokens in ((1, 1, 2), (2, 0, 0, 1, 1)):
+        punica.update_metadata(LoRAMapping(tokens, tokens, is_prefill=False), [1, 2, None], 3, 64)
+        assert punica.token_lora_indices.data_ptr() == buffer
+        assert punica.token_lora_indices.numel() == len(tokens)
+
+
+def test_a_decode_step_counts_its_adapters_once_and_never_reuses_a_stale_count(monkeypatch):
+    """Each of a step's ops gets a fresh view of the step's indices: the slots counted when the
+    step's metadata was set serve them all; a new step (other adapters, base rows) recounts."""
+    from vllm.lora.layers.utils import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    counted = []
+    unique = torch.unique
+    monkeypatch.setattr(torch, "unique", lambda t, *a, **k: counted.append(t) or unique(t, *a, **k))
+    monkeypatch.setattr(vllm_cpu_lora, "_STEP_SLOTS", None)
+    punica = PunicaWrapperCPU(256, 8, "cpu")
+    a, b = weights(RANK, HIDDEN, 1), weights(OUT_SIZES["q"], RANK, 2)
+    g = torch.Generator().manual_seed(3)
+    for step, tokens in enumerate(((1,) * 8, (1, 0, 2, 0, 1, 1, 0, 2))):  # 0: the base model
+        vllm_cpu_lora.update_metadata(
+            punica, LoRAMapping(tokens, tokens, is_prefill=False), [1, 2, None], 3, 64
+        )
+        counted.clear()
+        x = torch.randn(len(tokens), HIDDEN, generator=g)
+        for _ in range(5):  # five layers' projections, each with its own view of the indices
+            mid, ref_mid = torch.zeros(len(tokens), RANK), torch.zeros(len(tokens), RANK)
+            out, ref_out = torch.zeros(len(tokens), 576), torch.zeros(len(tokens), 576)
+            vllm_cpu_lora.bgmv_shrink(x, a, mid, punica.token_lora_indices, 0.5)
+            vllm_cpu_lora.bgmv_expand(mid, b, out, punica.token_lora_indices, True)
+            idx = punica.token_lora_indices.clone()
+            ORIGINAL["bgmv_shrink"](x, a, ref_mid, idx, 0.5)
+            ORIGINAL["bgmv_expand"](ref_mid, b, ref_out, idx, True)
+            expect_rows(out, ref_out, torch.zeros_like(out), idx.tolist())
+        assert counted == [], step  # no op counted the step's adapters again
+        vllm_cpu_lora.bgmv_shrink(x, a, mid, punica.token_lora_indices.clone(), 0.5)
+        assert len(counted) == 1  # any other tensor of indices is counted

@@ -9,7 +9,9 @@ base request in a batch beside adapter requests gets the last slot's adapter add
 
 The replacements keep each op's signature and output semantics (dtype casts, the 4-D squeeze,
 `add_inputs`, `bgmv_expand`'s row limit and common length, slice offsets) and compute
-`x[rows] @ W[u].T` once per distinct index `u >= 0`, zero where the index is -1.
+`x[rows] @ W[u].T` once per distinct index `u >= 0`, zero where the index is -1. The distinct
+indices of a decode step are counted once, when vLLM sets the step's metadata
+(`update_metadata`), not in each of its ops.
 
 Prompt logprobs are the one batch where the logits' rows are not the sampler's: vLLM computes
 them per request, from that request's rows of the step's hidden states, while the punica
@@ -49,6 +51,7 @@ MODULES = (
 re-exports them, and the CPU punica wrapper that imports them into its own namespace."""
 
 METHODS = (
+    ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "update_metadata"),
     ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "add_lora_logits"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "_get_prompt_logprobs_dict"),
 )
@@ -59,8 +62,21 @@ _PROMPT_HIDDEN: ContextVar[torch.Tensor | None] = ContextVar("prompt_hidden", de
 """The step's hidden states while vLLM computes prompt logprobs from slices of them, else None."""
 
 
+_STEP_SLOTS: tuple[int, int, list[int]] | None = None
+"""(data pointer, length, distinct slots) of this step's `token_lora_indices`, set by
+`update_metadata`: a decode step hands that same tensor (a fresh view of it) to each of its ~420
+LoRA ops, so its slots are found once a step, not once an op."""
+
+
 def present_slots(indices: torch.Tensor) -> list[int]:
-    """The distinct adapter slots in `indices`, ascending; -1 (no adapter) among them if present."""
+    """The distinct adapter slots in `indices`, ascending; -1 (no adapter) among them if present.
+
+    This step's token indices (the wrapper's buffer, same start and length) come from the step's
+    one count; any other tensor (a prefill's per-token expansion, the sampler's) is counted.
+    """
+    step = _STEP_SLOTS
+    if step is not None and indices.data_ptr() == step[0] and indices.numel() == step[1]:
+        return step[2]
     return torch.unique(indices).tolist()
 
 
@@ -216,6 +232,21 @@ def add_lora_logits(
     indices = logits_lora_indices(x, self.sampler_indices, self.token_lora_indices)
     bgmv_shrink(x, lora_a_stacked, buffer, indices, scale)
     bgmv_expand(buffer, lora_b_stacked, y, indices, add_inputs=True)
+
+
+def update_metadata(self: Any, *args: Any, **kwargs: Any) -> None:
+    """`PunicaWrapperCPU.update_metadata`: vLLM's own, then this step's slots counted once.
+
+    vLLM writes the step's per-token slots into the wrapper's buffer here (in place, so the
+    buffer's address is fixed for the server's life) and the step's ops read views of it.
+    """
+    from vllm.lora.punica_wrapper.punica_base import PunicaWrapperBase
+
+    global _STEP_SLOTS
+    _STEP_SLOTS = None  # never a stale count while vLLM rewrites the buffer
+    PunicaWrapperBase.update_metadata(self, *args, **kwargs)
+    indices = self.token_lora_indices
+    _STEP_SLOTS = (indices.data_ptr(), indices.numel(), torch.unique(indices).tolist())
 
 
 def get_prompt_logprobs_dict(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
