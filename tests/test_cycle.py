@@ -36,6 +36,8 @@ class FakeTraining:
     """Algorithms whose runs find no training signal."""
     crash_once: set = field(default_factory=set)
     """Algorithms whose next run dies (a killed process), once each."""
+    session_ids: list = field(default_factory=list)
+    """Each run's `session_ids` (None: every eligible session)."""
 
     def module(self) -> types.ModuleType:
         mod = types.ModuleType("pipecat_rl.training")
@@ -71,8 +73,9 @@ class FakeTraining:
             guard: dict
             metrics: dict
 
-        def train(ledger, config, *, server_url=None, rollouts=None, progress=None, **_):
+        def train(ledger, config, *, server_url=None, rollouts=None, progress=None, **kw):
             self.calls.append((config, rollouts))
+            self.session_ids.append(kw.get("session_ids"))
             if config.algo in self.crash_once:
                 self.crash_once.discard(config.algo)
                 raise KeyboardInterrupt
@@ -453,6 +456,15 @@ def test_the_warm_start_records_more_demonstrations_of_calls_with_something_not_
     (demos,) = [e for e in read_events(config) if e["event"] == "demonstrations"]
     # spelled_name once, second_slot_afternoon three times (each its own seed), all passed
     assert (demos["episodes"], demos["passed"], demos["guarded"]) == (4, 4, 3)
+    # the SFT imitates those four calls of the expert, not the filter's calls of the incumbent
+    ((sft, _),) = training.calls
+    calls, stage = {}, None
+    for event in read_events(config):
+        stage = event["stage"] if event["event"] == "stage_started" else stage
+        if event["event"] == "call_finished":
+            calls.setdefault(stage, set()).add(event["session"])
+    assert sft.algo == "sft" and set(training.session_ids[0]) == calls["train"]
+    assert len(calls["train"]) == 4 and len(calls["filter"]) == 2 * 4  # 2 scenarios x 4 repeats
 
 
 def test_a_cycle_can_start_from_and_gate_against_a_named_adapter(tmp_path, world):

@@ -660,8 +660,11 @@ def train_stage(cycle: Cycle) -> dict[str, Any]:
                                  holdout=t.sft_holdout, **common)  # fmt: skip
             steps = sft_steps(passed, config)
             cycle.require(steps * t.step_s, f"the SFT warm start (up to {steps} steps)")
+            # the expert's verified calls only: a base that calls no tool passes a refusal by
+            # saying anything, and imitating those calls teaches it to ramble
+            demos = [e.session_id for e in episodes if e.passed]
             return timed("sft", config=config, server_url=url if t.verify_on_server else None,
-                         progress=progress, live=NO_LIVE)  # fmt: skip
+                         progress=progress, live=NO_LIVE, session_ids=demos)  # fmt: skip
 
         sub_run("sft", warm_start)
     if c.live is not None and c.live.sft and live["passed"]:
