@@ -589,7 +589,7 @@ async def test_a_flows_bot_three_calls_at_once_is_token_exact_and_the_server_liv
     server answers after."""
     from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 
-    scenarios = load_scenarios([FIXTURES / "scenarios" / "insurance.yaml"])
+    scenarios = load_scenarios([FIXTURES / "flows" / "insurance.yaml"])  # apart from scenarios/
     config = SimulationConfig(
         llm_url=vllm_server.url, persona="scripted", max_tokens=48, temperature=1.0,
         concurrency=3, repeats=1,
