@@ -194,12 +194,10 @@ class Cycle:
         all of them). The held-out set and the suite must be the snapshot's, byte for byte.
         """
         from pipecat_rl.scenarios import load_scenarios
-        from pipecat_rl.scenarios.sampling import stratified_sample
 
         loaded = load_scenarios([getattr(self.config, which)])
-        sample = None if which == "regressions" else getattr(self.config, f"{which}_sample")
-        if sample is not None and not whole:
-            loaded = stratified_sample(loaded, sample.size, by=sample.by, what=f"{which}_sample")
+        if which != "regressions" and not whole:
+            loaded = self.sampled(which, loaded)
         if which != "pool":
             what = {"heldout": "the held-out set", "regressions": "the regression suite"}[which]
             frozen = self.results.get("snapshot", {}).get(_FROZEN[which])
@@ -210,6 +208,15 @@ class Cycle:
                     "restore it, or start a new cycle in a new out folder"
                 )
         return loaded
+
+    def sampled(self, which: Literal["pool", "heldout"], loaded: Any) -> Any:
+        """`loaded` (the whole pool or held-out set) as its `pool_sample` / `heldout_sample`."""
+        from pipecat_rl.scenarios.sampling import stratified_sample
+
+        sample = getattr(self.config, f"{which}_sample")
+        if sample is None:
+            return loaded
+        return stratified_sample(loaded, sample.size, by=sample.by, what=f"{which}_sample")
 
     def options(self, **update: Any) -> SimulationOptions:
         """The loop's simulation options (caller, seed, concurrency, reply cap), with `update`."""
@@ -369,7 +376,8 @@ def snapshot(cycle: Cycle) -> dict[str, Any]:
             "regressions_set_id": suite.heldout_set_id, "regression_scenarios": len(suite),
         }),
         "pool_scenarios": len(pool),
-        **{f"{which}_sampled": len(cycle.scenarios(which)) for which in ("pool", "heldout")
+        **{f"{which}_sampled": len(cycle.sampled(which, whole))  # type: ignore[arg-type]
+           for which, whole in (("pool", pool), ("heldout", heldout))
            if getattr(c, f"{which}_sample") is not None},  # fmt: skip
         "ledger": str(cycle.ledger.path),
         "ledger_counts": counts,

@@ -75,7 +75,7 @@ def stratified_sample(
         def cost(s: Scenario) -> tuple[int, int, int, int]:
             one, two = features[s.id]
             return (
-                drawn[strata[s.id]] if by else 0,
+                drawn[strata[s.id]],  # without `by` every stratum is (): no preference
                 sum(singles[f] for f in one),
                 max((singles[f] for f in one), default=0),
                 sum(pairs[f] for f in two),
