@@ -28,7 +28,9 @@ BOTS = str(Path(turn_bots.__file__))
 ECHO = f"{Path(audio_turn_bot.__file__)}:run_bot"
 
 # The caller opens; on the first sentence of the agent's long reply ("We are open from eight in
-# the morning ... on weekdays, ...") it barges in; it hangs up on the short answer after it.
+# the morning ... on weekdays, ...") it barges in; it hangs up on the short answer after it, in
+# any of the ways Whisper writes it ("Saturday's 9 to 1"), but not on the long reply's "nine until
+# one", which the caller may still hear as the bot yields.
 RULES = """\
 name: rules
 persona: A caller who only needs the Saturday hours.
@@ -40,7 +42,8 @@ script:
   intents: {hours: ["open from", weekdays, "you said"]}
   rules:
     - {intent: hours, say: "Sorry, I only need Saturday.", barge_in: {after_words: 4}, times: 1}
-    - {when: "saturday is|only need saturday", say: "Thank you, goodbye.", end_call: true}
+    - {when: "saturday is|saturdays (nine|9)|(nine|9) (00 )?((to|till) )?(one|1)|only need sat",
+       say: "Thank you, goodbye.", end_call: true}
   fallback: false
 """
 
