@@ -1,4 +1,5 @@
-"""A text-mode agent whose k-th reply comes `DELAYS_S[k]` after the caller's line.
+"""Text-mode agents with planted model time: `run_bot`'s k-th reply comes `DELAYS_S[k]` after
+the caller's line; `run_bot_streaming` streams its first reply a word every `WORD_GAP_S`.
 
 Like Pipecat's OpenAI service, it pushes `LLMFullResponseStartFrame` as soon as the request
 starts, then its text once the (planted) model time has passed: a response gap stamped at the
@@ -42,9 +43,45 @@ class PacedAnswers(FrameProcessor):
             await self.push_frame(LLMFullResponseEndFrame())
 
 
+STREAMED = ("Answer", "one,", "said", "slowly,", "word", "by", "word.")
+WORD_GAP_S = 0.3
+"""Between the streamed reply's words: the whole reply takes longer than its scenario's
+`max_silence_s`, no gap does."""
+
+
+class StreamedThenStuck(FrameProcessor):
+    """Streams `STREAMED` in answer to the first caller line; to the next, starts a response
+    and never says anything (a request that hangs)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._answered = 0
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection):
+        await super().process_frame(frame, direction)
+        await self.push_frame(frame, direction)
+        if isinstance(frame, TranscriptionFrame):
+            self._answered += 1
+            await self.push_frame(LLMFullResponseStartFrame())
+            if self._answered > 1:
+                return
+            for i, word in enumerate(STREAMED):
+                await asyncio.sleep(WORD_GAP_S)  # the model's time for the next token
+                await self.push_frame(LLMTextFrame(word if i == 0 else f" {word}"))
+            await self.push_frame(LLMFullResponseEndFrame())
+
+
 async def run_bot(transport, runner_args):
+    await _run(transport, PacedAnswers())
+
+
+async def run_bot_streaming(transport, runner_args):
+    await _run(transport, StreamedThenStuck())
+
+
+async def _run(transport, agent: FrameProcessor):
     worker = PipelineWorker(
-        Pipeline([transport.input(), PacedAnswers(), transport.output()]),
+        Pipeline([transport.input(), agent, transport.output()]),
         params=PipelineParams(),
     )
 

@@ -49,6 +49,41 @@ async def test_each_response_gap_is_its_turns_planted_model_time(tmp_path):
     assert sorted(r.response_gap_ms for r in rows) == sorted(round(g, 3) for g in gaps), rows
 
 
+async def test_a_reply_streaming_for_longer_than_max_silence_is_not_silence(tmp_path):
+    """A text-mode turn reaches the caller whole, so the silence backstop watches the agent's
+    frames: a reply still streaming is heard in full; a response that says nothing ends the call
+    as silence."""
+    scenario = tmp_path / "streamed.yaml"
+    scenario.write_text(
+        textwrap.dedent(
+            """
+            name: streamed
+            persona: A patient caller.
+            goal: Hear the answer out.
+            success: The agent answered.
+            max_silence_s: 1.0
+            script:
+              opening: First question.
+              rules:
+                - {when: "word by word", say: "And then?"}
+              fallback: false
+            """
+        )
+    )
+    config = SimulationConfig(persona="scripted", concurrency=1)
+    bot = load_bot(f"{Path(paced_bots.__file__)}:run_bot_streaming")
+    report = await simulate(load_scenarios([scenario]), bot, config, Ledger(tmp_path / "l.db"))
+    (episode,) = report.episodes
+    said = [(x.speaker, x.text) for x in episode.transcript]
+    assert len(paced_bots.STREAMED) * paced_bots.WORD_GAP_S > 1.0  # longer than the limit
+    assert said == [
+        ("caller", "First question."),
+        ("agent", " ".join(paced_bots.STREAMED)),
+        ("caller", "And then?"),
+    ], said
+    assert episode.end_reason == "silence"
+
+
 def _audio_episode(v2v: dict[int, float]) -> EpisodeResult:
     lines = [
         Line("caller", "I want a real person. Please.", "", 1.0),

@@ -130,6 +130,15 @@ class LocalTransportPair:
             except Exception:  # a listener's bug is not the call's failure
                 logger.exception("a transcript listener failed")
 
+    def active(self) -> None:
+        """Either side is producing a turn (text, a tool call): the line is not silent.
+
+        In text mode a turn reaches the other side only whole, so without this a reply that
+        takes `max_silence_s` to generate (a long one, on a loaded CPU) would end the call as
+        silence: the machine's speed judged as the agent's behaviour.
+        """
+        self.last_activity = time.monotonic()
+
     def end(self, reason: EndReason) -> None:
         """End the call (the first reason given wins) and tell both sides."""
         if self.done.is_set():
@@ -241,11 +250,14 @@ class _PairOutput(BaseOutputTransport):
         deliver: Callable[[str, float | None], None],
         *,
         join_tool_turns: bool = True,
+        active: Callable[[], None] | None = None,
         **kwargs,
     ):
+        """`active`: called on each frame of a turn in progress (`LocalTransportPair.active`)."""
         super().__init__(_params(), **kwargs)
         self._deliver = deliver
         self._join_tool_turns = join_tool_turns
+        self._active = active
         self._parts: list[SpokenPart] = []
         self._first_text_at: float | None = None
         self._calls_in_flight = 0
@@ -265,6 +277,8 @@ class _PairOutput(BaseOutputTransport):
         await super().process_frame(frame, direction)
 
     def _observe(self, frame: Frame) -> None:
+        if self._active is not None and isinstance(frame, _TURN_IN_PROGRESS):
+            self._active()
         if isinstance(frame, LLMFullResponseStartFrame):
             # Not the first text: Pipecat's OpenAI service pushes this before its HTTP request,
             # so a gap stamped here would leave out the model's whole time to first token.
@@ -304,6 +318,19 @@ class _PairOutput(BaseOutputTransport):
         text, first = join_spoken(self._parts).strip(), self._first_text_at
         self._parts, self._first_text_at, self._segments = [], None, set()
         self._deliver(text, first)
+
+
+_TURN_IN_PROGRESS = (
+    LLMFullResponseStartFrame,
+    LLMTextFrame,
+    AggregatedTextFrame,
+    TTSSpeakFrame,
+    FunctionCallsStartedFrame,
+    FunctionCallResultFrame,
+    FunctionCallCancelFrame,
+    LLMFullResponseEndFrame,
+)
+"""Frames that show a side producing its turn: the line is not silent while they flow."""
 
 
 class AgentInput(_PairInput):
@@ -349,7 +376,7 @@ class AgentOutput(_PairOutput):
     """The agent bot's output: complete agent turns go to the caller; its EndFrame hangs up."""
 
     def __init__(self, pair: LocalTransportPair, **kwargs):
-        super().__init__(pair.agent_says, **kwargs)
+        super().__init__(pair.agent_says, active=pair.active, **kwargs)
         self._pair = pair
 
     async def stop(self, frame: EndFrame):
@@ -429,7 +456,9 @@ class CallerTransport(BaseTransport):
         super().__init__(input_name=input_name, output_name=output_name, **kwargs)
         self.pair = pair
         self._input = CallerInput(pair, name=input_name)
-        self._output = _PairOutput(pair.caller_turn, join_tool_turns=False, name=output_name)
+        self._output = _PairOutput(
+            pair.caller_turn, join_tool_turns=False, active=pair.active, name=output_name
+        )
 
     def input(self) -> CallerInput:
         """The caller's input processor."""
