@@ -551,6 +551,29 @@ def test_no_answer_is_restated_then_the_caller_hangs_up():
     assert persona.gave_up and persona.fallbacks == 3
 
 
+def test_an_agent_going_in_circles_is_answered_max_times_more_then_hung_up_on():
+    """The loop the SFT candidate fell into on the clinic matrix: the same failed booking, the
+    same "yes", until `max_turns`. A person answers a repeated reply a couple of times, then
+    gives up; a reply that changes (or an answer between) is no repeat."""
+    script = Script(intents={"retry": ["try again"]},
+                    rules=[{"intent": "retry", "say": "Yes, please book it."}])  # fmt: skip
+    persona = ScriptedPersona(script)
+    stuck = "The booking did not go through. Shall I try again?"
+    reworded = "The booking didn't go through; shall I try again?"
+    lines = (stuck, stuck.upper(), f"{stuck}  ", reworded, stuck)
+    said = [persona(_heard(line)).text for line in lines]
+    # once, twice and thrice (case and spacing are no new reply); an apostrophe's change is a
+    # new wording ("didn't" vs "did not"), so the count starts again
+    assert said == ["Yes, please book it."] * 5, said
+    again = [persona(_heard(stuck)).text for _ in range(3)]
+    assert again == ["Yes, please book it.", "Yes, please book it.", GIVE_UP_LINE], again
+    assert persona.gave_up and persona.fallbacks == 0
+    no_fallback = Script(fallback=False).fallback
+    strict = ScriptedPersona(script.model_copy(update={"fallback": no_fallback}))
+    assert strict(_heard(stuck)).text == "Yes, please book it."
+    assert strict(_heard(stuck)).tool_calls and not strict.gave_up  # no patience: at once
+
+
 def test_fallback_lines_and_limit_are_the_scripts_to_set():
     script = Script(fallback={"say": ["Pardon?", "Hello?"], "max": 3})
     persona = ScriptedPersona(script, goal="Anything.")

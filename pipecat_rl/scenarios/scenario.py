@@ -307,7 +307,9 @@ class Fallback(_Model):
     """Said in turn on consecutive non-answers (the last repeats); none: restated from the goal."""
     max: int = Field(default=2, ge=0, le=MAX_TURNS)
     """Consecutive turns no rule matches that the caller answers with a fallback line; at the
-    next one in a row it hangs up (0: at the first). A matching rule starts the count again."""
+    next one in a row it hangs up (0: at the first). A matching rule starts the count again.
+    Also how many times in a row the caller answers a reply the agent says again word for word
+    (an agent going in circles); at the next repeat it hangs up."""
 
 
 class Script(_Model):

@@ -40,7 +40,7 @@ from pipecat.services.llm_service import FunctionCallParams, LLMService
 from pipecat.services.openai.llm import OpenAILLMService
 
 from pipecat_rl.errors import SimulationError
-from pipecat_rl.scenarios.intents import IntentMatcher
+from pipecat_rl.scenarios.intents import IntentMatcher, normalise
 from pipecat_rl.scenarios.scenario import Scenario, Script, ScriptRule
 from pipecat_rl.scenarios.turns import BargeIn, Moves
 from pipecat_rl.serving.server import client_api_key
@@ -126,7 +126,9 @@ class ScriptedPersona:
     A rule matches by meaning (`intent`: see `scenarios.intents`), by spelling (`when`), or
     both. When none matches, the caller says its fallback line (`Script.fallback`: by default it
     restates its need, from the scenario's goal) for up to `max` such turns in a row, then hangs
-    up, as a person would; `fallbacks` counts the lines it said so (see `caller_notes`).
+    up, as a person would; `fallbacks` counts the lines it said so (see `caller_notes`). An agent
+    going in circles is a non-answer too: a reply said again word for word (as `normalise` reads
+    it) is answered by its rule up to `max` times in a row, and at the next the caller hangs up.
 
     In audio mode it is also the call's `audio.moves.Listener`: it barges in with the line of
     the rule that answers what it has heard of a reply so far, when that rule (or, failing its
@@ -146,10 +148,19 @@ class ScriptedPersona:
         """Fallback lines said in this call."""
         self.gave_up = False
         """Whether the caller hung up because its need went unanswered."""
+        self._previous: str | None = None
+        """The agent's last reply as `normalise` reads it."""
+        self._repeated = 0
+        """How many times in a row the agent has said its last reply again."""
 
     def __call__(self, messages: list[dict]) -> ScriptedReply:
         """The caller's reply to the agent's last turn."""
         heard = message_text(last_message(messages, "user"))
+        said = normalise(heard)
+        self._repeated = self._repeated + 1 if said and said == self._previous else 0
+        self._previous = said
+        if self._repeated > self._script.fallback.max:
+            return self._give_up()
         i = self._answering(heard)
         if i is not None:
             self._last = rule = self._script.rules[i]
@@ -158,12 +169,16 @@ class ScriptedPersona:
             return _reply(rule.say, rule.end_call)
         self._last = None
         if self._in_a_row >= self._script.fallback.max:
-            self.gave_up = self._script.fallback.max > 0
-            return _reply(GIVE_UP_LINE if self.gave_up else "", end_call=True, success=False)
+            return self._give_up()
         line = self._lines[min(self._in_a_row, len(self._lines) - 1)]
         self._in_a_row += 1
         self.fallbacks += 1
         return ScriptedReply(text=line)
+
+    def _give_up(self) -> ScriptedReply:
+        self._last = None
+        self.gave_up = self._script.fallback.max > 0
+        return _reply(GIVE_UP_LINE if self.gave_up else "", end_call=True, success=False)
 
     def barge_in(self, heard: str) -> BargeIn | None:
         """The barge-in of the rule that answers `heard` (the agent's reply so far), if any."""
