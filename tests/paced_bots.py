@@ -24,8 +24,8 @@ DELAYS_S = (1.2, 0.2, 2.2)
 """Per answered caller line; they differ by a second, so a figure on the wrong turn shows."""
 
 
-class PacedAnswers(FrameProcessor):
-    """Answers each caller line: start frame at once, its text `DELAYS_S[k]` later."""
+class _Answering(FrameProcessor):
+    """Passes every frame on and answers each caller line with `answer(k)` (k from 0)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -35,12 +35,23 @@ class PacedAnswers(FrameProcessor):
         await super().process_frame(frame, direction)
         await self.push_frame(frame, direction)
         if isinstance(frame, TranscriptionFrame):
-            k = min(self._answered, len(DELAYS_S) - 1)
             self._answered += 1
+            # as Pipecat's OpenAI service: the start frame before the model's first token
             await self.push_frame(LLMFullResponseStartFrame())
-            await asyncio.sleep(DELAYS_S[k])  # the model's time: the quantity under test
-            await self.push_frame(LLMTextFrame(f"Answer {k + 1}."))
-            await self.push_frame(LLMFullResponseEndFrame())
+            await self.answer(self._answered - 1)
+
+    async def answer(self, k: int) -> None:
+        raise NotImplementedError
+
+
+class PacedAnswers(_Answering):
+    """Answers each caller line: start frame at once, its text `DELAYS_S[k]` later."""
+
+    async def answer(self, k: int) -> None:
+        k = min(k, len(DELAYS_S) - 1)
+        await asyncio.sleep(DELAYS_S[k])  # the model's time: the quantity under test
+        await self.push_frame(LLMTextFrame(f"Answer {k + 1}."))
+        await self.push_frame(LLMFullResponseEndFrame())
 
 
 STREAMED = ("Answer", "one,", "said", "slowly,", "word", "by", "word.")
@@ -49,26 +60,17 @@ WORD_GAP_S = 0.3
 `max_silence_s`, no gap does."""
 
 
-class StreamedThenStuck(FrameProcessor):
+class StreamedThenStuck(_Answering):
     """Streams `STREAMED` in answer to the first caller line; to the next, starts a response
     and never says anything (a request that hangs)."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._answered = 0
-
-    async def process_frame(self, frame: Frame, direction: FrameDirection):
-        await super().process_frame(frame, direction)
-        await self.push_frame(frame, direction)
-        if isinstance(frame, TranscriptionFrame):
-            self._answered += 1
-            await self.push_frame(LLMFullResponseStartFrame())
-            if self._answered > 1:
-                return
-            for i, word in enumerate(STREAMED):
-                await asyncio.sleep(WORD_GAP_S)  # the model's time for the next token
-                await self.push_frame(LLMTextFrame(word if i == 0 else f" {word}"))
-            await self.push_frame(LLMFullResponseEndFrame())
+    async def answer(self, k: int) -> None:
+        if k > 0:
+            return
+        for i, word in enumerate(STREAMED):
+            await asyncio.sleep(WORD_GAP_S)  # the model's time for the next token
+            await self.push_frame(LLMTextFrame(word if i == 0 else f" {word}"))
+        await self.push_frame(LLMFullResponseEndFrame())
 
 
 async def run_bot(transport, runner_args):
