@@ -8,8 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from pipecat_rl.recording import llm_tee
 from pipecat_rl.serving.server import VLLMServer
 from pipecat_rl.serving.weights import prepare_model
+
+
+@pytest.fixture(autouse=True)
+def _fresh_vllm_probes():
+    """Each test probes its servers afresh. The recorder remembers per URL whether a server is
+    vLLM, for the life of the process; tests start hundreds of fake servers on free ports, and a
+    port reused by a vLLM fake after a plain one (or the reverse) would be misread from the cache:
+    CI once recorded a fake vLLM's turns as text only (`docs/flaky.md`)."""
+    llm_tee._VLLM_PROBES.clear()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,13 @@ async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     assert [r.heard_gap_ms for r in rows] == [
         pytest.approx(x["latency_ms"], abs=0.01) for x in answered
     ]
-    assert all(r.v2v_ms is not None and r.response_gap_ms is None for r in rows)
+    # Pipecat's own voice-to-voice figure where its pipeline measured one (a turn whose VAD stop
+    # came after the bot began, on a loaded machine, has none: unknown, never a wrong figure);
+    # the text-mode response gap never in an audio call.
+    figures = [(r.heard_gap_ms, r.v2v_ms, r.response_gap_ms) for r in rows]
+    assert all(r.response_gap_ms is None for r in rows), figures
+    assert any(r.v2v_ms is not None for r in rows), figures
+    assert all(r.v2v_ms > 0 for r in rows if r.v2v_ms is not None), figures
     assert episode.call_s and episode.duration_s < 3 * episode.call_s + 10
 
 
