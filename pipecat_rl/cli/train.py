@@ -210,6 +210,13 @@ def train_command(
     max_tokens: Annotated[
         int | None, typer.Option("--max-tokens", min=1, help="Online: cap agent replies.")
     ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            "--concurrency", "-c", min=1, max=256,
+            help="Online: rollouts at once (the server's --max-num-seqs bounds what helps).",
+        ),  # fmt: skip
+    ] = defaults.CONCURRENCY,
     opsd_loss: Annotated[
         Literal["forward_topk", "reverse"],
         typer.Option("--opsd-loss", help="OPSD: top-k forward KL, or sampled-token reverse KL."),
@@ -302,7 +309,9 @@ def train_command(
             rollouts = Rollouts(
                 scenarios=load_scenarios([existing(p, "--scenarios") for p in scenarios]),
                 bot=load_bot(bot),
-                options=SimulationOptions(persona=persona, max_tokens=max_tokens),
+                options=SimulationOptions(
+                    persona=persona, max_tokens=max_tokens, concurrency=concurrency
+                ),
             )  # fmt: skip
         progress = Progress(
             TextColumn(f"training ({algo})"), BarColumn(), MofNCompleteColumn(),
