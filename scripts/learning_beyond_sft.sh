@@ -4,7 +4,8 @@
 # against that candidate on the held-out set, and read the targeted subset off the receipt.
 #
 #   scripts/learning_beyond_sft.sh distill|rft|grpo SFT_ADAPTER OUT_DIR
-#   (env: STEPS, default 3; GROUP_SIZE, rollouts a scenario, default 2; POOL, the scenarios rolled out, default the clinic's pool;
+#   (env: STEPS, default 3; GROUP_SIZE, rollouts a scenario, default 2; POOL, the scenarios
+#    rolled out, default the clinic's pool;
 #    DISTILL_FLAGS, extra train flags such as --distill-agreed --scenarios-per-step 24 --lr 5e-4;
 #    EPOCHS, SFT epochs per step, default 3; HELDOUT, the gate's scenarios, default the
 #    hand-written held-out set; GATE_FLAGS, default --repeats 2 --concurrency 8, e.g. the matrix
