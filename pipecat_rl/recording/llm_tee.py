@@ -132,7 +132,10 @@ class _TeeStream:
                     self._call.error = f"capture failed: {e}"
                 yield chunk
         except BaseException as e:
-            self._call.error = self._call.error or type(e).__name__
+            # A consumer that stops after the sample ended (cancelled while it handled the final
+            # event, or closing instead of reading the stream's end) cut nothing: the ids are whole.
+            if self._call.finish_reason is None:
+                self._call.error = self._call.error or type(e).__name__
             raise
         finally:
             self._call.done_at = time.time()

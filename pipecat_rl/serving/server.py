@@ -66,6 +66,11 @@ connection (nothing listens) marks the server dead. A slow answer never does: a 
 two cores may take seconds."""
 
 
+LOAD_ADAPTER_TIMEOUT_S = 300.0
+"""How long loading an adapter may take: vLLM loads it between engine steps, so on a busy CPU
+server it waits for the running batch (tens of seconds on two cores), unlike a listing."""
+
+
 def llm_api_key(explicit: str | None = None) -> str | None:
     """The API key for the LLM server: `explicit`, else $PIPECAT_RL_LLM_API_KEY, else none."""
     return explicit or os.environ.get(API_KEY_ENV) or None
@@ -129,12 +134,20 @@ class VLLMAdmin:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         """What every request to the server carries (the API key, when there is one)."""
 
-    def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, json: dict | None = None, *, timeout: float | None = None
+    ) -> httpx.Response:
+        waited = max(self._timeout, timeout or 0.0)
         try:
             response = httpx.request(
-                method, f"{self.root}{path}", json=json, timeout=self._timeout,
-                headers=self.headers,
-            )  # fmt: skip
+                method, f"{self.root}{path}", json=json, timeout=waited, headers=self.headers
+            )
+        except (httpx.ReadTimeout, httpx.WriteTimeout) as e:
+            # Connected, so the server is there: it is busy, not gone (a different fix).
+            raise ServingError(
+                f"{method} {path} on {self.root} got no answer within {waited:.0f} s ({e}); the "
+                "server is up but busy (a long generation, or a smaller machine than it needs)"
+            ) from e
         except httpx.HTTPError as e:
             raise ServingError(
                 f"cannot reach the LLM server at {self.root} ({e}); is `pipecat-rl llm serve` "
@@ -244,8 +257,9 @@ class VLLMAdmin:
 
             folder = delta_adapter(folder, merged)
         self._request(
-            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}
-        )
+            "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)},
+            timeout=LOAD_ADAPTER_TIMEOUT_S,
+        )  # fmt: skip
 
     def unload_adapter(self, name: str) -> None:
         """Unload the adapter served as `name`."""
