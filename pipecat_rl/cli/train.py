@@ -174,6 +174,15 @@ def train_command(
             "student too (DAgger's every visited state), not only where it differs.",
         ),
     ] = False,
+    distill_anchors: Annotated[
+        bool,
+        typer.Option(
+            "--distill-anchors",
+            help="Distill from a scripted teacher: beside each state where it differs, train "
+            "one where it agreed at the same decision (the same tools called), so a rare "
+            "correction is learnt as a condition rather than drowned or made a habit.",
+        ),
+    ] = False,
     teacher_model: Annotated[
         str | None,
         typer.Option(
@@ -299,7 +308,7 @@ def train_command(
             group_size=group_size, scenarios_per_step=scenarios_per_step, rank=rank, lr=lr,
             temperature=temperature, out_dir=out, seed=seed, opsd_loss=opsd_loss,
             opsd_hint=opsd_hint, dpo_beta=beta, teacher=teacher, teacher_model=teacher_model,
-            distill_agreed=distill_agreed,
+            distill_agreed=distill_agreed, distill_anchors=distill_anchors,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

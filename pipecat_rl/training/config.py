@@ -174,6 +174,10 @@ class TrainConfig(BaseModel):
     distill_agreed: bool = False
     """Distill from replies: the states where the teacher said what the student did train too
     (DAgger's aggregate of every visited state), not only those where it differs."""
+    distill_anchors: bool = False
+    """Distill from replies: beside the states where the teacher differs, as many where it agreed
+    at the same decision (its reply calls the same tools), so a rare correction is learnt as a
+    condition on the conversation, not drowned by the agreed states nor learnt as a habit."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = LOGPROBS_MODE
     """What the server returns: ours serves processed (after temperature), vLLM's default raw."""
 
@@ -203,6 +207,11 @@ class TrainConfig(BaseModel):
             raise ValueError(
                 "distill needs a teacher: a vLLM URL (--teacher http://host:8000/v1) or a "
                 "scripted policy (--teacher expert.py:expert_policy)"
+            )
+        if self.distill_agreed and self.distill_anchors:
+            raise ValueError(
+                "--distill-agreed trains every state the teacher agreed on; --distill-anchors "
+                "only as many as it corrected, at the same decisions: give one of them"
             )
         return self
 

@@ -13,7 +13,8 @@ teacher about each turn the student sampled (DAgger's loop; GKD's on-policy dist
 - a **reply teacher**, `FILE.py:FUNCTION`, a scripted policy (OpenAI messages -> `ScriptedReply`)
   such as the clinic's expert: its reply at the student's prompt is rendered with the student's
   chat template and trained by SFT where it differs from what the student said (with
-  `distill_agreed`, where it agrees too); the labels of every step so far train together
+  `distill_agreed`, where it agrees too; with `distill_anchors`, beside each correction a state
+  where it agreed at the same decision); the labels of every step so far train together
   (DAgger's aggregated dataset).
 
 A teacher that cannot be reached, returns no logprobs or tokenises differently is refused before
@@ -23,8 +24,9 @@ any rollout (`load_teacher`).
 import copy
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from loguru import logger
@@ -75,24 +77,36 @@ def _same_calls(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> boo
     return key(a) == key(b)
 
 
+TrainedStates = Literal["corrections", "anchored", "all"]
+"""Which labelled states a reply teacher trains (`ReplyTeacher.training_labels`)."""
+
+
+def _decision(label: TurnRecord) -> tuple[str, ...]:
+    """What a reply decides, as far as anchoring goes: the tools it calls (none: just talk)."""
+    return tuple(sorted(c["name"] for c in label.tool_calls))
+
+
 class ReplyTeacher:
     """A scripted policy as the teacher: its reply at each of the student's states.
 
     Labels are kept per turn for the whole run: a step's retry re-reads them, and every step
-    trains on all of them (the DAgger dataset), newest states included. `train_agreed`: the
-    states where the teacher said what the student did train too (DAgger's aggregate of every
-    visited state), not only those where it differs.
+    trains on all of them (the DAgger dataset), newest states included. `states`: which train —
+    the corrections (where the teacher differs); `anchored`, beside them as many states where it
+    agreed at the same decision (its reply calls the same tools); `all`, every visited state
+    (DAgger's aggregate). Anchors exist because a rare correction among many agreed states at the
+    same decision is drowned by them, and one trained alone becomes a habit rather than a
+    condition: the emergency slot learnt for every booking.
     """
 
     kind = "replies"
 
     def __init__(
         self, name: str, policy: Callable[[list[dict[str, Any]]], Any], *,
-        train_agreed: bool = False,
+        states: TrainedStates = "corrections",
     ):  # fmt: skip
         self.name = name
         self.policy = policy
-        self.train_agreed = train_agreed
+        self.states = states
         self.labels: dict[tuple[str, int], TurnRecord] = {}
         """Per student turn: the teacher's reply at its prompt, as a demonstration."""
         self.agreed: set[tuple[str, int]] = set()
@@ -137,8 +151,26 @@ class ReplyTeacher:
         return None if key in self.agreed else self.labels[key]
 
     def training_labels(self) -> list[TurnRecord]:
-        """The labels that train: those that differ, and with `train_agreed` every one."""
-        return [d for k, d in self.labels.items() if self.train_agreed or k not in self.agreed]
+        """The labels that train, by `states`, in the order the states were labelled.
+
+        Anchored: per decision, the first agreed states up to the number of its corrections
+        (a correction that only talks is anchored by agreed states that only talk).
+        """
+        if self.states == "all":
+            return list(self.labels.values())
+        corrections = [d for k, d in self.labels.items() if k not in self.agreed]
+        if self.states == "corrections":
+            return corrections
+        room = Counter(_decision(d) for d in corrections)
+        kept = []
+        for key, label in self.labels.items():
+            decision = _decision(label)
+            if key in self.agreed and room[decision] > 0:
+                room[decision] -= 1
+                kept.append(label)
+            elif key not in self.agreed:
+                kept.append(label)
+        return kept
 
 
 # -- logprob teachers: a served model ----------------------------------------------------------
@@ -214,7 +246,8 @@ def load_teacher(config: TrainConfig, tokenizer: Any) -> ReplyTeacher | LogprobT
     policy = getattr(import_module_spec(path, option="--teacher"), function, None)
     if not callable(policy):
         raise ConfigError(f"--teacher {spec}: {path} defines no function `{function}`")
-    return ReplyTeacher(function, policy, train_agreed=config.distill_agreed)
+    states = "all" if config.distill_agreed else "anchored" if config.distill_anchors else None
+    return ReplyTeacher(function, policy, states=states or "corrections")
 
 
 # -- the updates ---------------------------------------------------------------------------------
@@ -235,6 +268,7 @@ def reply_sequences(
         "teacher_labels": sum(d is not None for d in fresh),
         "teacher_unanswered": len(keys) - len(answered),
         "dagger_rows": len(labels),
+        "dagger_corrections": sum((d.session_id, d.index) not in teacher.agreed for d in labels),
     }
     if not sequences:
         why = (
