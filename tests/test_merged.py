@@ -166,7 +166,9 @@ class _FakeServer(VLLMAdmin):
         self.cards = [{"id": "served", "root": str(root), "parent": None}]
         self.loaded: list[dict] = []
 
-    def _request(self, method: str, path: str, json: dict | None = None) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, json: dict | None = None, *, timeout: float | None = None
+    ) -> httpx.Response:
         if path == "/v1/load_lora_adapter":
             self.loaded.append(json)
         return httpx.Response(200, json={"data": self.cards})
