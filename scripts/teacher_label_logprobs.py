@@ -7,11 +7,17 @@ student's own sampled reply, under each adapter given (the parent, then the cand
 margin (teacher minus student) that rises is learning in the right direction; one still far
 below zero says sampling will keep the student's reply.
 
+It also scores up to AGREED_SAMPLE (default 40) states where the teacher agreed, spread evenly:
+the logprob of that shared reply under each adapter. A step that learns a correction as a habit
+(round 3: the emergency slot for every caller) shows here as agreed replies that lost their
+probability, in a minute, before any gate.
+
     python scripts/teacher_label_logprobs.py LEDGER TRAIN_JSON TEACHER ADAPTER_DIR [...]
     (TRAIN_JSON: `pipecat-rl train --json`'s output, whose session_ids are the rollouts)
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -37,12 +43,16 @@ def main(ledger: str, train_json: Path, teacher_spec: str, adapters: list[Path])
     policies = {a.name: load_policy(config, a, trainable=False) for a in adapters}
     tokenizer = next(iter(policies.values())).tokenizer
     teacher = load_teacher(config, tokenizer)
-    rows = []
+    rows, agreed = [], []
     with Ledger(ledger) as store:
         for sid in sessions:
             scenario = store.session(sid).scenario_id
             for turn in store.turns(sid):
-                if not turn.completion_token_ids or (label := teacher.label(turn)) is None:
+                if not turn.completion_token_ids:
+                    continue
+                if (label := teacher.label(turn)) is None:
+                    if (sid, turn.index) in teacher.agreed:
+                        agreed.append((scenario, turn))
                     continue
                 row = {"session": sid, "turn": turn.index, "scenario": scenario}
                 for name, policy in policies.items():
@@ -55,7 +65,21 @@ def main(ledger: str, train_json: Path, teacher_spec: str, adapters: list[Path])
         n: round(sum(r[n]["margin"] for r in rows) / len(rows), 3) if rows else None
         for n in policies
     }
-    return {"corrections": len(rows), "mean_margin": mean, "rows": rows}
+    room = int(os.environ.get("AGREED_SAMPLE", "40"))
+    spread = agreed[:: max(1, -(-len(agreed) // room))] if room > 0 else []
+    kept = [
+        {"session": t.session_id, "turn": t.index, "scenario": sc,
+         **{n: round(_logprob(p.model, t, tokenizer), 3) for n, p in policies.items()}}
+        for sc, t in spread
+    ]  # fmt: skip
+    agreed_mean = {
+        n: round(sum(r[n] for r in kept) / len(kept), 3) if kept else None for n in policies
+    }
+    return {
+        "corrections": len(rows), "mean_margin": mean, "rows": rows,
+        "agreed": {"states": len(agreed), "scored": len(kept), "mean_logprob": agreed_mean,
+                   "rows": kept},
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
