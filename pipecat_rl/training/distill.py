@@ -154,22 +154,22 @@ class ReplyTeacher:
         """The labels that train, by `states`, in the order the states were labelled.
 
         Anchored: per decision, the first agreed states up to the number of its corrections
-        (a correction that only talks is anchored by agreed states that only talk).
+        (a correction that only talks is anchored by agreed states that only talk); for
+        `corrections` no decision has room, so no agreed state is kept.
         """
         if self.states == "all":
             return list(self.labels.values())
-        corrections = [d for k, d in self.labels.items() if k not in self.agreed]
-        if self.states == "corrections":
-            return corrections
-        room = Counter(_decision(d) for d in corrections)
+        room = Counter(
+            _decision(d) for k, d in self.labels.items()
+            if self.states == "anchored" and k not in self.agreed
+        )  # fmt: skip
         kept = []
         for key, label in self.labels.items():
-            decision = _decision(label)
-            if key in self.agreed and room[decision] > 0:
-                room[decision] -= 1
-                kept.append(label)
-            elif key not in self.agreed:
-                kept.append(label)
+            if key in self.agreed:
+                if room[_decision(label)] <= 0:
+                    continue
+                room[_decision(label)] -= 1
+            kept.append(label)
         return kept
 
 
@@ -246,8 +246,10 @@ def load_teacher(config: TrainConfig, tokenizer: Any) -> ReplyTeacher | LogprobT
     policy = getattr(import_module_spec(path, option="--teacher"), function, None)
     if not callable(policy):
         raise ConfigError(f"--teacher {spec}: {path} defines no function `{function}`")
-    states = "all" if config.distill_agreed else "anchored" if config.distill_anchors else None
-    return ReplyTeacher(function, policy, states=states or "corrections")
+    states: TrainedStates = "corrections"
+    if config.distill_agreed or config.distill_anchors:
+        states = "all" if config.distill_agreed else "anchored"
+    return ReplyTeacher(function, policy, states=states)
 
 
 # -- the updates ---------------------------------------------------------------------------------
