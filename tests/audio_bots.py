@@ -38,6 +38,9 @@ from pipecat_rl.simulator.audio.transport import voiced
 REPLY = "Sure, one moment please."
 QUESTION = "How can I help you today?"
 DELAY_S = 0.4
+# The gate test's planted delay: larger than any stall a loaded runner has added to the undelayed
+# bot's heard gap (CI once saw 1,220 ms), so no late frame can hide it from a P95 over 3 scenarios.
+LATE_S = 2.0
 STALL_S = 2.5
 STOP_SECS = 0.2
 
@@ -133,6 +136,11 @@ async def run_bot(transport, runner_args):
 async def run_bot_delayed(transport, runner_args):
     """The same agent, every reply `DELAY_S` later."""
     await _run(transport, DELAY_S)
+
+
+async def run_bot_late(transport, runner_args):
+    """The same agent, every reply `LATE_S` later."""
+    await _run(transport, LATE_S)
 
 
 async def run_bot_stalling(transport, runner_args):

@@ -226,7 +226,7 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
         paths.append(path)
     ledger = Ledger(tmp_path / "gate.db")
     scenarios = load_scenarios(paths)
-    for policy, entry in (("slow", "run_bot_delayed"), ("fast", "run_bot")):
+    for policy, entry in (("slow", "run_bot_late"), ("fast", "run_bot")):
         config = SimulationConfig(
             persona="scripted", mode="audio", adapter=policy, source="gate", repeats=2,
             concurrency=1,
@@ -238,7 +238,7 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     # A budget the slow bot's every heard gap is over (each carries the planted delay, plus the
     # caller's end of speech), so even its P95's lower bound from a dozen turns is. Not one read
     # off the fast bot: one late frame on a loaded CI box once put its max at 1,220 ms.
-    budget = audio_bots.DELAY_S * 1000
+    budget = audio_bots.LATE_S * 1000
     receipt = evaluate(
         data,
         GateConfig(resamples=10_000, p95_budget_ms=budget),
@@ -249,15 +249,18 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     assert latency.gated_on == "heard_gap" and latency.in_agent_v2v_p95 is not None
     difference = latency.v2v_p95.difference
     assert difference.low <= difference.estimate <= difference.high
-    # The interval covers the planted 400 ms (give or take one 20 ms frame): a P95 over a few
+    # The interval covers the planted delay (give or take one 20 ms frame): a P95 over a few
     # sessions moves with one late frame on a busy machine, so the estimate alone is not held
-    # to a frame (CI once measured 361 ms, interval [361, 401]).
-    planted = audio_bots.DELAY_S * 1000
+    # to a frame (CI once measured 361 ms, interval [361, 401], for 400 planted).
+    planted = audio_bots.LATE_S * 1000
     assert difference.low - 20.0 <= planted <= difference.high + 20.0, difference
     checks = {c.name: c for c in receipt.checks}
     budget_check = checks["p95_budget"]
     assert budget_check.status == "fail" and "heard gap P95" in budget_check.detail, budget_check
-    assert checks["p95_vs_incumbent"].status == "fail"  # 400 ms slower than a 100 ms margin
+    # 2 s slower than a 100 ms margin. Paired over 3 scenarios, the interval's low end is the
+    # smallest scenario's difference: with 400 ms planted, one 300 ms stall of the fast bot in one
+    # scenario (a loaded CI runner) once made this `uncertain`.
+    assert checks["p95_vs_incumbent"].status == "fail", checks["p95_vs_incumbent"]
     # The fast bot within a generous budget: a dozen turns cannot bound a P95 from above.
     reverse = evaluate(
         dataclasses.replace(data, candidate="fast", incumbent="slow"),
