@@ -84,7 +84,7 @@ async def test_on_turn_recorded_fires_for_every_turn(tmp_path):
 
             await call.say("First")
             await call.say("Second")
-    await asyncio.wait_for(both.wait(), 5)
+    await asyncio.wait_for(both.wait(), 60)  # a hang guard only: the event is the sync
     assert [t.index for t in fired] == [0, 1]
     assert all(t.session_id == "events" and t.token_exact for t in fired)
 

@@ -41,13 +41,13 @@ async def test_the_caller_connects_on_loopback_and_its_hang_up_reaches_the_agent
 
     await pair.connection.connect()  # what the agent's transport does when its pipeline starts
     await pair.connect_caller()
-    await asyncio.wait_for(connected.wait(), 10)  # the agent side is on the call too
+    await asyncio.wait_for(connected.wait(), 60)  # the agent side is on the call too
     assert pair.caller_connected.is_set() and pair.connection.is_connected()
     offer, answer = pair.peer.localDescription.sdp, pair.connection.get_answer()["sdp"]
     assert _candidate_hosts(offer) == {"127.0.0.1"} == _candidate_hosts(answer)
     assert "opus/48000" in answer.lower()
     pair.end("caller_hung_up")
-    await asyncio.wait_for(closed.wait(), 10)  # the agent side saw the caller leave
+    await asyncio.wait_for(closed.wait(), 60)  # the agent side saw the caller leave
     await pair.close()
     assert pair.end_reason == "caller_hung_up" and pair.peer.connectionState == "closed"
 
