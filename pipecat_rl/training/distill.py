@@ -24,6 +24,7 @@ any rollout (`load_teacher`).
 
 import copy
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -158,29 +159,18 @@ class ReplyTeacher:
         `corrections` no decision has room, so no agreed state is kept. Balanced: every state, a
         correction `ceil(agreed / corrected)` times at its decision (at least once).
         """
-        if self.states == "all":
-            return list(self.labels.values())
-        if self.states == "balanced":
-            per = {True: Counter(), False: Counter()}
-            for key, label in self.labels.items():
-                per[key in self.agreed][_decision(label)] += 1
-            kept = []
-            for key, label in self.labels.items():
-                d = _decision(label)
-                times = 1 if key in self.agreed else max(1, -(-per[True][d] // per[False][d]))
-                kept.extend([label] * times)
-            return kept
-        room = Counter(
-            _decision(d) for k, d in self.labels.items()
-            if self.states == "anchored" and k not in self.agreed
-        )  # fmt: skip
+        corrected = Counter(_decision(d) for k, d in self.labels.items() if k not in self.agreed)
+        agreed = Counter(_decision(d) for k, d in self.labels.items() if k in self.agreed)
+        room = corrected.copy() if self.states == "anchored" else Counter()
         kept = []
         for key, label in self.labels.items():
-            if key in self.agreed:
-                if room[_decision(label)] <= 0:
-                    continue
-                room[_decision(label)] -= 1
-            kept.append(label)
+            d = _decision(label)
+            if key not in self.agreed:
+                times = math.ceil(agreed[d] / corrected[d]) if self.states == "balanced" else 1
+                kept.extend([label] * max(1, times))
+            elif self.states in ("all", "balanced") or room[d] > 0:
+                room[d] -= 1
+                kept.append(label)
         return kept
 
 
