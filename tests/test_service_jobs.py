@@ -84,7 +84,8 @@ def test_a_path_that_does_not_exist_is_a_422_naming_its_field(client):
     # Paths that exist are queued resolved, a bot's function kept (a run that needs no model:
     # an embedded vLLM started for it would take ~45 s to see the cancel below).
     body = {"kind": "simulate", "scenarios": ["clinic/handwritten/pool"],
-            "bot": "clinic/expert.py:run_bot", "persona": "scripted", "no_server": True}  # fmt: skip
+            "bot": "clinic/expert.py:run_bot", "persona": "scripted",
+            "no_server": True}  # fmt: skip
     r = client.post("/jobs", json=body, headers=AUTH)
     assert r.status_code == 202
     root = client.app.state.settings.data_dir.resolve()
