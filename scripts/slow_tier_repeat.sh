@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The slow tier N times in a row (default 10), each run's summary line and failures in one log:
-# how a test that fails in CI and passes alone is caught before it costs a landing.
+# The slow tier N times in a row (default 10), as `make test` runs it: each run's two summary lines
+# (one a lane) and its failures in one log; how a test that fails in CI and passes alone is caught
+# before it costs a landing.
 #
 #   scripts/slow_tier_repeat.sh [N] [LOG]        # e.g. scripts/slow_tier_repeat.sh 10 slow10.log
 set -uo pipefail
@@ -10,9 +11,9 @@ cd "$(dirname "$0")/.."
 green=0
 for i in $(seq 1 "$n"); do
   start=$(date +%s)
-  out=$(.venv/bin/python -m pytest -q -m slow -p no:cacheprovider 2>&1)
+  out=$(bash scripts/slow_tier.sh 2>&1)  # the slow tier exactly as `make test` runs it
   rc=$?
-  summary=$(printf '%s\n' "$out" | tail -1)
+  summary=$(printf '%s\n' "$out" | grep -E '(passed|failed|errors?|no tests ran).* in [0-9.]+s' | paste -sd ';')
   printf 'run %d/%d: exit %d in %d s: %s\n' "$i" "$n" "$rc" $(( $(date +%s) - start )) "$summary" >> "$log"
   printf '%s\n' "$out" | grep -E '^(FAILED|ERROR) ' >> "$log"
   [ "$rc" -eq 0 ] && green=$((green + 1))

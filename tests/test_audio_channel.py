@@ -103,6 +103,7 @@ def _heard_rate(snr_db: float | None, seed: int = 7) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 def test_low_snr_raises_the_misheard_rate_on_digit_slots():
     # Measured here: 4/8 slots misheard clean (Whisper tiny's digit formatting), 7/8 at 5 dB,
     # 8/8 at 0 dB; the channel model is seeded, so this is a fixed comparison, not a timing.
@@ -111,6 +112,7 @@ def test_low_snr_raises_the_misheard_rate_on_digit_slots():
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 def test_the_windowed_whisper_hears_what_pipecats_does_for_a_fraction_of_the_cpu():
     import time
 

@@ -155,6 +155,7 @@ def _probe_scenario(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 def test_an_audio_call_is_recorded_as_heard_on_the_line(tmp_path, no_keys):
     from tests import audio_bots

@@ -108,6 +108,7 @@ def running_bot(request, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 def test_a_call_to_a_running_bot_goes_both_ways_is_judged_and_recorded_from_the_caller(
     tmp_path, running_bot, openai_stub

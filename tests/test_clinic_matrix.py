@@ -202,6 +202,7 @@ async def run_bot(transport, runner_args):
 
 
 @pytest.mark.slow  # ~46 episodes: about 20 s on two cores
+@pytest.mark.shares_machine
 def test_the_expert_passes_a_stratified_heldout_sample_and_a_careless_agent_does_not(
     monkeypatch,
 ):

@@ -406,6 +406,7 @@ def test_every_training_path_reports_what_it_removed(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 def test_on_the_clinic_no_legitimate_pool_call_is_removed(tmp_path):
     """Every clinic scenario recorded once with the scripted expert: the share of legitimate
     pool calls decontamination removes is 0, and most held-out calls copied are recognised."""

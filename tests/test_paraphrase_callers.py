@@ -309,6 +309,7 @@ def no_keys(monkeypatch):
 
 
 @pytest.mark.slow  # 225 episodes: about a minute a folder on two cores
+@pytest.mark.shares_machine
 @pytest.mark.parametrize("folder", ["pool", "heldout"])
 def test_reworded_expert_keeps_the_experts_outcome_on_every_clinic_scenario(folder, no_keys):
     policies = ["expert", "reworded-0", "reworded-1", "reworded-2", "reworded-mixed"]

@@ -171,6 +171,7 @@ def _piper_wav(path: Path, text: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_recorded_turn_is_heard_by_the_agent_in_audio_mode(tmp_path, monkeypatch):
     for key in ("DEEPGRAM_API_KEY", "CARTESIA_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):

@@ -206,6 +206,7 @@ async def test_a_greeting_that_fails_its_check_ends_the_call_before_turn_2(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_recorded_turn_after_the_greeting_is_heard_in_audio_mode(tmp_path, monkeypatch):
     for key in ("DEEPGRAM_API_KEY", "CARTESIA_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"):

@@ -37,6 +37,7 @@ async def _simulate(paths, bot, ledger_path, config=AUDIO):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_audio_clinic_episode_offline(tmp_path, no_keys):
     report, ledger = await _simulate([POOL / "handoff_request.yaml"], EXPERT, tmp_path / "l.db")
@@ -127,6 +128,7 @@ def _scenario(
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path, no_keys):
     scenario = _scenario(tmp_path)
@@ -176,6 +178,7 @@ def _slow_ear(persona_ear, delay_s: float):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 @pytest.mark.parametrize("ear_delay_s", [0.0, 1.5], ids=["ear", "slow_ear"])
 async def test_a_reply_that_stalls_between_sentences_is_heard_as_one_turn(
@@ -207,6 +210,7 @@ async def test_a_keyed_service_without_its_key_is_a_clear_error(tmp_path, no_key
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     from pipecat_rl.gate.config import GateConfig
@@ -229,8 +233,8 @@ async def test_an_audio_gate_gates_p95_on_the_heard_gap(tmp_path, no_keys):
     for policy, entry in (("slow", "run_bot_late"), ("fast", "run_bot")):
         config = SimulationConfig(
             persona="scripted", mode="audio", adapter=policy, source="gate", repeats=2,
-            concurrency=1,
-        )  # fmt: skip
+            concurrency=3,
+        )  # fmt: skip  # a call per scenario at once: 12 calls one by one took 230 s
         report = await simulate(scenarios, load_bot(f"{BOTS}:{entry}"), config, ledger)
         assert all(e.error is None for e in report.episodes), [e.error for e in report.episodes]
     data = load_ledger_runs(ledger, "slow", "fast", source="gate")
@@ -294,6 +298,7 @@ def test_a_text_gate_says_it_has_no_voice_to_voice_evidence():
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 def test_cli_text_and_audio_report_the_channel_gap(tmp_path, no_keys):
     import json

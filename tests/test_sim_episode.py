@@ -127,6 +127,7 @@ async def test_two_episodes_of_one_scenario_start_identical(tmp_path, no_keys):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 async def test_whole_clinic_pool_with_the_expert(tmp_path, no_keys):
     report, ledger = await run([POOL, CLINIC / "handwritten" / "heldout"], EXPERT, tmp_path)
     assert report.harness_errors == 0

@@ -63,6 +63,7 @@ def test_a_bot_modules_own_webrtc_params_are_used():
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_webrtc_clinic_episode_exchanges_audio_both_ways_and_ends_cleanly(tmp_path):
     from loguru import logger
@@ -96,6 +97,7 @@ async def test_a_webrtc_clinic_episode_exchanges_audio_both_ways_and_ends_cleanl
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_over_webrtc_a_known_agent_delay_moves_the_heard_gap_by_that_much(tmp_path):
     scenario = _scenario(tmp_path)

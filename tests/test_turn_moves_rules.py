@@ -275,6 +275,7 @@ def test_text_mode_says_a_barge_in_rules_line_after_the_reply_and_measures_nothi
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_rule_barges_in_on_what_it_heard_and_an_interruptible_bot_yields(
     tmp_path, monkeypatch

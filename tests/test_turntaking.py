@@ -214,6 +214,7 @@ async def _audio(tmp_path, name: str, bot: str):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_barge_in_is_yielded_to_by_an_interruptible_bot_and_missed_by_a_stubborn_one(
     tmp_path, no_keys
@@ -234,6 +235,7 @@ async def test_a_barge_in_is_yielded_to_by_an_interruptible_bot_and_missed_by_a_
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_a_backchannel_stops_only_a_bot_that_takes_any_sound_for_a_turn(tmp_path, no_keys):
     _, patient, heard = await _audio(tmp_path, "backchannel", "run_bot_yielding")

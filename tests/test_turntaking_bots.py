@@ -79,6 +79,7 @@ async def _barge_in(tmp_path, variant: str):
 
 
 @pytest.mark.slow
+@pytest.mark.shares_machine
 @pytest.mark.integration
 async def test_pipecat_yields_to_a_barge_in_by_default_and_not_with_interruptions_off(
     tmp_path, monkeypatch

