@@ -409,6 +409,31 @@ async def test_a_failed_rescore_records_the_turn_as_text_only_and_says_so(tmp_pa
     assert len(failed) == 2 and "text only" in failed[0] and "NotFoundError" in failed[0]
 
 
+async def test_flush_waits_for_a_rescore_still_running_so_the_client_may_close_after_it(tmp_path):
+    """The simulator flushes a call's recorder, then closes the bot's LLM client. A bot that did
+    not stop within its grace (a busy server) is cancelled, and its recorder's own wait for the
+    re-scores with it: `flush()` is then what keeps the last turn's re-score from meeting a
+    closed client (seen on the slow tier beside the audio calls: a whole reply recorded as text
+    only, `docs/flaky.md`)."""
+    server = _Server()
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        async with serve_fake_openai([], vllm=True) as url:
+            sent: list[dict] = []
+            scripts = [_tool_call_events(), _text_events(["We open ", "at nine."])]
+            llm = _service(url, server, scripts, sent, 1.0)
+            rl, ends = RLRecorder(ledger, call_id="flushed"), _Ends()
+            async with Call([rl], llm=llm, after=[ends]) as call:
+                call.context.set_tools(TOOLS)
+                await call.ask("When are you open on Monday?")
+                await ends.reach(2)  # both replies done, their re-scores not yet sent
+                await rl.flush()
+                await compat.llm_client(llm).close()  # as the simulator does after its flush
+                written = ledger.turns("flushed")
+        turns = ledger.turns("flushed")
+    assert [t.index for t in written] == [0, 1]  # in the ledger when flush returned
+    assert all(t.token_exact and t.trainable for t in turns), [t.finish_reason for t in turns]
+
+
 @pytest.mark.parametrize("stop_after", [1, 2, 3])
 async def test_a_stream_left_after_its_final_event_is_whole_and_one_cut_before_it_is_not(
     stop_after

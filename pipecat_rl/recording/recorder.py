@@ -197,7 +197,15 @@ class RecorderObserver(BaseObserver):
         self._opened = True
 
     async def flush(self) -> None:
-        """Wait until everything this recorder has seen is in the ledger."""
+        """Wait until everything this recorder has seen is in the ledger.
+
+        A turn whose re-score still runs (a Responses call's logprobs, bounded by its own
+        timeout) is written once it settles, so it is awaited first: whoever flushes and then
+        closes the bot's LLM client (the simulator, after a call) must not cut it off.
+        """
+        pending = [task for task in self._settling.values() if not task.done()]
+        if pending:
+            await asyncio.wait(pending)
         await self._writer.flush()
 
     # -- frames ------------------------------------------------------------------------------
