@@ -13,11 +13,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider "$@")
 beside_log=$(mktemp -t slow-tier-beside.XXXXXX)
-trap 'kill "$beside" 2>/dev/null; rm -f "$beside_log"' EXIT
-"${pytest[@]}" -m "slow and shares_machine" > "$beside_log" 2>&1 &
+# On any way out, the other lane is stopped as Ctrl-C would stop it (its fixtures clean up).
+trap 'kill -INT "$beside" 2>/dev/null; wait "$beside" 2>/dev/null; rm -f "$beside_log"' EXIT
+# A job in the background ignores SIGINT unless told otherwise: a Ctrl-C stops both lanes.
+( trap - INT; exec "${pytest[@]}" -m "slow and shares_machine" > "$beside_log" 2>&1 ) &
 beside=$!
 "${pytest[@]}" -m "slow and not shares_machine"
 machine_rc=$?
+[ "$machine_rc" -eq 2 ] && exit 2  # pytest's "interrupted": the trap stops the other lane
 wait "$beside"
 beside_rc=$?
 echo "== the slow tests that share the machine (run beside the ones above)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The slow tier N times in a row (default 10), as `make test` runs it: each run's two summary lines
-# (one a lane) and its failures in one log; how a test that fails in CI and passes alone is caught
-# before it costs a landing.
+# (one a lane) and its failures in one log, a red run's whole output beside it; how a test that
+# fails in CI and passes alone is caught before it costs a landing.
 #
 #   scripts/slow_tier_repeat.sh [N] [LOG]        # e.g. scripts/slow_tier_repeat.sh 10 slow10.log
 set -uo pipefail
@@ -16,6 +16,10 @@ for i in $(seq 1 "$n"); do
   summary=$(printf '%s\n' "$out" | grep -E '(passed|failed|errors?|no tests ran).* in [0-9.]+s' | paste -sd ';')
   printf 'run %d/%d: exit %d in %d s: %s\n' "$i" "$n" "$rc" $(( $(date +%s) - start )) "$summary" >> "$log"
   printf '%s\n' "$out" | grep -E '^(FAILED|ERROR) ' >> "$log"
+  if [ "$rc" -ne 0 ]; then  # the whole output of a red run: its tracebacks and captured logs
+    printf '%s\n' "$out" > "${log%.log}.run$i.txt"
+    printf '  its whole output: %s\n' "${log%.log}.run$i.txt" >> "$log"
+  fi
   [ "$rc" -eq 0 ] && green=$((green + 1))
 done
 printf '%d/%d green\n' "$green" "$n" | tee -a "$log"
