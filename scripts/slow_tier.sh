@@ -15,10 +15,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider "$@")
 parallel=$([ "${SLOW_TIER_LANES:-serial}" = parallel ] && echo 1 || echo 0)
-beside="" beside_log=$(mktemp -t slow-tier-beside.XXXXXX)
+beside="" beside_log=""
 # On any way out, a lane still running is stopped as Ctrl-C would stop it (fixtures clean up).
 trap '[ -n "$beside" ] && kill -INT "$beside" 2>/dev/null; wait 2>/dev/null; rm -f "$beside_log"' EXIT
 if [ "$parallel" = 1 ]; then
+  beside_log=$(mktemp -t slow-tier-beside.XXXXXX)
   # A job in the background ignores SIGINT unless told otherwise: a Ctrl-C stops both lanes.
   ( trap - INT; exec "${pytest[@]}" -m "slow and shares_machine" > "$beside_log" 2>&1 ) &
   beside=$!

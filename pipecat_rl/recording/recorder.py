@@ -203,10 +203,13 @@ class RecorderObserver(BaseObserver):
         timeout) is written once it settles, so it is awaited first: whoever flushes and then
         closes the bot's LLM client (the simulator, after a call) must not cut it off.
         """
-        pending = [task for task in self._settling.values() if not task.done()]
-        if pending:
-            await asyncio.wait(pending)
+        await self._rescored()
         await self._writer.flush()
+
+    async def _rescored(self) -> None:
+        """Until every turn that waited on its re-score is written (each re-score is bounded)."""
+        if self._settling:
+            await asyncio.wait(self._settling.values())
 
     # -- frames ------------------------------------------------------------------------------
 
@@ -457,8 +460,7 @@ class RecorderObserver(BaseObserver):
                 self._writer.submit(lambda ledger, t=demo: ledger.add_turn(t), "demonstration")
             for index in range(len(self._turns)):
                 self._close_turn(index)  # a stream still open is written when it closes
-            if self._settling:  # every turn is in the ledger before the session's end row
-                await asyncio.wait(self._settling.values())
+            await self._rescored()  # every turn is in the ledger before the session's end row
             self._end(cancelled=isinstance(frame, CancelFrame))
         except Exception as e:
             self.errors += 1
