@@ -121,3 +121,27 @@ def test_one_ctrl_c_stops_a_simulation_at_once_and_leaves_no_call_open(tmp_path)
     assert interrupted, "the calls in flight were not ended as interrupted"
     assert all("stopped before this call ended" in s.metadata["error"] for s in interrupted)
     assert {s.outcome for s in sessions} <= {"pass", "fail", "interrupted"}
+
+
+async def test_a_bot_that_never_stops_is_cancelled_after_its_grace_and_said_so(monkeypatch):
+    """The WebRTC episode test reads this message to tell a bot that ended on its own."""
+    import asyncio
+
+    from loguru import logger
+
+    from pipecat_rl.simulator import runner
+
+    monkeypatch.setattr(runner, "SHUTDOWN_GRACE_S", 0.01)
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(m.record["message"]), level="DEBUG")
+    try:
+        stuck = asyncio.create_task(asyncio.Event().wait(), name="the bot")
+        await runner._stop(stuck, [])
+        assert stuck.cancelled()
+        assert said == ["the bot did not stop within 0.01 s: cancelling it"], said
+        said.clear()
+        ended = asyncio.create_task(asyncio.sleep(0), name="the bot")
+        await runner._stop(ended, [])
+        assert ended.done() and not ended.cancelled() and said == []
+    finally:
+        logger.remove(sink)

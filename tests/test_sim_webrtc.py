@@ -12,7 +12,6 @@ import pytest
 
 from pipecat_rl.ledger import Ledger
 from pipecat_rl.simulator import SimulationConfig, load_bot, load_scenarios, simulate
-from pipecat_rl.simulator.runner import SHUTDOWN_GRACE_S
 from tests import audio_bots
 from tests.test_sim_audio import BOTS, EXPERT, POOL, _scenario
 
@@ -69,7 +68,7 @@ async def test_a_webrtc_clinic_episode_exchanges_audio_both_ways_and_ends_cleanl
     from loguru import logger
 
     said: list[str] = []
-    sink = logger.add(lambda m: said.append(m.record["message"]), level="INFO")
+    sink = logger.add(lambda m: said.append(m.record["message"]), level="DEBUG")
     ledger = Ledger(tmp_path / "l.db")
     scenarios = load_scenarios([POOL / "handoff_request.yaml"])
     try:
@@ -78,9 +77,9 @@ async def test_a_webrtc_clinic_episode_exchanges_audio_both_ways_and_ends_cleanl
         logger.remove(sink)
     (episode,) = report.episodes
     # The bot's own handlers saw the caller arrive and leave over SmallWebRTC, and it stopped on
-    # its own (no shutdown grace spent cancelling it).
+    # its own: the simulator never had to cancel it (its time is load's, not a bound on it).
     assert "Client connected" in said and "Client disconnected" in said
-    assert episode.duration_s < episode.call_s + SHUTDOWN_GRACE_S
+    assert not [m for m in said if m.startswith("the bot did not stop")], said
     assert episode.error is None and episode.end_reason == "caller_hung_up"
     assert episode.outcome == "pass"
     session = ledger.session(episode.session_id)

@@ -379,7 +379,7 @@ async def run_remote_episode(
         caller_llm = persona_llm(scenario, config.persona, endpoint=endpoint, pair=pair)
         persona = build_persona_worker(scenario, pair, caller_llm, audio.persona_stages())
         persona.add_event_handler("on_pipeline_error", error_recorder(errors, fatal_only=True))
-        persona_task = asyncio.create_task(_run_worker(persona))
+        persona_task = asyncio.create_task(_run_worker(persona), name="the caller")
         await _watch(pair, line, scenario, [errors])
     except asyncio.CancelledError:  # Ctrl-C, a cancelled job: hang up, record it, stop
         result.outcome = Outcome.INTERRUPTED

@@ -221,6 +221,9 @@ async def _stop(task: asyncio.Task, workers: list[PipelineWorker]) -> None:
     done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
     if done:
         return
+    # Said because a bot that never stops on its own (a missed disconnect handler) costs every
+    # episode this grace; tests read it to tell a clean end from a cancelled one.
+    logger.debug(f"{task.get_name()} did not stop within {SHUTDOWN_GRACE_S:g} s: cancelling it")
     for worker in workers:
         await worker.cancel()
     done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S)
@@ -393,7 +396,7 @@ async def preflight(bot: BotEntry, scenario: Scenario, config: SimulationConfig)
                     world=world, llm_url=config.llm_url, model=episode.model,
                     session_id=handle.session_id, body={"scenario": scenario.id, "preflight": True},
                 )  # fmt: skip
-                bot_task = asyncio.create_task(bot.run(pair.agent, runner_args))
+                bot_task = asyncio.create_task(bot.run(pair.agent, runner_args), name="the bot")
             prepared = asyncio.create_task(episode.prepared.wait())
             await asyncio.wait({bot_task, prepared}, timeout=PREFLIGHT_TIMEOUT_S,
                                return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
@@ -505,7 +508,7 @@ async def run_episode(
         persona.add_event_handler(
             "on_pipeline_error", error_recorder(persona_errors, fatal_only=True)
         )
-        persona_task = asyncio.create_task(_run_worker(persona))
+        persona_task = asyncio.create_task(_run_worker(persona), name="the caller")
         with record_session(ledger, info) as handle, episode_context(episode):
             runner_args = SimulationRunnerArguments(
                 world=world,
@@ -514,7 +517,7 @@ async def run_episode(
                 session_id=handle.session_id,
                 body={"scenario": scenario.id, "repeat": repeat, "seed": seed},
             )
-            bot_task = asyncio.create_task(bot.run(pair.agent, runner_args))
+            bot_task = asyncio.create_task(bot.run(pair.agent, runner_args), name="the bot")
         await _watch(pair, bot_task, scenario, [episode.errors, persona_errors])
         await _stop(bot_task, episode.workers)
         await persona.cancel()
