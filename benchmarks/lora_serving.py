@@ -65,9 +65,8 @@ GROUPED_OPS = {"PIPECAT_RL_CPU_LORA": "1"}
 PHASE_ENV = {"lora-vllm-ops": {"PIPECAT_RL_CPU_LORA": "0"}}
 """The server's environment per phase name, beside its settings (else `GROUPED_OPS`)."""
 HIDDEN, LAYERS, RANK = 576, 30, 16
-PROJECTIONS = [  # SmolLM2-135M's (in, out) per LoRA slice in one block: q k v, o, gate up, down
-    (HIDDEN, 576), (HIDDEN, 192), (HIDDEN, 192), (576, HIDDEN),
-    (HIDDEN, 1536), (HIDDEN, 1536), (1536, HIDDEN),
+LORA_LAYERS = [  # SmolLM2-135M's LoRA layers in one block as vLLM stacks them: (in, out slices)
+    (HIDDEN, (576, 192, 192)), (576, (HIDDEN,)), (HIDDEN, (1536, 1536)), (1536, (HIDDEN,)),
 ]  # fmt: skip
 OP_CASES = {
     "prefill 600 tokens, one adapter": [0] * 600,
@@ -133,50 +132,74 @@ async def stream_one(client: httpx.AsyncClient, url: str, model: str, messages: 
 
 
 def op_benchmark(rounds: int = 5) -> dict:
-    """vLLM's bgmv ops vs the grouped ones for one forward's LoRA work (all 30 blocks), per case:
-    shrink into a float32 buffer and expand into the output, slice by slice, as vLLM's CPU punica
-    wrapper does (its prefill ops call these once per token-index vector). Median of `rounds`,
-    on one torch thread, timed in that thread's CPU seconds (comparable on a shared machine)
-    and in wall seconds."""
+    """One forward's LoRA work (all 30 blocks) per case, three ways: vLLM's bgmv ops and the
+    grouped ones, each called slice by slice (shrink into a float32 buffer, expand into the
+    output) as vLLM's CPU punica wrapper calls them, and the plugin's per-layer
+    `add_lora_linear` (one call a layer). Median of `rounds`, on one torch thread, timed in that
+    thread's CPU seconds (comparable on a shared machine) and in wall seconds."""
     import torch
+    from vllm.lora.layers.utils import LoRAMapping
     from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-    from pipecat_rl import vllm_cpu_lora
+    from pipecat_rl.serving import vllm_cpu_lora
+
+    def per_slice(shrink, expand_slice):
+        def layer(punica, y, x, a_stacks, b_stacks, slices, idx, buffer):
+            offset = 0
+            for a, b, size in zip(a_stacks, b_stacks, slices, strict=True):
+                shrink(x, a, buffer, idx, 2.0)
+                expand_slice(buffer, b, y, idx, offset, size, True)
+                offset += size
+
+        return layer
+
+    def per_layer(punica, y, x, a_stacks, b_stacks, slices, idx, buffer):
+        vllm_cpu_lora.add_lora_linear(punica, y, x, a_stacks, b_stacks, 2.0, slices)
 
     impls = {
-        "vllm": (lora_ops.bgmv_shrink, lora_ops.bgmv_expand_slice),
-        "grouped": (vllm_cpu_lora.bgmv_shrink, vllm_cpu_lora.bgmv_expand_slice),
+        "vllm": per_slice(lora_ops.bgmv_shrink, lora_ops.bgmv_expand_slice),
+        "grouped": per_slice(vllm_cpu_lora.bgmv_shrink, vllm_cpu_lora.bgmv_expand_slice),
+        "per_layer": per_layer,
     }
     torch.manual_seed(0)
     stacks = [  # 2 slots, as `--max-loras 2` allocates
-        (torch.randn(2, 1, RANK, i) / i**0.5, torch.randn(2, 1, o, RANK) / RANK**0.5)
-        for i, o in PROJECTIONS
+        (
+            tuple(torch.randn(2, 1, RANK, i) / i**0.5 for _ in slices),
+            tuple(torch.randn(2, 1, o, RANK) / RANK**0.5 for o in slices),
+        )
+        for i, slices in LORA_LAYERS
     ]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     out: dict = {"torch_threads": 1, "layers": LAYERS, "rank": RANK, "rounds": rounds}
     try:
         for case, indices in OP_CASES.items():
-            idx = torch.tensor(indices)
-            x = {i: torch.randn(len(indices), i) for i in {i for i, _ in PROJECTIONS}}
-            y = {o: torch.zeros(len(indices), o) for o in {o for _, o in PROJECTIONS}}
+            ids = tuple(u + 1 for u in indices)  # adapter ids 1 and 2 in slots 0 and 1; 0: base
+            punica = PunicaWrapperCPU(len(ids), 8, "cpu")
+            vllm_cpu_lora.update_metadata(
+                punica, LoRAMapping(ids, ids, is_prefill=len(ids) > 8), [1, 2], 2, 64
+            )
+            idx = punica.token_lora_indices  # the step's, as every op of the step gets it
+            x = {i: torch.randn(len(indices), i) for i, _ in LORA_LAYERS}
+            y = [torch.zeros(len(indices), sum(slices)) for _, slices in LORA_LAYERS]
             buffer = torch.zeros(len(indices), RANK)
             out[case] = {}
-            for name, (shrink, expand_slice) in impls.items():
+            for name, layer in impls.items():
                 cpu, wall = [], []
                 for _ in range(rounds):
                     started, started_cpu = time.perf_counter(), time.thread_time()
                     for _ in range(LAYERS):
-                        for (i, o), (a, b) in zip(PROJECTIONS, stacks, strict=True):
-                            shrink(x[i], a, buffer, idx, 2.0)
-                            expand_slice(buffer, b, y[o], idx, 0, o, True)
+                        for (i, slices), (a, b), y_l in zip(LORA_LAYERS, stacks, y, strict=True):
+                            layer(punica, y_l, x[i], a, b, slices, idx, buffer)
                     cpu.append(time.thread_time() - started_cpu)
                     wall.append(time.perf_counter() - started)
                 out[case][f"{name}_cpu_ms"] = round(1000 * statistics.median(cpu), 2)
                 out[case][f"{name}_wall_ms"] = round(1000 * statistics.median(wall), 2)
-            out[case]["speedup_cpu"] = round(
-                out[case]["vllm_cpu_ms"] / out[case]["grouped_cpu_ms"], 1
-            )
+            for name in ("grouped", "per_layer"):
+                out[case][f"{name}_speedup_cpu"] = round(
+                    out[case]["vllm_cpu_ms"] / out[case][f"{name}_cpu_ms"], 1
+                )
             print(json.dumps({case: out[case]}), file=sys.stderr)
     finally:
         torch.set_num_threads(threads)

@@ -529,3 +529,124 @@ def test_a_decode_step_counts_its_adapters_once_and_never_reuses_a_stale_count(m
         assert counted == [], step  # no op counted the step's adapters again
         vllm_cpu_lora.bgmv_shrink(x, a, mid, punica.token_lora_indices.clone(), 0.5)
         assert len(counted) == 1  # any other tensor of indices is counted
+
+
+LAYERS = {  # SmolLM2's LoRA layers as vLLM stacks them: (in features, output slices)
+    "qkv": (HIDDEN, (OUT_SIZES["q"], OUT_SIZES["k"], OUT_SIZES["v"])),
+    "o": (IN_SIZES["o"], (OUT_SIZES["o"],)),
+    "gate_up": (HIDDEN, (OUT_SIZES["gate"], OUT_SIZES["up"])),
+    "down": (IN_SIZES["down"], (OUT_SIZES["down"],)),
+}
+TOKEN_IDS = {  # adapter ids per token (0: the base model); ids 1 and 2 sit in slots 0 and 1
+    "one adapter": (2,) * 9,
+    "mixed": (1, 0, 2, 2, 0, 1, 1, 0, 2),
+    "no adapter": (0,) * 9,
+}
+
+
+def layer_step(layer: str, ids: tuple[int, ...], is_prefill: bool, seed: int = 0):
+    """A wrapper holding the step's metadata, a layer's stacks (random in all 3 slots), x, y."""
+    from vllm.lora.layers.utils import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    in_features, slices = LAYERS[layer]
+    punica = PunicaWrapperCPU(256, 8, "cpu")
+    vllm_cpu_lora.update_metadata(
+        punica, LoRAMapping(ids, ids, is_prefill=is_prefill), [1, 2, None], 3, 64
+    )
+    a = tuple(weights(RANK, in_features, seed + i) for i in range(len(slices)))
+    b = tuple(weights(size, RANK, seed + 10 + i) for i, size in enumerate(slices))
+    g = torch.Generator().manual_seed(seed + 20)
+    x = torch.randn(len(ids), in_features, generator=g)
+    return punica, a, b, x, torch.randn(len(ids), sum(slices), generator=g)
+
+
+def by_hand(y0, x, a, b, slots: list[int], scale: float) -> torch.Tensor:
+    """`y0`, plus `scale * x @ A.T @ B.T` of each row's slot on its slices' columns."""
+    want, columns = y0.clone(), torch.cumsum(torch.tensor([0, *[s.shape[2] for s in b]]), 0)
+    for row, slot in enumerate(slots):
+        for i, (a_i, b_i) in enumerate(zip(a, b, strict=True)):
+            if slot >= 0:
+                want[row, columns[i] : columns[i + 1]] += scale * x[row] @ a_i[slot, 0].T @ b_i[
+                    slot, 0
+                ].T
+    return want
+
+
+@pytest.mark.parametrize("is_prefill", [False, True], ids=["decode", "prefill"])
+@pytest.mark.parametrize("ids", TOKEN_IDS.values(), ids=TOKEN_IDS.keys())
+@pytest.mark.parametrize("layer", LAYERS)
+def test_a_layers_lora_in_one_call_equals_vllms_per_slice_ops(layer, ids, is_prefill, restore_ops):
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    punica, a, b, x, y0 = layer_step(layer, ids, is_prefill)
+    slots = punica.token_lora_indices.tolist()
+    y = y0.clone()
+    vllm_cpu_lora.add_lora_linear(punica, y, x, a, b, 0.5, LAYERS[layer][1])
+    torch.testing.assert_close(y, by_hand(y0, x, a, b, slots, 0.5), atol=1e-5, rtol=1e-5)
+    # vLLM's own method and ops agree on every row with an adapter (they add the last slot's
+    # adapter to the others: `test_vllm_adds_the_last_slot_where_the_index_is_minus_one`)
+    ref = y0.clone()
+    PunicaWrapperCPU.add_lora_linear(punica, ref, x, a, b, 0.5, LAYERS[layer][1])
+    expect_rows(y, ref, y0, slots)
+
+
+def test_rows_that_are_not_the_steps_tokens_and_bfloat16_take_vllms_way(monkeypatch):
+    """Not the step's rows (a caller's own x) or not float32: the per-slice ops, as vLLM's."""
+    punica, a, b, x, y0 = layer_step("qkv", TOKEN_IDS["one adapter"], False)
+    slices = LAYERS["qkv"][1]
+    calls = []
+    monkeypatch.setattr(type(punica), "add_shrink", lambda self, *a, **k: calls.append("shrink"))
+    monkeypatch.setattr(type(punica), "add_expand", lambda self, *a, **k: calls.append("expand"))
+    vllm_cpu_lora.add_lora_linear(punica, y0[:4].clone(), x[:4], a, b, 1.0, slices)
+    vllm_cpu_lora.add_lora_linear(punica, y0.bfloat16(), x.bfloat16(), a, b, 1.0, slices)
+    assert calls == ["shrink", "expand"] * 2
+    vllm_cpu_lora.add_lora_linear(punica, y0.clone(), x, a, b, 1.0, slices)
+    assert calls == ["shrink", "expand"] * 2  # the step's float32 rows: one call, no ops
+
+
+def test_an_adapter_activated_into_its_slot_is_what_the_next_step_computes(monkeypatch):
+    """vLLM writes an adapter into a slot in `activate_adapter`; the layers' fused copies of the
+    slot's weights are rebuilt after it, never served stale."""
+    punica, a, b, x, y0 = layer_step("gate_up", TOKEN_IDS["one adapter"], False)
+    slots, slices = punica.token_lora_indices.tolist(), LAYERS["gate_up"][1]
+    y = y0.clone()
+    vllm_cpu_lora.add_lora_linear(punica, y, x, a, b, 1.0, slices)  # copies of slot 1 made
+
+    def write(manager, lora_id):  # what vLLM's does to each layer: `set_lora` copies in place
+        for i, stack in enumerate(b):
+            g = torch.Generator().manual_seed(i)
+            stack[1, 0].copy_(torch.randn(stack.shape[2:], generator=g))
+        return True
+
+    monkeypatch.setitem(vllm_cpu_lora._VLLM, "activate_adapter", write)
+    assert vllm_cpu_lora.activate_adapter(object(), 2) is True
+    y = y0.clone()
+    vllm_cpu_lora.add_lora_linear(punica, y, x, a, b, 1.0, slices)
+    torch.testing.assert_close(y, by_hand(y0, x, a, b, slots, 1.0), atol=1e-5, rtol=1e-5)
+
+
+def test_vllm_writes_adapters_into_slots_only_when_it_activates_one():
+    """The reliance the fused copies make: in vLLM's LoRA code outside the layers themselves,
+    every `set_lora` / `reset_lora` call is in `LoRAModelManager.activate_adapter`, which its LRU
+    manager reaches through `super()`; and the wrapper's method has the signature ours keeps."""
+    import ast
+    import inspect
+
+    import vllm.lora.model_manager as manager_module
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    tree = ast.parse(inspect.getsource(manager_module))
+    writers = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for call in ast.walk(node):
+                if isinstance(call, ast.Attribute) and call.attr in ("set_lora", "reset_lora"):
+                    writers.add(node.name)
+    assert writers == {"activate_adapter"}
+    lru = inspect.getsource(manager_module.LRUCacheLoRAModelManager.activate_adapter)
+    assert "super().activate_adapter(" in lru
+    ours = inspect.signature(vllm_cpu_lora.add_lora_linear)
+    assert list(inspect.signature(PunicaWrapperCPU.add_lora_linear).parameters) == list(
+        ours.parameters
+    )

@@ -11,7 +11,10 @@ The replacements keep each op's signature and output semantics (dtype casts, the
 `add_inputs`, `bgmv_expand`'s row limit and common length, slice offsets) and compute
 `x[rows] @ W[u].T` once per distinct index `u >= 0`, zero where the index is -1. The distinct
 indices of a decode step are counted once, when vLLM sets the step's metadata
-(`update_metadata`), not in each of its ops.
+(`update_metadata`), not in each of its ops. A linear layer's LoRA (`add_lora_linear`) does not
+call them at all: one call a layer adds each slot's two matmuls per slice straight into the
+output (vLLM's makes two op calls per slice, ~420 a decode step of SmolLM2, which cost the
+adapter a third of the base model's decode rate).
 
 Prompt logprobs are the one batch where the logits' rows are not the sampler's: vLLM computes
 them per request, from that request's rows of the step's hidden states, while the punica
@@ -52,6 +55,8 @@ re-exports them, and the CPU punica wrapper that imports them into its own names
 
 METHODS = (
     ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "update_metadata"),
+    ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "add_lora_linear"),
+    ("vllm.lora.model_manager", "LoRAModelManager", "activate_adapter"),
     ("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU", "add_lora_logits"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner", "_get_prompt_logprobs_dict"),
 )
@@ -168,6 +173,115 @@ def bgmv_expand_slice(
         output_tensor[:, slice_offset : slice_offset + slice_size] += outputs[:]
     else:
         output_tensor[:, slice_offset : slice_offset + slice_size] = outputs[:]
+
+
+FUSE_ROWS = 64
+"""Up to this many rows (decode steps), a layer's slices expand in one matmul against their B's
+laid block-diagonally; more rows (prefill) expand slice by slice, where the block-diagonal's
+zeros would cost more arithmetic than the calls they save."""
+
+_FUSED: dict[tuple[int, int], tuple] = {}
+"""(id of a layer's A stacks, slot) -> (the A stacks, the B stacks, the slot's A's of every slice
+stacked (slices * rank, in), its B's block-diagonal (slices * rank, out columns)). Copies, so
+`activate_adapter` (where vLLM writes adapters into slots) empties it; holding the stacks keeps
+their ids from being reused."""
+
+_VLLM: dict[str, Any] = {}
+"""vLLM's own methods that ours call after replacing them, kept by `register()`."""
+
+
+def _fused(
+    a_stacks: tuple[torch.Tensor, ...],
+    b_stacks: tuple[torch.Tensor, ...],
+    slot: int,
+    sizes: tuple[int, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One slot's (stacked A, block-diagonal B) for one layer, built on first use."""
+    key = (id(a_stacks), slot)
+    entry = _FUSED.get(key)
+    if entry is None or entry[0] is not a_stacks or entry[1] is not b_stacks:
+        rank = a_stacks[0].shape[2]
+        a = torch.cat([stack[slot, 0] for stack in a_stacks])
+        b = a.new_zeros((rank * len(sizes), sum(sizes)))
+        offset = 0
+        for i, (stack, size) in enumerate(zip(b_stacks, sizes, strict=True)):
+            b[i * rank : (i + 1) * rank, offset : offset + size] = stack[slot, 0, :size].T
+            offset += size
+        entry = _FUSED[key] = (a_stacks, b_stacks, a, b)
+    return entry[2], entry[3]
+
+
+def add_lora_linear(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    scale: float,
+    output_slices: tuple[int, ...],
+    *,
+    buffer: tuple[torch.Tensor, ...] | None = None,
+    **kwargs: Any,
+) -> None:
+    """`PunicaWrapperCPU.add_lora_linear`: `y[:, slice] += scale * x @ A.T @ B.T`, per row's slot.
+
+    vLLM's shrinks each slice into a buffer and expands it back, one op call per slice, each
+    finding its rows again: ~420 calls a decode step of SmolLM2. Here a layer is one call: per
+    adapter slot in the step (counted once, `present_slots`), one matmul shrinks its rows for
+    every slice at once and one (decode) or one per slice (prefill) adds them into the output;
+    nothing for base rows. Where the rows are not the step's tokens or the tensors are not
+    float32 (what the server serves), vLLM's own way, with the grouped ops.
+    """
+    rows = x if x.dim() == 2 else x.view(-1, x.shape[-1])
+    indices = self.token_lora_indices
+    f32 = torch.float32
+    if (
+        y.dim() != 2
+        or rows.shape[0] != indices.shape[0]
+        or not y.dtype == rows.dtype == lora_a_stacked[0].dtype == lora_b_stacked[0].dtype == f32
+    ):
+        if buffer is None:  # float32, as vLLM's (consistent with its triton op)
+            buffer = tuple(
+                torch.zeros((rows.size(0), lora_b_stacked[0].size(-1)), dtype=torch.float32)
+                for _ in output_slices
+            )
+        self.add_shrink(buffer, x, lora_a_stacked, scale, **kwargs)
+        self.add_expand(y, buffer, lora_b_stacked, output_slices, add_inputs=True, **kwargs)
+        return
+    present = present_slots(indices)
+    width = sum(output_slices)
+    out = y if width == y.shape[1] else y[:, :width]
+    for slot in present:
+        if slot < 0:
+            continue
+        a, b = _fused(lora_a_stacked, lora_b_stacked, slot, output_slices)
+        picked = None if len(present) == 1 else (indices == slot).nonzero().squeeze(1)
+        mine = rows if picked is None else rows.index_select(0, picked)
+        shrunk = mine @ a.T
+        if picked is not None:
+            out.index_add_(0, picked, shrunk @ b, alpha=scale)
+        elif mine.shape[0] <= FUSE_ROWS or len(output_slices) == 1:
+            out.addmm_(shrunk, b, alpha=scale)
+        else:
+            rank, offset = a.shape[0] // len(output_slices), 0
+            for i, size in enumerate(output_slices):
+                block = slice(i * rank, (i + 1) * rank)
+                out[:, offset : offset + size].addmm_(
+                    shrunk[:, block], b[block, offset : offset + size], alpha=scale
+                )
+                offset += size
+
+
+def activate_adapter(self: Any, lora_id: int) -> bool:
+    """`LoRAModelManager.activate_adapter`: vLLM's own, then the fused copies are dropped.
+
+    vLLM's writes the adapter's weights into a slot of every layer (its only writer of them), so
+    each layer's copies are rebuilt from the slots on their next use.
+    """
+    try:
+        return _VLLM["activate_adapter"](self, lora_id)
+    finally:
+        _FUSED.clear()
 
 
 def _row_offset(rows: torch.Tensor, hidden: torch.Tensor) -> int | None:
@@ -296,5 +410,7 @@ def register() -> None:
     if all(getattr(owner, name) is fn for owner, name, fn in bindings):
         return
     for owner, name, fn in bindings:
+        if name == "activate_adapter" and getattr(owner, name) is not fn:
+            _VLLM[name] = getattr(owner, name)  # ours calls it
         setattr(owner, name, fn)
     logger.info(f"pipecat-rl: vLLM-cpu LoRA ops grouped per adapter ({ENV}=1, pid {os.getpid()})")
