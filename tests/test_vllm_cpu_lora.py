@@ -619,6 +619,10 @@ def test_an_adapter_activated_into_its_slot_is_what_the_next_step_computes(monke
             stack[1, 0].copy_(torch.randn(stack.shape[2:], generator=g))
         return True
 
+    monkeypatch.setitem(vllm_cpu_lora._VLLM, "activate_adapter", lambda manager, lora_id: False)
+    kept = dict(vllm_cpu_lora._FUSED)
+    assert kept and vllm_cpu_lora.activate_adapter(object(), 2) is False  # already in its slot:
+    assert vllm_cpu_lora._FUSED == kept  # what vLLM does for every adapter of every step
     monkeypatch.setitem(vllm_cpu_lora._VLLM, "activate_adapter", write)
     assert vllm_cpu_lora.activate_adapter(object(), 2) is True
     y = y0.clone()
@@ -646,6 +650,13 @@ def test_vllm_writes_adapters_into_slots_only_when_it_activates_one():
     assert writers == {"activate_adapter"}
     lru = inspect.getsource(manager_module.LRUCacheLoRAModelManager.activate_adapter)
     assert "super().activate_adapter(" in lru
+    # an adapter already in a slot: False before anything is written
+    first = ast.parse(
+        inspect.cleandoc(inspect.getsource(manager_module.LoRAModelManager.activate_adapter))
+    ).body[0].body  # fmt: skip
+    check = next(node for node in first if isinstance(node, ast.If))
+    assert ast.unparse(check.test) == "lora_id in self._active_adapters"
+    assert ast.unparse(check.body[0]) == "return False"
     ours = inspect.signature(vllm_cpu_lora.add_lora_linear)
     assert list(inspect.signature(PunicaWrapperCPU.add_lora_linear).parameters) == list(
         ours.parameters

@@ -273,15 +273,21 @@ def add_lora_linear(
 
 
 def activate_adapter(self: Any, lora_id: int) -> bool:
-    """`LoRAModelManager.activate_adapter`: vLLM's own, then the fused copies are dropped.
+    """`LoRAModelManager.activate_adapter`: vLLM's own, then the fused copies dropped if it wrote.
 
-    vLLM's writes the adapter's weights into a slot of every layer (its only writer of them), so
-    each layer's copies are rebuilt from the slots on their next use.
+    vLLM's writes the adapter's weights into a slot of every layer (its only writer of them) and
+    returns True, so each layer's copies are rebuilt from the slots on their next use. It is
+    called for every adapter of every step, and returns False at once for one already in a slot:
+    the copies stay.
     """
     try:
-        return _VLLM["activate_adapter"](self, lora_id)
-    finally:
+        written = _VLLM["activate_adapter"](self, lora_id)
+    except BaseException:
+        _FUSED.clear()  # some slots may hold part of it
+        raise
+    if written:
         _FUSED.clear()
+    return written
 
 
 def _row_offset(rows: torch.Tensor, hidden: torch.Tensor) -> int | None:
