@@ -661,3 +661,15 @@ def test_vllm_writes_adapters_into_slots_only_when_it_activates_one():
     assert list(inspect.signature(PunicaWrapperCPU.add_lora_linear).parameters) == list(
         ours.parameters
     )
+
+
+def test_the_cpu_server_gives_the_model_every_core_unless_told_not_to(monkeypatch, tmp_path):
+    reserved = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+    monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: True)
+    monkeypatch.delenv(reserved, raising=False)
+    assert VLLMServer(tmp_path).environment()[reserved] == "0"
+    monkeypatch.setenv(reserved, "1")  # vLLM's own way, asked for
+    assert VLLMServer(tmp_path).environment()[reserved] == "1"
+    monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: False)
+    monkeypatch.delenv(reserved)
+    assert reserved not in VLLMServer(tmp_path).environment()
