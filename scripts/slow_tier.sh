@@ -19,6 +19,10 @@ beside="" beside_log=""
 # On any way out, a lane still running is stopped as Ctrl-C would stop it (fixtures clean up).
 trap '[ -n "$beside" ] && kill -INT "$beside" 2>/dev/null; wait 2>/dev/null; rm -f "$beside_log"' EXIT
 if [ "$parallel" = 1 ]; then
+  # Beside the second lane, vLLM keeps its scheduler core off the model's threads (its default,
+  # not ours: serving.server): on every core its threads stalled behind the audio calls at their
+  # barriers (a first token after 23 s, a Flows call left with half its turns).
+  export VLLM_CPU_NUM_OF_RESERVED_CPU=${VLLM_CPU_NUM_OF_RESERVED_CPU:-1}
   beside_log=$(mktemp -t slow-tier-beside.XXXXXX)
   # A job in the background ignores SIGINT unless told otherwise: a Ctrl-C stops both lanes.
   ( trap - INT; exec "${pytest[@]}" -m "slow and shares_machine" > "$beside_log" 2>&1 ) &

@@ -668,8 +668,32 @@ def test_the_cpu_server_gives_the_model_every_core_unless_told_not_to(monkeypatc
     monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: True)
     monkeypatch.delenv(reserved, raising=False)
     assert VLLMServer(tmp_path).environment()[reserved] == "0"
+    assert VLLMServer(tmp_path, reserve_core=True).environment()[reserved] == "1"
     monkeypatch.setenv(reserved, "1")  # vLLM's own way, asked for
     assert VLLMServer(tmp_path).environment()[reserved] == "1"
     monkeypatch.setattr("pipecat_rl.serving.server.running_on_cpu", lambda: False)
     monkeypatch.delenv(reserved)
     assert reserved not in VLLMServer(tmp_path).environment()
+
+
+@pytest.mark.parametrize("mode", ["text", "audio"])
+async def test_an_audio_simulation_keeps_vllms_scheduler_core(monkeypatch, tmp_path, mode):
+    """Audio calls run Whisper and Piper beside the model, whose threads would stall behind
+    them on every core: their embedded server keeps vLLM's reserved core; text takes them all."""
+    from pipecat_rl.ledger import Ledger
+    from pipecat_rl.simulator import endpoint, simulation
+    from pipecat_rl.simulator.options import Server, SimulationOptions
+
+    asked = {}
+
+    @contextlib.asynccontextmanager
+    async def fake(url, **kwargs):
+        asked.update(kwargs)
+        yield "http://127.0.0.1:1/v1"
+
+    monkeypatch.setattr(endpoint, "llm_endpoint", fake)
+    with Ledger(tmp_path / "l.db") as ledger:
+        options = SimulationOptions(mode=mode, concurrency=3)
+        async with simulation._endpoint(Server(), ledger, ["base"], options) as url:
+            assert url == "http://127.0.0.1:1/v1"
+    assert asked["reserve_core"] is (mode == "audio") and asked["concurrency"] == 3

@@ -419,10 +419,15 @@ class VLLMServer:
         log_path: Path | None = None,
         api_key: str | None = None,
         serves_base: bool = True,
+        reserve_core: bool = False,
     ):
         self.model = Path(model).expanduser().resolve()
         self.served_name = served_name or self.model.name
         self.serves_base = serves_base
+        self.reserve_core = reserve_core
+        """On CPU, keep vLLM's core for its scheduler off the model's threads (vLLM's default):
+        for a machine whose other work is heavy (audio calls' Whisper and Piper), where the
+        model's threads would stall at their barriers behind it."""
         """Whether `model` is the base model, so `base` names it too; False for merged weights
         (`serving.merged`), which are another policy and must never answer as the base."""
         self.host = host
@@ -501,7 +506,7 @@ class VLLMServer:
             # process (5-20% of a core here): on 2 cores, half the model's arithmetic.
             # Every core: first token 2.1x sooner, decode 1.15-1.3x, a simulation of the
             # clinic's pool 1.4x (docs/results/lora-serving/). Set it to 1 to keep vLLM's way.
-            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1" if self.reserve_core else "0")
         env.pop("VLLM_API_KEY", None)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # in the environment, not on a `ps`-visible argv

@@ -26,8 +26,13 @@ async def llm_endpoint(
     adapters: Iterable[str] = (),
     model: str = defaults.MODEL,
     concurrency: int = defaults.CONCURRENCY,
+    reserve_core: bool = False,
 ) -> AsyncIterator[str]:
-    """Yield the `/v1` URL to use, with every name in `adapters` served there."""
+    """Yield the `/v1` URL to use, with every name in `adapters` served there.
+
+    `reserve_core`: the embedded server keeps vLLM's scheduler core off the model's threads
+    (`VLLMServer`), as audio calls want: their speech models run beside it.
+    """
     wanted = sorted({a for a in adapters if a and a != BASE_ADAPTER})
     paths = {}
     for name in wanted:
@@ -42,8 +47,9 @@ async def llm_endpoint(
     from pipecat_rl.serving.weights import prepare_model
 
     server = VLLMServer(
-        prepare_model(model), max_num_seqs=max(4, concurrency), max_loras=max(2, len(wanted))
-    )
+        prepare_model(model), max_num_seqs=max(4, concurrency), max_loras=max(2, len(wanted)),
+        reserve_core=reserve_core,
+    )  # fmt: skip
     async with server:
         _serve(server.admin, paths)
         yield server.url

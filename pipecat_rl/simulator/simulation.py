@@ -40,7 +40,7 @@ EMBEDDED = Server()
 
 @contextlib.asynccontextmanager
 async def _endpoint(
-    server: Server, ledger: Ledger, policies: Sequence[str], concurrency: int
+    server: Server, ledger: Ledger, policies: Sequence[str], options: SimulationOptions
 ) -> AsyncIterator[str | None]:
     if not server.needed:  # its URL still serves the persona and the judge: as a /v1 root
         yield openai_base_url(server.url) if server.url else None
@@ -48,8 +48,9 @@ async def _endpoint(
     from pipecat_rl.simulator.endpoint import llm_endpoint
 
     async with llm_endpoint(
-        server.url, ledger=ledger, adapters=policies, model=server.model, concurrency=concurrency
-    ) as url:
+        server.url, ledger=ledger, adapters=policies, model=server.model,
+        concurrency=options.concurrency, reserve_core=options.mode == "audio",
+    ) as url:  # fmt: skip
         yield url
 
 
@@ -59,12 +60,10 @@ async def _endpoints(
 ) -> AsyncIterator[str | None]:
     """The run's served URL; every Ray endpoint, too, serves each policy before any episode."""
     async with contextlib.AsyncExitStack() as stack:
-        url = await stack.enter_async_context(
-            _endpoint(server, ledger, policies, options.concurrency)
-        )
+        url = await stack.enter_async_context(_endpoint(server, ledger, policies, options))
         for other in options.ray_endpoints:
             await stack.enter_async_context(
-                _endpoint(Server(url=other), ledger, policies, options.concurrency)
+                _endpoint(Server(url=other), ledger, policies, options)
             )
         yield url
 
