@@ -12,9 +12,9 @@ The replacements keep each op's signature and output semantics (dtype casts, the
 `x[rows] @ W[u].T` once per distinct index `u >= 0`, zero where the index is -1. The distinct
 indices of a decode step are counted once, when vLLM sets the step's metadata
 (`update_metadata`), not in each of its ops. A linear layer's LoRA (`add_lora_linear`) does not
-call them at all: one call a layer adds each slot's two matmuls per slice straight into the
-output (vLLM's makes two op calls per slice, ~420 a decode step of SmolLM2, which cost the
-adapter a third of the base model's decode rate).
+call them at all: one call a layer, per adapter slot one matmul that shrinks for every slice and
+one that adds them into the output (vLLM's makes two op calls per slice, ~420 a decode step of
+SmolLM2, which cost the adapter a third of the base model's decode rate).
 
 Prompt logprobs are the one batch where the logits' rows are not the sampler's: vLLM computes
 them per request, from that request's rows of the step's hidden states, while the punica
