@@ -6,8 +6,9 @@
 # By default the lanes run one after the other; SLOW_TIER_LANES=parallel runs the second in its
 # own pytest process beside the first (807 s against 1,486 s here), not the default: of six
 # undisturbed runs at once four were red, one on a product race (fixed), three on clock-paced
-# audio tests and timing tests beside vLLM missing their bounds (docs/results/test-suite/). Two processes rather than xdist groups: pytest 9.2 ignores the
-# node ids xdist 3.8's `--dist loadgroup` rewrites.
+# audio tests and timing tests beside vLLM missing their bounds (docs/results/test-suite/).
+# Two processes rather than xdist groups: pytest 9.2 ignores the node ids xdist 3.8's
+# `--dist loadgroup` rewrites.
 # vLLM keeps its scheduler core off the model's threads here (VLLM_CPU_NUM_OF_RESERVED_CPU=1,
 # vLLM's default; the product gives the model every core): the timing tests beside it were
 # written and proven against that, and beside the second lane, on every core, its threads

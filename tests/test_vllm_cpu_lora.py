@@ -343,6 +343,12 @@ def test_register_patches_every_binding_once(monkeypatch, restore_ops):
         logger.remove(sink)
     assert all(installed())
     assert len([line for line in lines if "LoRA ops grouped" in line]) == 1
+    from vllm.lora.model_manager import LoRAModelManager
+
+    wrapped = vllm_cpu_lora._VLLM["activate_adapter"]  # what ours calls: vLLM's, never ours
+    assert wrapped is not vllm_cpu_lora.activate_adapter
+    assert wrapped.__qualname__ == "LoRAModelManager.activate_adapter"
+    assert LoRAModelManager.activate_adapter is vllm_cpu_lora.activate_adapter
 
 
 def chat(server, model: str, content: str) -> dict:

