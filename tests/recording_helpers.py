@@ -17,6 +17,7 @@ from pipecat.frames.frames import (
     TTSTextFrame,
     VADUserStoppedSpeakingFrame,
 )
+from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -110,6 +111,28 @@ class DelayedTTS(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
+class Edges(BaseObserver):
+    """When each frame type was first pushed downstream, in seconds on the pipeline's clock.
+
+    A stand-in stage's sleep wakes late on a loaded machine, so a test compares what the
+    recorder measured with the edges as they were pushed, not with the delay it asked for.
+    """
+
+    def __init__(self, *kinds: type[Frame]):
+        super().__init__(observe_every_push=False)
+        self.kinds = kinds
+        self.at: dict[type[Frame], float] = {}
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        if data.direction == FrameDirection.DOWNSTREAM:
+            for kind in self.kinds:
+                if isinstance(data.frame, kind):
+                    self.at.setdefault(kind, data.timestamp / 1e9)
+
+    def ms(self, start: type[Frame], end: type[Frame]) -> float:
+        return (self.at[end] - self.at[start]) * 1000
+
+
 class Call:
     """One call: a PipelineWorker over `processors`, driven turn by turn."""
 
@@ -119,6 +142,7 @@ class Call:
         *,
         llm: OpenAILLMService,
         after: Sequence[FrameProcessor] = (),
+        observers: Sequence[BaseObserver] = (),
         **params,
     ):
         self.context = LLMContext()
@@ -129,6 +153,7 @@ class Call:
         self.worker = PipelineWorker(
             self.pipeline,
             params=PipelineParams(enable_metrics=True, **params),
+            observers=list(observers),
             cancel_on_idle_timeout=False,
         )
         self._runner = WorkerRunner(handle_sigint=False)
