@@ -146,10 +146,19 @@ def persona_ear(name: SttName) -> STTService:
     return WindowedWhisperSTTService(model_dir=whisper_model_dir(), window_s=PERSONA_WINDOW_S)
 
 
+PIPER_QUIET_S = 30.0
+"""How long Piper may go without audio before Pipecat's TTS closes the line's audio context as
+silent (its `stop_frame_timeout_s`, 3 s by default, made for providers that never say they are
+done). Piper yields a line only once it has synthesised it, and says when it is done; on a busy
+machine a caller's opening took 3.6 s, its context was closed with no audio, and the line was
+never played: the call went on without it. Here the wait only bounds a stuck synthesis."""
+
+
 def piper_tts(**kwargs) -> TTSService:
-    """Pipecat's `PiperTTSService` on the packaged voice (offline)."""
+    """Pipecat's `PiperTTSService` on the packaged voice (offline), given `PIPER_QUIET_S`."""
     from pipecat.services.piper.tts import PiperTTSService
 
+    kwargs.setdefault("stop_frame_timeout_s", PIPER_QUIET_S)
     return PiperTTSService(
         download_dir=piper_voice_dir(),
         settings=PiperTTSService.Settings(voice=PIPER_VOICE),
