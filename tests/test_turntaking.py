@@ -224,7 +224,7 @@ async def test_a_barge_in_is_yielded_to_by_an_interruptible_bot_and_missed_by_a_
     # it stops once the caller has spoken MIN_BARGE_IN_MS over it: that, plus the pipeline's
     # own hops, well inside the bound a talk-through would exceed by seconds
     (tty,) = yielding.time_to_yield_ms
-    assert turn_bots.MIN_BARGE_IN_MS <= tty < MISSED_BARGE_IN_MS, (yielding, heard)
+    assert turn_bots.EARLIEST_YIELD_MS <= tty < MISSED_BARGE_IN_MS, (yielding, heard)
     agents = [x for x in episode.transcript if x.speaker == "agent"]
     assert agents[0].text.endswith("[interrupted]"), heard
     assert episode.outcome == "pass", heard  # the reply to the barge-in is the short one

@@ -32,7 +32,7 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.utils.text.base_text_aggregator import AggregationType
 from pipecat.workers.runner import WorkerRunner
 
-from pipecat_rl.simulator.audio.transport import voiced
+from pipecat_rl.simulator.audio.transport import MAX_CATCH_UP_S, voiced
 from tests.audio_bots import spoken_pcm
 
 LONG = (
@@ -42,6 +42,11 @@ LONG = (
 )
 SHORT = "Sure, Saturday is nine to one."
 MIN_BARGE_IN_MS = 500
+EARLIEST_YIELD_MS = MIN_BARGE_IN_MS - 1000 * MAX_CATCH_UP_S
+"""The shortest time to yield the caller can measure for a bot that yields after hearing
+`MIN_BARGE_IN_MS` of it: the caller's mouth never sends a frame before it is due, but a late
+tick sends the frames it owes at once, up to `MAX_CATCH_UP_S`, so on a busy machine the bot may
+have its 500 ms of audio 100 ms sooner by the caller's clock (433 ms was measured beside vLLM)."""
 STOP_S = 0.6
 """The end of the caller's speech: longer than the pause at a comma, so no reply starts in it."""
 
