@@ -2,7 +2,6 @@
 
 import time
 
-import pytest
 from pipecat.frames.frames import (
     ErrorFrame,
     LLMFullResponseEndFrame,
@@ -13,9 +12,7 @@ from pipecat.frames.frames import (
 )
 from pipecat.tests.utils import run_test
 
-from pipecat_rl.simulator.audio.services import audio_available, piper_tts
-
-pytestmark = pytest.mark.skipif(not audio_available(), reason="the cpu extra is not installed")
+from pipecat_rl.simulator.audio.services import piper_tts
 
 LINE = "Are you open on Saturday mornings?"
 SLOW_S = 3.5

@@ -99,8 +99,8 @@ async def test_stage_latencies_match_injected_delays(vllm_server, ledger):
     stt = DelayedSTT(stt_delay, "Hello, can you hear me?")
     tts = DelayedTTS(first_audio_s=tts_delay)
     edges = Edges(VADUserStoppedSpeakingFrame, TranscriptionFrame, LLMTextFrame, TTSAudioRawFrame)
-    calls = [recorder, stt]
-    async with Call(calls, llm=vllm_llm(vllm_server.url), after=[tts], observers=[edges]) as call:
+    before = [recorder, stt]
+    async with Call(before, llm=vllm_llm(vllm_server.url), after=[tts], observers=[edges]) as call:
         recorded, measured = asyncio.Event(), []
 
         @recorder.recorder.event_handler("on_turn_recorded")

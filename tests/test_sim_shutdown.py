@@ -112,7 +112,7 @@ def test_one_ctrl_c_stops_a_simulation_at_once_and_leaves_no_call_open(tmp_path)
         child.send_signal(signal.SIGINT)
         try:
             _, stderr = child.communicate(timeout=60)
-        except subprocess.TimeoutExpired:  # once, in a full suite at nice 19: say where it hung
+        except subprocess.TimeoutExpired:  # say where it is (a child left ignoring SIGINT: runs on)
             child.send_signal(signal.SIGABRT)
             _, stderr = child.communicate(timeout=30)
             stacks = stderr[-6000:]
